@@ -1,0 +1,80 @@
+"""Error codes of the protocol and the one exception both sides raise for them.
+
+Every failure on the wire is a status plus ``{error: {code, message, step, op}}``;
+``ErrorCode`` fixes the code strings and the status each one answers with.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    """A stable machine-readable error code; ``status`` is its HTTP status."""
+
+    BAD_REQUEST = "bad_request"
+    PROTOCOL_MISMATCH = "protocol_mismatch"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    UNKNOWN_SESSION = "unknown_session"
+    UNKNOWN_TENSOR = "unknown_tensor"
+    UNKNOWN_OP = "unknown_op"
+    CONFLICT = "conflict"
+    SESSION_EXPIRED = "session_expired"
+    TOO_LARGE = "too_large"
+    OP_ERROR = "op_error"
+    TOO_MANY = "too_many"
+    OUT_OF_MEMORY = "out_of_memory"
+
+    @property
+    def status(self) -> int:
+        return _STATUS[self]
+
+
+_STATUS = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.PROTOCOL_MISMATCH: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNKNOWN_SESSION: 404,
+    ErrorCode.UNKNOWN_TENSOR: 404,
+    ErrorCode.UNKNOWN_OP: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.SESSION_EXPIRED: 410,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.OP_ERROR: 422,
+    ErrorCode.TOO_MANY: 429,
+    ErrorCode.OUT_OF_MEMORY: 507,
+}
+
+
+class ProtocolError(Exception):
+    """A failure that has a place on the wire: a code, a message, and where it happened."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        step: int | None = None,
+        op: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.step = step
+        self.op = op
+
+    @property
+    def status(self) -> int:
+        return self.code.status
+
+    def to_wire(self) -> dict:
+        return {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.code.value!r}, {self.message!r}, step={self.step}, op={self.op!r})"
+
+
+def bad_request(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_REQUEST, message)

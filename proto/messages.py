@@ -1,0 +1,241 @@
+"""The message shapes of the protocol as typed models, validated on decode.
+
+A program is an ordered list of steps against one session; every tensor it
+creates is named by the client (``id``). ``Value`` is the argument language:
+JSON scalars and lists plus a few tagged objects (tensor refs, dtypes, slices).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from .dtypes import DTYPES
+
+PROTOCOL_VERSION = "1"
+PROTOCOL_HEADER = "Remote-Autograd-Protocol"
+
+TensorId = Annotated[str, Field(min_length=1, max_length=128)]
+
+_DATA_SCHEMA = {
+    "description": "msgpack: bin of raw little-endian C-contiguous bytes. "
+    "JSON: a flat list of numbers (row-major), or a base64 string of the raw bytes.",
+    "anyOf": [
+        {"type": "string", "format": "binary"},
+        {"type": "string", "contentEncoding": "base64"},
+        {"type": "array", "items": {"type": ["number", "boolean"]}},
+    ],
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorData(_Model):
+    """``{dtype, shape, data}``: a tensor's values on the wire."""
+
+    dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
+    shape: list[Annotated[int, Field(ge=0)]]
+    data: Annotated[Any, WithJsonSchema(_DATA_SCHEMA)]
+
+
+_VALUE_SCHEMA = {
+    "description": "An argument: null, boolean, number, string, a list of values, or one of "
+    "{ref: id} (a tensor of this session), {grad_of: id} (that tensor's .grad), "
+    "{dtype: name}, {slice: [start, stop, step]}, {ellipsis: true}.",
+}
+Value = Annotated[Any, WithJsonSchema(_VALUE_SCHEMA)]
+
+
+class PutStep(_Model):
+    """Upload a tensor under a client-chosen id (a leaf: ``requires_grad`` as given)."""
+
+    kind: Literal["put"]
+    id: TensorId
+    value: TensorData
+    requires_grad: bool = False
+    grad: TensorData | None = None
+
+
+class CallStep(_Model):
+    """Apply an op of the table; its outputs are stored under ``out`` (one id per output)."""
+
+    kind: Literal["call"]
+    op: str = Field(min_length=1, max_length=128)
+    args: list[Value] = []
+    kwargs: dict[str, Value] = {}
+    out: list[TensorId] = []
+    grad_enabled: bool = True
+
+
+class BackwardStep(_Model):
+    """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
+
+    kind: Literal["backward"]
+    tensors: list[TensorId] = Field(min_length=1)
+    grad_tensors: list[Value] | None = None
+    retain_graph: bool | None = None
+    create_graph: bool = False
+    inputs: list[TensorId] | None = None
+
+
+class GradStep(_Model):
+    """``torch.autograd.grad``: the gradients are new tensors named by ``out``."""
+
+    kind: Literal["grad"]
+    outputs: list[TensorId] = Field(min_length=1)
+    inputs: list[TensorId] = Field(min_length=1)
+    grad_outputs: list[Value] | None = None
+    retain_graph: bool | None = None
+    create_graph: bool = False
+    allow_unused: bool = False
+    out: list[TensorId]
+
+
+class SetGradStep(_Model):
+    """Set (``grad``: a value) or clear (``grad``: null) a tensor's ``.grad``."""
+
+    kind: Literal["set_grad"]
+    id: TensorId
+    grad: Value = None
+
+
+class SetRequiresGradStep(_Model):
+    kind: Literal["set_requires_grad"]
+    id: TensorId
+    requires_grad: bool
+
+
+class RetainGradStep(_Model):
+    kind: Literal["retain_grad"]
+    id: TensorId
+
+
+class FreeStep(_Model):
+    """Forget tensors; ids the session does not hold are ignored (frees are idempotent)."""
+
+    kind: Literal["free"]
+    ids: list[TensorId]
+
+
+class FetchStep(_Model):
+    """Read a tensor back: its value and/or its grad."""
+
+    kind: Literal["fetch"]
+    id: TensorId
+    value: bool = True
+    grad: bool = True
+
+
+Step = Annotated[
+    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep],
+    Field(discriminator="kind"),
+]
+
+
+class Program(_Model):
+    """An ordered list of steps; ``id`` makes a retried program recognisable."""
+
+    id: str = Field(min_length=1, max_length=128)
+    steps: list[Step]
+
+
+class TensorMeta(_Model):
+    id: str
+    dtype: str
+    shape: list[int]
+    requires_grad: bool
+
+
+class TensorMessage(_Model):
+    """A tensor as read back: value, grad (null when there is none) and the flag."""
+
+    id: str
+    value: TensorData | None = None
+    grad: TensorData | None = None
+    requires_grad: bool
+
+
+class StepResult(_Model):
+    """What a step produced: metadata of new tensors, or a fetched tensor."""
+
+    tensors: list[TensorMeta] | None = None
+    tensor: TensorMessage | None = None
+
+
+class ErrorBody(_Model):
+    code: str
+    message: str
+    step: int | None = None
+    op: str | None = None
+
+
+class ProgramResult(_Model):
+    """The answer to a program: one result per completed step, and the error if one failed."""
+
+    id: str | None = None
+    results: list[StepResult | None] = []
+    error: ErrorBody | None = None
+
+
+class ErrorResponse(_Model):
+    error: ErrorBody
+    results: list[StepResult | None] = []
+
+
+class Limits(_Model):
+    """What a session may use; clients size their queues from these."""
+
+    max_body_bytes: int
+    max_steps_per_program: int
+    max_tensor_elements: int
+    max_tensors_per_session: int
+    max_session_bytes: int
+    session_ttl_seconds: float
+
+
+class SessionCreated(_Model):
+    session_id: str
+    protocol: str
+    device: str
+    server_version: str
+    limits: Limits
+
+
+class OpInfo(_Model):
+    """One entry of the op table as clients see it."""
+
+    name: str
+    signature: str
+    torch_names: list[str]
+    exact: bool
+    double_grad: bool
+    differentiable: bool
+    shape_rule: str
+    doc: str = ""
+
+
+class OpList(_Model):
+    ops: list[OpInfo]
+
+
+class Health(_Model):
+    status: str
+    device: str
+    protocol: str
+
+
+def validate_program(obj: Any) -> Program:
+    """A ``Program`` from a decoded body; the first validation error becomes a 400 naming its field."""
+    from pydantic import ValidationError
+
+    from .errors import bad_request
+
+    try:
+        return Program.model_validate(obj)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        raise bad_request(f"{where}: {err['msg']}") from None

@@ -1,0 +1,151 @@
+"""Tensor encoding: ``{dtype, shape, data}`` with ``data`` raw little-endian bytes.
+
+msgpack carries ``data`` as ``bin``; JSON carries a flat list of numbers, or a
+base64 string where a list cannot be exact (NaN/inf, int64 beyond 2^53,
+bfloat16, complex). Decoding validates everything before allocating, then makes
+exactly one copy out of the received buffer.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from .dtypes import DTYPES, ITEMSIZES, dtype_from_name, dtype_name
+from .errors import ErrorCode, ProtocolError, bad_request
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian hosts in sight
+    raise ImportError("proto assumes a little-endian host")
+
+_JSON_EXACT_INT = 2**53
+_LIST_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+
+# torch.frombuffer warns once per process about read-only buffers (msgpack hands
+# out immutable bytes). We always copy out of the view, so the warning is noise:
+# trigger it once here, silenced, instead of filtering warnings process-wide.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.frombuffer(b"\0\0\0\0", dtype=torch.float32)
+
+
+def encode_tensor(t: torch.Tensor, *, as_json: bool = False) -> dict[str, Any]:
+    """The wire form of ``t``'s values (never its graph); C-contiguous, on the CPU."""
+    name = dtype_name(t.dtype)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    shape = list(t.shape)
+    if as_json and name in _LIST_DTYPES and _list_is_exact(t, name):
+        return {"dtype": name, "shape": shape, "data": t.reshape(-1).tolist()}
+    raw = _raw_bytes(t)
+    if as_json:
+        return {"dtype": name, "shape": shape, "data": base64.b64encode(raw).decode("ascii")}
+    return {"dtype": name, "shape": shape, "data": raw}
+
+
+def _list_is_exact(t: torch.Tensor, name: str) -> bool:
+    if t.is_floating_point():
+        return t.numel() == 0 or bool(torch.isfinite(t).all())
+    if name == "int64":
+        return t.numel() == 0 or bool((t.abs() <= _JSON_EXACT_INT).all())
+    return True
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    if t.numel() == 0:
+        return b""
+    flat = t.reshape(-1)
+    if flat.storage_offset() != 0 or flat.untyped_storage().nbytes() != flat.numel() * flat.element_size():
+        flat = flat.clone()
+    return bytes(flat.untyped_storage())
+
+
+def check_shape(shape: Any, field: str) -> tuple[int, ...]:
+    """A shape is a list of non-negative ints; anything else is a 400 naming ``field``."""
+    if not isinstance(shape, (list, tuple)):
+        raise bad_request(f"{field}.shape: expected a list of non-negative integers, got {type(shape).__name__}")
+    for i, d in enumerate(shape):
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise bad_request(f"{field}.shape[{i}]: expected an integer, got {d!r}")
+        if d < 0:
+            raise bad_request(f"{field}.shape[{i}]: negative dimension {d}")
+    return tuple(shape)
+
+
+def decode_tensor(
+    obj: Any,
+    *,
+    field: str = "value",
+    max_elements: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A new tensor from a wire object; every check happens before any allocation."""
+    if not isinstance(obj, dict):
+        raise bad_request(f"{field}: expected an object {{dtype, shape, data}}, got {type(obj).__name__}")
+    extra = set(obj) - {"dtype", "shape", "data"}
+    if extra:
+        raise bad_request(f"{field}: unknown keys {sorted(extra)}")
+    if "data" not in obj:
+        raise bad_request(f"{field}.data: missing")
+    dtype = dtype_from_name(obj.get("dtype"), f"{field}.dtype")
+    name = obj["dtype"]
+    shape = check_shape(obj.get("shape"), field)
+    numel = math.prod(shape)
+    if max_elements is not None and numel > max_elements:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"{field}: shape {list(shape)} has {numel} elements, over the limit max_tensor_elements={max_elements}",
+        )
+    data = obj["data"]
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return _from_bytes(data, dtype, name, shape, numel, field, device)
+    if isinstance(data, str):
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request(f"{field}.data: not valid base64") from None
+        return _from_bytes(raw, dtype, name, shape, numel, field, device)
+    if isinstance(data, list):
+        return _from_list(data, dtype, name, shape, numel, field, device)
+    raise bad_request(f"{field}.data: expected bytes, a base64 string or a flat list, got {type(data).__name__}")
+
+
+def _from_bytes(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
+    expected = numel * ITEMSIZES[name]
+    if len(data) != expected:
+        raise bad_request(
+            f"{field}.data: {len(data)} bytes, but shape {list(shape)} of {name} needs {expected}"
+        )
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    view = torch.frombuffer(data, dtype=dtype).reshape(shape)
+    if device is not None and torch.device(device).type != "cpu":
+        return view.to(device)
+    return view.clone()
+
+
+def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
+    if len(data) != numel:
+        raise bad_request(f"{field}.data: {len(data)} values, but shape {list(shape)} needs {numel}")
+    if name not in _LIST_DTYPES:
+        raise bad_request(f"{field}.data: {name} travels as base64 in JSON, not as a list")
+    for i, v in enumerate(data):
+        if isinstance(v, bool):
+            continue
+        if not isinstance(v, (int, float)):
+            raise bad_request(f"{field}.data[{i}]: expected a number, got {type(v).__name__}")
+    try:
+        return torch.tensor(data, dtype=dtype, device=device).reshape(shape)
+    except (RuntimeError, OverflowError, TypeError) as exc:
+        raise bad_request(f"{field}.data: {exc}") from None
+
+
+def known_dtypes() -> list[str]:
+    return list(DTYPES)

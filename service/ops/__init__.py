@@ -1,0 +1,22 @@
+"""The op table. Importing this package registers every built-in family.
+
+``OP_TABLE`` maps a name to an ``OpEntry``; ``load_op_modules`` imports an
+operator's own modules (``REMOTE_AUTOGRAD_OP_MODULES``) so their ``@op``
+decorators register too.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import custom, elementwise, linalg, reductions, shape  # noqa: F401  (registration)
+from ._registry import OP_TABLE, OpEntry, OpTable, op
+from ._samples import S, Sample, T
+
+__all__ = ["OP_TABLE", "OpEntry", "OpTable", "S", "Sample", "T", "load_op_modules", "op"]
+
+
+def load_op_modules(names: tuple[str, ...] | list[str]) -> None:
+    """Import operator-supplied modules by dotted name (from settings, never from the wire)."""
+    for name in names:
+        importlib.import_module(name)

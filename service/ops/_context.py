@@ -1,0 +1,36 @@
+"""What an op may know about the program running it: the session's generator and device.
+
+Set by the runner around each step (a context variable, so worker threads never mix
+sessions); read by random ops and factories.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RunContext:
+    generator: torch.Generator
+    device: torch.device
+
+
+_CURRENT: ContextVar[RunContext | None] = ContextVar("remote_autograd_run_context", default=None)
+
+
+def current() -> RunContext:
+    ctx = _CURRENT.get()
+    if ctx is None:  # outside a program (tests calling ops directly): process defaults
+        return RunContext(torch.default_generator, torch.device("cpu"))
+    return ctx
+
+
+def set_current(ctx: RunContext | None):
+    return _CURRENT.set(ctx)
+
+
+def reset(token) -> None:
+    _CURRENT.reset(token)

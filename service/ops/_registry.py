@@ -1,0 +1,126 @@
+"""The op table: a name -> an entry holding a torch-like function and its facts.
+
+An entry's ``fn`` takes torch-style arguments (tensors, numbers, dims) and
+calls one ``torch.autograd.Function`` (or composes other entries). The table is
+the whole server surface: the runner looks names up here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ._samples import Sample
+
+# How the client infers result metadata without asking the server:
+#   elementwise: broadcast shapes, torch's type promotion
+#   meta:        run the torch function on the meta device
+#   none:        ask the server (the client flushes and waits)
+SHAPE_RULES = ("elementwise", "meta", "none")
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """One op: its function, the torch names routed to it, and what tests may assume."""
+
+    name: str
+    fn: Callable[..., Any]
+    torch_names: tuple[str, ...]
+    samples: tuple[Sample, ...]
+    reference: Callable[..., Any] | None
+    exact: bool = True
+    double_grad: bool = True
+    differentiable: bool = True
+    shape_rule: str = "meta"
+    inplace: bool = False
+    doc: str = ""
+    signature: inspect.Signature = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.shape_rule not in SHAPE_RULES:
+            raise ValueError(f"op {self.name}: shape_rule must be one of {SHAPE_RULES}")
+        object.__setattr__(self, "signature", inspect.signature(self.fn))
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "signature": f"{self.name}{self.signature}",
+            "torch_names": list(self.torch_names),
+            "exact": self.exact,
+            "double_grad": self.double_grad,
+            "differentiable": self.differentiable,
+            "shape_rule": self.shape_rule,
+            "doc": self.doc,
+        }
+
+
+class OpTable:
+    """Name -> ``OpEntry``. A plain dict underneath: lookups never touch attributes."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, OpEntry] = {}
+
+    def add(self, entry: OpEntry) -> OpEntry:
+        if entry.name in self._entries:
+            raise ValueError(f"op {entry.name!r} is registered twice")
+        self._entries[entry.name] = entry
+        return entry
+
+    def remove(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    def get(self, name: str) -> OpEntry | None:
+        return self._entries.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+
+OP_TABLE = OpTable()
+
+
+def op(
+    name: str,
+    *,
+    torch_names: Iterable[str] = (),
+    samples: Iterable[Sample] = (),
+    reference: Callable[..., Any] | None = None,
+    exact: bool = True,
+    double_grad: bool = True,
+    differentiable: bool = True,
+    shape_rule: str = "meta",
+    inplace: bool = False,
+    table: OpTable | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        doc = inspect.getdoc(fn) or ""
+        (table or OP_TABLE).add(
+            OpEntry(
+                name=name,
+                fn=fn,
+                torch_names=tuple(torch_names),
+                samples=tuple(samples),
+                reference=reference,
+                exact=exact,
+                double_grad=double_grad and exact and differentiable,
+                differentiable=differentiable,
+                shape_rule=shape_rule,
+                inplace=inplace,
+                doc=doc.split("\n", 1)[0],
+            )
+        )
+        return fn
+
+    return register

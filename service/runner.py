@@ -1,0 +1,391 @@
+"""``run_program``: execute a program's steps in order against one session.
+
+Each step is atomic: it computes everything first and commits (stores outputs,
+writes in place, accumulates grads) only at its end, so a failing step leaves
+no trace while earlier steps stay done, as in eager torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from proto import ErrorCode, ProtocolError, decode_tensor, dtype_from_name, dtype_name, encode_tensor
+from proto.messages import (
+    BackwardStep,
+    CallStep,
+    FetchStep,
+    FreeStep,
+    GradStep,
+    Program,
+    PutStep,
+    RetainGradStep,
+    SetGradStep,
+    SetRequiresGradStep,
+)
+
+from . import ops as _ops
+from .custom_tensor import CustomTensor
+from .ops._context import RunContext, reset, set_current
+from .settings import Settings
+from .store import Outcome, Session
+
+log = logging.getLogger("service.runner")
+OP_TABLE = _ops.OP_TABLE
+_MAX_VALUE_DEPTH = 8
+
+
+def run_program(session: Session, program: Program, settings: Settings, *, as_json: bool = False) -> Outcome:
+    """Run every step or stop at the first failure; the caller holds the session lock."""
+    if len(program.steps) > settings.max_steps_per_program:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"program has {len(program.steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
+        )
+    results: list[Any] = []
+    token = set_current(RunContext(session.generator, session.device))
+    try:
+        for index, step in enumerate(program.steps):
+            try:
+                results.append(_HANDLERS[type(step)](session, step, settings, as_json))
+            except Exception as exc:  # every failure becomes data: see _as_protocol_error
+                err = _as_protocol_error(exc, index, _step_op(step))
+                return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results})
+    finally:
+        reset(token)
+    return Outcome(200, {"id": program.id, "results": results})
+
+
+def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
+    if isinstance(exc, ProtocolError):
+        err = exc
+    elif isinstance(exc, torch.OutOfMemoryError):
+        err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"device out of memory in {op}: {_first_line(exc)}")
+    elif isinstance(exc, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, ZeroDivisionError,
+                          OverflowError, AssertionError)):
+        err = ProtocolError(ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__)
+    else:  # a bug of ours, but the client still gets data, never a 500
+        log.exception("unexpected error in step %d (%s)", step, op)
+        err = ProtocolError(ErrorCode.OP_ERROR, f"{type(exc).__name__}: {_first_line(exc)}")
+    err.step, err.op = step, op
+    return err
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text[:2000]
+
+
+def _step_op(step) -> str:
+    return step.op if isinstance(step, CallStep) else step.kind
+
+
+# -- values -------------------------------------------------------------------------------
+
+
+def _resolve(value: Any, session: Session, depth: int = 0) -> Any:
+    """A wire value as an op argument: refs become tensors, tagged objects their Python values."""
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    if depth > _MAX_VALUE_DEPTH:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"argument nested deeper than {_MAX_VALUE_DEPTH} levels")
+    if isinstance(value, list):
+        return [_resolve(v, session, depth + 1) for v in value]
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, payload), = value.items()
+        if tag == "ref":
+            return session.tensor(payload)._custom_data
+        if tag == "grad_of":
+            grad = session.tensor(payload)._custom_grad
+            if grad is None:
+                raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
+            return grad
+        if tag == "dtype":
+            return dtype_from_name(payload, "argument dtype")
+        if tag == "slice":
+            if not (isinstance(payload, list) and len(payload) == 3
+                    and all(p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in payload)):
+                raise ProtocolError(ErrorCode.BAD_REQUEST, "slice: expected [start, stop, step] of integers or null")
+            return slice(*payload)
+        if tag == "ellipsis":
+            return Ellipsis
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def _meta(tid: str, t: torch.Tensor) -> dict:
+    return {"id": tid, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "requires_grad": t.requires_grad}
+
+
+def _store(session: Session, settings: Settings, tid: str, ct: CustomTensor) -> None:
+    if len(session.tensors) >= settings.max_tensors_per_session:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"session holds {len(session.tensors)} tensors: limit max_tensors_per_session={settings.max_tensors_per_session}",
+        )
+    nbytes = _data_bytes(ct)
+    if session.bytes_held + nbytes > settings.max_session_bytes:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"session would hold {session.bytes_held + nbytes} bytes: limit max_session_bytes={settings.max_session_bytes}",
+        )
+    session.tensors[tid] = ct
+    session.bytes_held += nbytes
+
+
+def _data_bytes(ct: CustomTensor) -> int:
+    return ct._custom_data.numel() * ct._custom_data.element_size()
+
+
+def _check_new_ids(session: Session, ids: list[str]) -> None:
+    for tid in ids:
+        if tid in session.tensors:
+            raise ProtocolError(ErrorCode.CONFLICT, f"tensor id {tid!r} is already used in this session")
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(ErrorCode.CONFLICT, f"output ids repeat: {ids}")
+
+
+def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
+    return {
+        "id": tid,
+        "value": encode_tensor(ct._custom_data, as_json=as_json) if value else None,
+        "grad": encode_tensor(ct._custom_grad, as_json=as_json) if grad and ct._custom_grad is not None else None,
+        "requires_grad": ct.requires_grad,
+    }
+
+
+# -- steps --------------------------------------------------------------------------------
+
+
+def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> dict:
+    _check_new_ids(session, [step.id])
+    value = decode_tensor(step.value.model_dump(), field="value", max_elements=settings.max_tensor_elements,
+                          device=session.device)
+    grad = None
+    if step.grad is not None:
+        grad = decode_tensor(step.grad.model_dump(), field="grad", max_elements=settings.max_tensor_elements,
+                             device=session.device)
+        if grad.shape != value.shape or grad.dtype != value.dtype:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
+    if step.requires_grad:
+        value.requires_grad_(True)  # torch's own error for integer dtypes
+    _store(session, settings, step.id, CustomTensor(value, grad))
+    return {"tensors": [_meta(step.id, value)]}
+
+
+def _lookup(name: str):
+    """The entry for ``name`` and whether the call is in place (``add_`` runs ``add`` then writes)."""
+    entry = OP_TABLE.get(name)
+    if entry is not None:
+        return entry, entry.inplace
+    if name.endswith("_") and not name.startswith("_"):
+        entry = OP_TABLE.get(name[:-1])
+        if entry is not None and entry.shape_rule != "none":
+            return entry, True
+    raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
+
+
+def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -> dict:
+    entry, inplace = _lookup(step.op)
+    args = [_resolve(a, session) for a in step.args]
+    kwargs = {k: _resolve(v, session) for k, v in step.kwargs.items()}
+    if not inplace:
+        _check_new_ids(session, step.out)
+    with torch.set_grad_enabled(step.grad_enabled):
+        if inplace:
+            _run_inplace(entry, step.op, args, kwargs)
+            return {"tensors": []}
+        result = entry.fn(*args, **kwargs)
+    outputs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    if len(outputs) != len(step.out):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(step.out)}")
+    for tid, t in zip(step.out, outputs):
+        _store(session, settings, tid, CustomTensor(t))
+    return {"tensors": [_meta(tid, t) for tid, t in zip(step.out, outputs)]}
+
+
+def _run_inplace(entry, name: str, args: list, kwargs: dict) -> None:
+    """``x.op_(...)``: compute out of place, check it fits ``x``, then write it in with ``copy_``.
+
+    Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
+    the old ``x`` fails with torch's own error, as it would after a native in-place op.
+    When a graph is recorded we compute from a clone, so our own Function never holds
+    the tensor we are about to overwrite.
+    """
+    if not args or not isinstance(args[0], torch.Tensor):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{name}: the first argument must be a tensor")
+    target = args[0]
+    recording = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())
+    )
+    if recording and target.is_leaf and target.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            "a leaf Variable that requires grad is being used in an in-place operation.")
+    kwargs.pop("inplace", None)
+    value = entry.fn(target.clone() if recording else target, *args[1:], **kwargs)
+    if isinstance(value, (tuple, list)):
+        value = value[0]
+    if value is target:
+        return
+    if value.shape != target.shape:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(value.shape)}")
+    if not torch.can_cast(value.dtype, target.dtype) and not entry.inplace:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
+                            f"{dtype_name(target.dtype)}")
+    target.copy_(value)
+
+
+def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTensor]:
+    """The session's leaves (and retained non-leaves) that a backward from ``roots`` reaches."""
+    leaves: dict[int, CustomTensor] = {}
+    retained: list[CustomTensor] = []
+    for ct in session.tensors.values():
+        data = ct._custom_data
+        if not data.requires_grad:
+            continue
+        if data.is_leaf:
+            leaves[id(data)] = ct
+        elif ct.retains_grad:
+            retained.append(ct)
+    found: dict[int, CustomTensor] = {}
+    seen: set = set()
+    stack = []
+    for r in roots:
+        if r.grad_fn is None and id(r) in leaves:
+            found[id(r)] = leaves[id(r)]
+        stack.append(r.grad_fn)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if var is not None and id(var) in leaves:
+            found[id(var)] = leaves[id(var)]
+        stack.extend(n for n, _ in node.next_functions)
+    targets = list(found.values())
+    targets.extend(ct for ct in retained if ct._custom_data.grad_fn in seen)
+    return targets
+
+
+def _grad_outputs(values, session: Session) -> list | None:
+    if values is None:
+        return None
+    return [_resolve(v, session) for v in values]
+
+
+def _backward(session: Session, step: BackwardStep, settings: Settings, as_json: bool) -> dict:
+    roots = [session.tensor(t)._custom_data for t in step.tensors]
+    grad_tensors = _grad_outputs(step.grad_tensors, session)
+    if step.inputs is not None:
+        targets = [session.tensor(t) for t in step.inputs]
+    else:
+        targets = _grad_targets(session, roots)
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
+        torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
+        return {"tensors": []}
+    # Temporaries first, commit after: a failing backward leaves every .grad untouched.
+    grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
+                                retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+    for ct, g in zip(targets, grads):
+        if g is not None:
+            _accumulate(ct, g, step.create_graph)
+    return {"tensors": []}
+
+
+def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool) -> None:
+    # A fresh grad is cloned: autograd may hand the same tensor to several inputs (add's
+    # backward returns its grad twice) or an expanded one, and in-place ops on one .grad
+    # must never show up in another.
+    if not create_graph:
+        g = g.detach()
+    if ct._custom_grad is None:
+        ct._custom_grad = g.clone(memory_format=torch.contiguous_format)
+    elif create_graph or ct._custom_grad.requires_grad:
+        ct._custom_grad = ct._custom_grad + g
+    else:
+        with torch.no_grad():
+            ct._custom_grad.add_(g)
+
+
+def _grad(session: Session, step: GradStep, settings: Settings, as_json: bool) -> dict:
+    if len(step.out) != len(step.inputs):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
+    _check_new_ids(session, step.out)
+    outputs = [session.tensor(t)._custom_data for t in step.outputs]
+    inputs = [session.tensor(t)._custom_data for t in step.inputs]
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
+                                create_graph=step.create_graph, allow_unused=step.allow_unused)
+    metas: list = []
+    for tid, g in zip(step.out, grads):
+        if g is None:
+            metas.append(None)
+            continue
+        _store(session, settings, tid, CustomTensor(g))
+        metas.append(_meta(tid, g))
+    return {"tensors": metas}
+
+
+def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: bool) -> dict:
+    ct = session.tensor(step.id)
+    grad = _resolve(step.grad, session)
+    if grad is not None:
+        if not isinstance(grad, torch.Tensor):
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad expected to be a Tensor or None")
+        if grad.shape != ct.shape:
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different size")
+        if grad.dtype != ct.dtype:
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
+    ct._custom_grad = grad  # aliasing, as `p.grad = g` does in torch
+    return None
+
+
+def _set_requires_grad(session: Session, step: SetRequiresGradStep, settings: Settings, as_json: bool) -> dict:
+    ct = session.tensor(step.id)
+    ct._custom_data.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
+    return {"tensors": [_meta(step.id, ct._custom_data)]}
+
+
+def _retain_grad(session: Session, step: RetainGradStep, settings: Settings, as_json: bool) -> None:
+    ct = session.tensor(step.id)
+    if not ct.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR, "can't retain_grad on Tensor that has requires_grad=False")
+    if not ct.is_leaf:
+        ct.retains_grad = True
+    return None
+
+
+def _free(session: Session, step: FreeStep, settings: Settings, as_json: bool) -> None:
+    for tid in step.ids:
+        ct = session.tensors.pop(tid, None)
+        if ct is not None:
+            session.bytes_held -= _data_bytes(ct)
+    return None
+
+
+def _fetch(session: Session, step: FetchStep, settings: Settings, as_json: bool) -> dict:
+    return {"tensor": tensor_message(step.id, session.tensor(step.id), value=step.value, grad=step.grad,
+                                     as_json=as_json)}
+
+
+_HANDLERS: dict[type, Callable[..., Any]] = {
+    PutStep: _put,
+    CallStep: _call,
+    BackwardStep: _backward,
+    GradStep: _grad,
+    SetGradStep: _set_grad,
+    SetRequiresGradStep: _set_requires_grad,
+    RetainGradStep: _retain_grad,
+    FreeStep: _free,
+    FetchStep: _fetch,
+}

@@ -1,0 +1,63 @@
+"""Server settings: defaults, overridden by ``REMOTE_AUTOGRAD_*`` variables, then by flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+_PREFIX = "REMOTE_AUTOGRAD_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    tokens: tuple[str, ...] = ()
+    insecure: bool = False
+    op_modules: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 30
+    max_steps_per_program: int = 4096
+    max_tensor_elements: int = 1 << 28
+    max_tensors_per_session: int = 100_000
+    max_session_bytes: int = 8 << 30
+    max_total_bytes: int = 32 << 30
+    max_sessions: int = 256
+    max_concurrent_programs: int = 64
+    session_ttl_seconds: float = 3600.0
+    workers: int = 8
+    program_cache_size: int = 64
+    test_ops: bool = False
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Settings":
+        """Defaults, then ``REMOTE_AUTOGRAD_<FIELD>`` variables, then keyword overrides."""
+        env = os.environ if environ is None else environ
+        values: dict = {}
+        for f in fields(cls):
+            raw = env.get(_PREFIX + f.name.upper())
+            if raw is None or f.name == "extra":
+                continue
+            values[f.name] = _parse(f.type, raw, f.name)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def _parse(kind: str, raw: str, name: str):
+    if kind.startswith("tuple"):
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    if kind == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    return raw
