@@ -9,7 +9,20 @@ from __future__ import annotations
 
 import importlib
 
-from . import custom, elementwise, linalg, reductions, shape  # noqa: F401  (registration)
+from . import (  # noqa: F401  (importing a family registers its ops)
+    activations,
+    compare,
+    custom,
+    elementwise,
+    factories,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pointwise,
+    reductions,
+    shape,
+)
 from ._registry import OP_TABLE, OpEntry, OpTable, op
 from ._samples import S, Sample, T
 

@@ -1,0 +1,3 @@
+"""activations ops (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""compare ops (being written)."""
+
+from __future__ import annotations

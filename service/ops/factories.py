@@ -1,0 +1,3 @@
+"""factories ops (being written)."""
+
+from __future__ import annotations

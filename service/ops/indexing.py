@@ -1,0 +1,3 @@
+"""indexing ops (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""losses ops (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""nn ops (being written)."""
+
+from __future__ import annotations

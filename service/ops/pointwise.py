@@ -1,0 +1,3 @@
+"""pointwise ops (being written)."""
+
+from __future__ import annotations
