@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     nn,
     pointwise,
     reductions,
+    session,
     shape,
 )
 from ._registry import OP_TABLE, OpEntry, OpTable, op

@@ -1,0 +1,40 @@
+"""The remote-autograd SDK: ``connect`` to a server, then write ordinary torch code.
+
+    with client.connect() as sess:
+        w = sess.tensor(torch.randn(4, 2), requires_grad=True)
+        loss = (x @ w).relu().sum(); loss.backward(); w.grad.to_torch()
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ._errors import RemoteError, SessionLost
+from ._session import Session
+from ._tensor import RemoteTensor
+from ._transport import Transport
+
+__all__ = ["RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
+
+
+def connect(url: str | None = None, *, token: str | None = None, pipeline: bool = True,
+            timeout: float = 600.0) -> Session:
+    """A new session on ``url`` (or ``REMOTE_AUTOGRAD_URL``, or the embedded server when neither is set).
+
+    ``token`` (or ``REMOTE_AUTOGRAD_TOKEN``) is sent as a bearer token. ``pipeline=False``
+    sends every step at once and waits (strict eager mode, for debugging).
+    """
+    url = url or os.environ.get("REMOTE_AUTOGRAD_URL")
+    if not url:
+        from ._embedded import embedded_url
+
+        url = embedded_url()
+    return Session(Transport(url, token, timeout=timeout), pipeline=pipeline)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None):
+    """``torch.autograd.grad`` under our name; works on RemoteTensors (and on local tensors)."""
+    return torch.autograd.grad(outputs, inputs, grad_outputs=grad_outputs, retain_graph=retain_graph,
+                               create_graph=create_graph, allow_unused=allow_unused)

@@ -1,0 +1,297 @@
+"""Turning a torch call on RemoteTensors into a queued step.
+
+``apply_route`` encodes the arguments (RemoteTensors become refs, local tensors
+are uploaded in the same program, Python values pass through), infers the
+outputs' metadata locally, gives them ids and queues the step. Nothing waits
+unless metadata depends on values.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from proto import dtype_name
+
+from . import _infer
+from ._routes import Route, torch_name
+from ._session import Session, _Origin, meta_from_result
+
+_CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
+_SETITEM = torch.Tensor.__setitem__
+_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
+
+# Factories have no tensor argument; their metadata comes from the torch factory on meta.
+_FACTORIES: dict[str, Callable] = {
+    "zeros": torch.zeros, "ones": torch.ones, "full": torch.full, "empty": torch.empty, "arange": torch.arange,
+    "linspace": torch.linspace, "eye": torch.eye, "rand": torch.rand, "randn": torch.randn, "randint": torch.randint,
+}
+
+
+def where() -> str | None:
+    """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def refuse_custom_function(func: Callable) -> None:
+    """Raise if we are inside a user's ``autograd.Function.forward``: its backward would be lost.
+
+    torch runs a Function's forward with grad disabled and never shows us ``apply``
+    itself, so we look for ``Function.apply`` on the stack (only when grad is off).
+    """
+    f = sys._getframe(2)
+    for _ in range(64):
+        if f is None:
+            return
+        if f.f_code is _APPLY_CODE:
+            cls = f.f_locals.get("cls")
+            name = getattr(cls, "__name__", "a torch.autograd.Function")
+            raise RuntimeError(
+                f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
+                f"and its backward on the client, so the gradient would be silently lost. Register the "
+                f"Function as a server op instead (@op in a module named by REMOTE_AUTOGRAD_OP_MODULES; "
+                f"see README 'Custom ops') and call it as sess.ops.<name>(...)."
+            )
+        f = f.f_back
+
+
+class Encoder:
+    """Wire values for one step's arguments; collects the RemoteTensors it saw."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.inputs: list = []
+        self.nbytes = 0
+
+    def value(self, v: Any) -> Any:
+        from ._tensor import RemoteTensor
+
+        if isinstance(v, RemoteTensor):
+            if v._session is not self.session:
+                raise RuntimeError("RemoteTensors of different sessions cannot be mixed in one op")
+            v._check_usable()
+            self.inputs.append(v)
+            return v._ref()
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, torch.Tensor):
+            return self.upload(v)
+        if isinstance(v, (list, tuple)):
+            return [self.value(x) for x in v]
+        if isinstance(v, slice):
+            return {"slice": [self.value(v.start), self.value(v.stop), self.value(v.step)]}
+        if v is Ellipsis:
+            return {"ellipsis": True}
+        if isinstance(v, torch.dtype):
+            return {"dtype": dtype_name(v)}
+        if isinstance(v, numbers.Number) and hasattr(v, "item"):  # numpy scalars
+            return v.item()
+        raise TypeError(f"remote-autograd cannot send an argument of type {type(v).__name__}")
+
+    def upload(self, t: torch.Tensor) -> dict:
+        """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
+        from ._tensor import RemoteTensor
+
+        remote = RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
+        self.nbytes += t.numel() * t.element_size()
+        return remote._ref()  # `remote` dies here: its id is freed at the end of the program
+
+    def index(self, idx: Any) -> Any:
+        """A ``__getitem__`` index: a tuple travels as a list, a list of ints as an int64 tensor."""
+        if isinstance(idx, list):
+            return self.value(torch.tensor(idx))
+        if isinstance(idx, tuple):
+            return [self.value(torch.tensor(i)) if isinstance(i, list) else self.value(i) for i in idx]
+        return self.value(idx)
+
+
+def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+    """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
+    from ._tensor import RemoteTensor
+
+    origin_where = where()
+    grad_on = torch.is_grad_enabled()
+    if not grad_on:
+        refuse_custom_function(func)
+    inplace = route.inplace
+    if kwargs:
+        if kwargs.get("inplace") is True:
+            inplace = True
+        kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS and k != "inplace"}
+    wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
+    enc = Encoder(session)
+    if func in _INDEXING:
+        wire_args = [enc.value(wire_args_src[0]), enc.index(wire_args_src[1]),
+                     *(enc.value(a) for a in wire_args_src[2:])]
+    else:
+        wire_args = [enc.value(a) for a in wire_args_src]
+    step: dict[str, Any] = {"kind": "call", "op": route.op.name, "args": wire_args}
+    if kwargs:
+        step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
+    if not grad_on:
+        step["grad_enabled"] = False
+    rg = grad_on and route.op.differentiable and any(t._rg for t in enc.inputs)
+    leaves = _union_leaves(enc.inputs) if rg else frozenset()
+
+    if inplace:
+        target = wire_args_src[0]
+        if not isinstance(target, RemoteTensor):
+            raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
+        if not route.op.name.endswith("_"):
+            step["op"] = route.op.name + "_"
+        step["out"] = []
+        session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
+        target._after_inplace(rg, leaves)
+        return None if func is _SETITEM else target
+
+    metas, container = _infer_outputs(route.op.shape_rule, func, args, kwargs)
+    if metas is None:
+        return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+    ids = [session.new_id() for _ in metas]
+    step["out"] = ids
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
+                              leaves=leaves if rg else frozenset(), is_leaf=not rg)
+            for tid, (shape, dtype) in zip(ids, metas)]
+    session.enqueue(step, _Origin(step["op"], origin_where, [weakref.ref(o) for o in outs]), enc.nbytes)
+    if container is None:
+        return outs[0]
+    return container(outs)
+
+
+def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
+                   nbytes: int) -> Any:
+    """An op whose output metadata only the server knows: send now and read it from the result."""
+    from ._tensor import RemoteTensor
+
+    step["out"] = [session.new_id()]
+    index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    result = session.take_result(index)
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
+                              is_leaf=not req)
+            for (tid, shape, dtype, req) in meta_from_result(result)]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
+    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server."""
+    from ._tensor import RemoteTensor
+
+    if rule == "elementwise":
+        operands = []
+        for a in args:
+            if isinstance(a, RemoteTensor):
+                operands.append((a._shape, a._dtype))
+            elif isinstance(a, torch.Tensor):
+                operands.append((tuple(a.shape), a.dtype))
+            elif isinstance(a, (bool, int, float)):
+                operands.append(a)
+        metas = _infer.elementwise(operands)
+        if metas is not None:
+            return metas, None
+    if func is None or rule == "none":
+        return None, None
+    meta_args = tuple(_to_meta(a) for a in args)
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    try:
+        with torch.no_grad():
+            out = func(*meta_args, **meta_kwargs)
+    except Exception:
+        return None, None
+    if isinstance(out, torch.Tensor):
+        return [(tuple(out.shape), out.dtype)], None
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        container = type(out) if type(out) not in (list,) else list
+        return [(tuple(o.shape), o.dtype) for o in out], container
+    return None, None
+
+
+def _to_meta(v: Any) -> Any:
+    from ._tensor import RemoteTensor
+
+    if isinstance(v, RemoteTensor):
+        return v._meta()
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("meta")
+    if isinstance(v, list):
+        return [_to_meta(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_to_meta(x) for x in v)
+    return v
+
+
+def _union_leaves(inputs: list) -> frozenset:
+    leaves: frozenset = frozenset()
+    for t in inputs:
+        if t._rg and t._leaves:
+            leaves = t._leaves if not leaves else leaves | t._leaves
+    return leaves
+
+
+def _differentiable_dtype(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
+    """Call a table op by name (``sess.ops.name(...)``, factories); metadata as its shape rule allows."""
+    from ._tensor import RemoteTensor
+
+    spec = session._routes.ops.get(name)
+    if spec is None and name != "manual_seed":
+        raise NotImplementedError(f"the server's op table has no op {name!r} (GET /v1/ops lists the table)")
+    origin_where = where()
+    grad_on = torch.is_grad_enabled()
+    enc = Encoder(session)
+    step: dict[str, Any] = {"kind": "call", "op": name, "args": [enc.value(a) for a in args]}
+    if kwargs:
+        step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
+    if not grad_on:
+        step["grad_enabled"] = False
+    if n_out == 0:
+        step["out"] = []
+        session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
+        return None
+    differentiable = spec.differentiable if spec else False
+    rg = grad_on and differentiable and any(t._rg for t in enc.inputs)
+    if name in _FACTORIES:
+        rg = bool(kwargs.get("requires_grad"))
+    leaves = _union_leaves(enc.inputs) if rg else frozenset()
+    rule = spec.shape_rule if spec else "none"
+    factory = _FACTORIES.get(name)
+    if factory is not None:
+        metas, container = _infer_outputs("meta", factory, tuple(args), {**kwargs, "device": "meta"})
+    else:
+        metas, container = _infer_outputs("elementwise" if rule == "elementwise" else "none", None, tuple(args), kwargs)
+    if metas is None:
+        return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+    ids = [session.new_id() for _ in metas]
+    step["out"] = ids
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
+                              leaves=leaves, is_leaf=not rg or name in _FACTORIES)
+            for tid, (shape, dtype) in zip(ids, metas)]
+    if name in _FACTORIES and rg:
+        for o in outs:
+            o._leaves = frozenset({o._id})
+            session._grad_tracked[o._id] = o
+    session.enqueue(step, _Origin(name, origin_where, [weakref.ref(o) for o in outs]), enc.nbytes)
+    return outs[0] if container is None else container(outs)
+
+
+def not_in_table(func: Callable) -> NotImplementedError:
+    return NotImplementedError(
+        f"{torch_name(func)} is not supported on RemoteTensor: the server's op table has no entry for it "
+        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
+    )

@@ -1,0 +1,26 @@
+"""The SDK's exceptions: server errors keep their code, step and op."""
+
+from __future__ import annotations
+
+
+class RemoteError(RuntimeError):
+    """A step failed on the server (or a tensor it would have made is used).
+
+    ``code`` is the protocol's error code, ``status`` the HTTP status, ``step`` the
+    index of the failing step in its program and ``op`` its op name.
+    """
+
+    def __init__(self, message: str, *, code: str = "error", status: int = 0, step: int | None = None,
+                 op: str | None = None, where: str | None = None) -> None:
+        self.server_message = message
+        self.code, self.status, self.step, self.op, self.where = code, status, step, op, where
+        text = message
+        if op and where:
+            text = f"{op} (called at {where}) failed: {message}"
+        elif op:
+            text = f"{op} failed: {message}"
+        super().__init__(text)
+
+
+class SessionLost(RemoteError):
+    """The server no longer knows the session (expired, deleted, or the server restarted)."""

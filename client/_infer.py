@@ -1,0 +1,68 @@
+"""Result metadata on the client: shape and dtype of an op's outputs without asking the server.
+
+Elementwise ops use broadcasting and torch's promotion rules (microseconds);
+everything else runs the torch function itself on the meta device. When even
+meta cannot say (value-dependent shapes), ``infer`` returns None and the caller
+asks the server.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+_PROXIES: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
+
+
+def _proxy(dtype: torch.dtype, zero_dim: bool) -> torch.Tensor:
+    """A tiny real tensor with a dtype and 0-d-ness: all ``torch.result_type`` looks at."""
+    key = (dtype, zero_dim)
+    t = _PROXIES.get(key)
+    if t is None:
+        t = _PROXIES[key] = torch.empty(() if zero_dim else (1,), dtype=dtype)
+    return t
+
+
+Meta = tuple[tuple[int, ...], torch.dtype]
+
+
+def elementwise(operands: list[Any]) -> list[Meta] | None:
+    """Broadcast shape and promoted dtype of tensors (``(shape, dtype)`` pairs) and numbers."""
+    shapes, typed = [], []
+    for v in operands:
+        if isinstance(v, tuple):
+            shapes.append(v[0])
+            typed.append(_proxy(v[1], len(v[0]) == 0))
+        elif isinstance(v, (bool, int, float, complex)):
+            typed.append(v)
+        else:
+            return None
+    if not shapes:
+        return None
+    if len(typed) == 1:
+        dtype = typed[0].dtype
+    elif len(typed) == 2:
+        dtype = torch.result_type(typed[0], typed[1])
+    else:
+        return None
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return None  # integer results differ per op (true division, float-only ops): ask meta
+    try:
+        shape = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None  # let the server report torch's own error
+    return [(tuple(shape), dtype)]
+
+
+def on_meta(func: Callable, args: tuple, kwargs: dict) -> list[Meta] | None:
+    """Run ``func`` on meta tensors (args already converted); None if meta can't tell."""
+    try:
+        with torch.no_grad():
+            out = func(*args, **kwargs)
+    except Exception:
+        return None
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        return None
+    return [(tuple(o.shape), o.dtype) for o in outs]

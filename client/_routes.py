@@ -1,0 +1,80 @@
+"""Which op of the server's table a torch callable becomes, and how its arguments are arranged.
+
+The table comes from ``GET /v1/ops``: each entry lists the torch names routed to
+it (as ``torch.overrides.resolve_name`` spells them). A name of the form
+``Tensor.__rX__`` swaps its first two arguments; ``Tensor.X_``, ``torch.X_`` and
+``Tensor.__iX__`` are the in-place forms of ``X``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch.overrides import resolve_name
+
+_REFLECTED = {"__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rdiv__", "__rpow__", "__rmatmul__",
+              "__rfloordiv__", "__rmod__", "__rand__", "__ror__", "__rxor__"}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What the client knows of one server op."""
+
+    name: str
+    shape_rule: str
+    differentiable: bool
+
+
+@dataclass(frozen=True)
+class Route:
+    """A torch callable mapped to a server op: the wire name and how to arrange arguments."""
+
+    op: OpSpec
+    wire_name: str
+    reflected: bool
+    inplace: bool
+    torch_name: str
+
+
+class RouteTable:
+    """torch callable -> Route, built once per server from its op list; lookups are cached."""
+
+    def __init__(self, ops: list[dict[str, Any]]) -> None:
+        self.ops: dict[str, OpSpec] = {}
+        self._by_name: dict[str, Route] = {}
+        for info in ops:
+            spec = OpSpec(info["name"], info["shape_rule"], info["differentiable"])
+            self.ops[spec.name] = spec
+            for tname in info["torch_names"]:
+                self._by_name[tname] = _route_for(spec, tname)
+        self._by_func: dict[Callable, Route | None] = {}
+
+    def lookup(self, func: Callable) -> Route | None:
+        try:
+            return self._by_func[func]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable callables: never cached
+            return self._by_name.get(resolve_name(func) or "")
+        route = self._by_name.get(resolve_name(func) or "")
+        self._by_func[func] = route
+        return route
+
+
+def _route_for(spec: OpSpec, tname: str) -> Route:
+    short = tname.rsplit(".", 1)[-1]
+    reflected = short in _REFLECTED
+    inplace = (short.startswith("__i") and short.endswith("__")) or (
+        short.endswith("_") and not short.endswith("__") and not spec.name.endswith("_")
+    )
+    wire = spec.name + "_" if inplace else spec.name
+    return Route(spec, wire, reflected, inplace, tname)
+
+
+def torch_name(func: Callable) -> str:
+    """A readable name for any torch callable, for error messages."""
+    try:
+        return resolve_name(func) or getattr(func, "__qualname__", repr(func))
+    except Exception:
+        return repr(func)

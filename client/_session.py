@@ -1,0 +1,255 @@
+"""``Session``: one server session, its id counter, and the queue of steps not yet sent.
+
+Steps are queued and sent as one program when a value is needed, on ``sync()``,
+when the queue reaches the session's limits, and on ``close()``. When step k of
+a program fails, results of steps from k on are marked failed and the error is
+raised here and again wherever a failed tensor is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import torch
+
+from proto import decode_tensor, dtype_from_name, encode_tensor
+
+from ._errors import RemoteError
+from ._routes import RouteTable
+from ._transport import Transport, error_from
+
+if TYPE_CHECKING:
+    from ._tensor import RemoteTensor
+
+_ROUTE_TABLES: dict[str, RouteTable] = {}
+
+
+@dataclass
+class _Origin:
+    """Where a queued step came from, what it makes, and how to undo local predictions."""
+
+    op: str
+    where: str | None
+    outputs: list = field(default_factory=list)  # weakrefs to RemoteTensors this step creates
+    undo: Callable[[], None] | None = None
+
+
+class Session:
+    """A session on a remote-autograd server. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
+        self._transport = transport
+        info = transport.call("POST", "/v1/sessions", {})
+        self.id: str = info["session_id"]
+        self.remote_device: str = info["device"]
+        self.server_version: str = info["server_version"]
+        self.limits: dict[str, Any] = info["limits"]
+        self.pipeline = pipeline
+        self._routes = _route_table(transport)
+        self._path = f"/v1/sessions/{self.id}"
+        self._program_prefix = secrets.token_hex(4)
+        self._programs = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._queue: list[dict] = []
+        self._origins: list[_Origin | None] = []
+        self._queued_bytes = 0
+        self._frees: list[str] = []
+        self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
+        self._closed = False
+        self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
+        self._max_bytes = int(self.limits["max_body_bytes"]) // 2
+        from ._ops import OpsNamespace
+
+        self.ops = OpsNamespace(self)
+
+    # -- context manager --------------------------------------------------------------------
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._queue)} queued"
+        return f"<remote-autograd Session {self.id} on {self._transport.base_url} ({self.remote_device}), {state}>"
+
+    def close(self) -> None:
+        """Send what is queued, then delete the session on the server (freeing all its tensors)."""
+        if self._closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self._closed = True
+            try:
+                self._transport.request("DELETE", self._path)
+            finally:
+                self._transport.close()
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests this session's transport has sent (tests and benchmarks count these)."""
+        return self._transport.requests
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def tensor(self, data: Any, *, dtype: torch.dtype | None = None, requires_grad: bool = False) -> "RemoteTensor":
+        """Upload ``data`` (tensor, numpy array, list or number) as a new leaf."""
+        from ._tensor import RemoteTensor
+
+        if isinstance(data, torch.Tensor):
+            t = data.detach()
+            if dtype is not None:
+                t = t.to(dtype)
+        else:
+            t = torch.as_tensor(data, dtype=dtype)
+        return RemoteTensor._upload(self, t, requires_grad=requires_grad, grad=None)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed this session's own generator (dropout and random factories draw from it)."""
+        self._call_op("manual_seed", [int(seed)], {}, n_out=0)
+
+    def sync(self) -> None:
+        """Send every queued step now and wait; raises the first error."""
+        self.flush()
+
+    def stats(self) -> dict[str, Any]:
+        """The server's view of this session: tensors and bytes held (sends queued steps first)."""
+        self.flush()
+        return self._transport.call("GET", self._path)
+
+    # -- the queue --------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        return f"t{next(self._ids)}"
+
+    def enqueue(self, step: dict, origin: _Origin | None, nbytes: int = 0) -> int:
+        """Queue a step; returns its index in the next program. Eager sessions send at once."""
+        self._check_open()
+        if self._queue and (len(self._queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
+            self.flush()
+        self._queue.append(step)
+        self._origins.append(origin)
+        self._queued_bytes += nbytes
+        index = len(self._queue) - 1
+        if not self.pipeline:
+            self._pending_results = self.flush()
+        return index
+
+    def flush(self) -> list:
+        """Send the queue as one program; the results, one per step."""
+        frees, self._frees = self._frees, []
+        steps, origins = self._queue, self._origins
+        if frees:
+            steps = steps + [{"kind": "free", "ids": frees}]
+        if not steps:
+            return []
+        self._queue, self._origins, self._queued_bytes = [], [], 0
+        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps}
+        status, body = self._transport.request("POST", self._path + "/programs", program)
+        if status >= 400:
+            self._fail(status, body, origins)
+        return body["results"]
+
+    def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
+        err = (body or {}).get("error") or {}
+        k = err.get("step")
+        k = 0 if k is None else min(k, len(origins))
+        origin = origins[k] if k < len(origins) else None
+        error = error_from(status, body, where=origin.where if origin else None)
+        if origin is not None and not error.op:
+            error.op = origin.op
+        for o in origins[k:]:
+            if o is None:
+                continue
+            if o.undo is not None:
+                o.undo()
+            for ref in o.outputs:
+                t = ref()
+                if t is not None:
+                    t._error = error
+        raise error
+
+    def take_result(self, index: int) -> Any:
+        """The result of the step queued at ``index`` (flushing if it is still queued)."""
+        if self.pipeline:
+            return self.flush()[index]
+        return self._pending_results[index]
+
+    def _free_later(self, tid: str) -> None:
+        if not self._closed:
+            self._frees.append(tid)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RemoteError(f"session {self.id} is closed", code="session_closed")
+
+    # -- ops by name (factories, custom ops) ---------------------------------------------
+
+    def _call_op(self, name: str, args: list, kwargs: dict, n_out: int | None = None):
+        from ._dispatch import call_named
+
+        return call_named(self, name, args, kwargs, n_out=n_out)
+
+    def _factory(name: str, doc: str):  # noqa: N805  (builds methods below)
+        def factory(self, *args, **kwargs):
+            return self._call_op(name, list(args), kwargs)
+
+        factory.__name__, factory.__doc__ = name, doc
+        return factory
+
+    zeros = _factory("zeros", "torch.zeros on the server.")
+    ones = _factory("ones", "torch.ones on the server.")
+    full = _factory("full", "torch.full on the server.")
+    empty = _factory("empty", "torch.empty on the server, zeroed (never another session's memory).")
+    arange = _factory("arange", "torch.arange on the server.")
+    linspace = _factory("linspace", "torch.linspace on the server.")
+    eye = _factory("eye", "torch.eye on the server.")
+    rand = _factory("rand", "torch.rand on the server, from the session's generator.")
+    randn = _factory("randn", "torch.randn on the server, from the session's generator.")
+    randint = _factory("randint", "torch.randint on the server, from the session's generator.")
+    del _factory
+
+    # -- fetching ---------------------------------------------------------------------------
+
+    def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
+        index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
+        message = self.take_result(index)["tensor"]
+        return message
+
+
+def decode(message: dict | None) -> torch.Tensor | None:
+    return None if message is None else decode_tensor(message)
+
+
+def encode(t: torch.Tensor) -> dict:
+    return encode_tensor(t)
+
+
+def _route_table(transport: Transport) -> RouteTable:
+    table = _ROUTE_TABLES.get(transport.base_url)
+    if table is None:
+        table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])
+    return table
+
+
+def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:
+    out = []
+    for m in result["tensors"]:
+        out.append(None if m is None else (m["id"], tuple(m["shape"]), dtype_from_name(m["dtype"]), m["requires_grad"]))
+    return out
+
+
+def iter_tensors(values: Iterable[Any]):
+    from ._tensor import RemoteTensor
+
+    for v in values:
+        if isinstance(v, RemoteTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from iter_tensors(v)

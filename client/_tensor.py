@@ -1,0 +1,180 @@
+"""``RemoteTensor``: a ``torch.Tensor`` wrapper whose values live on the server.
+
+Metadata (shape, dtype, requires_grad, whether ``.grad`` is None) is local and
+answered without a round trip; every other torch call becomes a queued step via
+``__torch_function__``. Values are fetched only when Python needs them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from proto import decode_tensor, encode_tensor
+
+from ._local import LOCAL_HANDLERS
+from ._dispatch import apply_route, not_in_table, where
+from ._session import Session, _Origin
+
+_META_DEVICE = torch.device("meta")
+
+
+class RemoteTensor(torch.Tensor):
+    """A handle to a tensor held by a remote-autograd session."""
+
+    _session: Session
+    _id: str | None
+
+    @staticmethod
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("make RemoteTensors with Session.tensor(...) or RemoteTensor.from_torch(t, session)")
+
+    @classmethod
+    def _new(cls, session: Session, tid: str | None, shape, dtype: torch.dtype, *, requires_grad: bool = False,
+             leaves: frozenset = frozenset(), is_leaf: bool = True, grad_owner: "RemoteTensor | None" = None
+             ) -> "RemoteTensor":
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=_META_DEVICE)
+        r._session, r._id, r._shape, r._dtype = session, tid, tuple(shape), dtype
+        r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
+        r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
+        r._retains, r._meta_t = False, None
+        r._custom_data = r._custom_grad = None
+        if requires_grad and is_leaf and tid is not None:
+            r._leaves = frozenset({tid})
+            session._grad_tracked[tid] = r
+        return r
+
+    @classmethod
+    def _upload(cls, session: Session, t: torch.Tensor, *, requires_grad: bool, grad: torch.Tensor | None
+                ) -> "RemoteTensor":
+        if requires_grad and not (t.is_floating_point() or t.is_complex()):
+            raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
+        tid = session.new_id()
+        step: dict[str, Any] = {"kind": "put", "id": tid, "value": encode_tensor(t), "requires_grad": requires_grad}
+        if grad is not None:
+            step["grad"] = encode_tensor(grad.to(t.dtype))
+        r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
+        r._has_grad = grad is not None
+        session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), t.numel() * t.element_size())
+        return r
+
+    # -- the seed's boundary: from_torch / to_torch ----------------------------------------
+
+    @classmethod
+    def from_torch(cls, t: torch.Tensor, session: Session) -> "RemoteTensor":
+        """Upload ``t``: its values, ``requires_grad``, and a copy of ``t.grad`` when it has one."""
+        grad = t.grad.detach().clone() if t.grad is not None else None
+        r = cls._upload(session, t.detach(), requires_grad=t.requires_grad, grad=grad)
+        r._custom_data = t.detach().clone()
+        r._custom_grad = grad
+        return r
+
+    def to_torch(self) -> torch.Tensor:
+        """A local leaf with this tensor's values, its ``requires_grad``, and a copy of its grad."""
+        if self._grad_owner is not None:
+            return self._grad_owner._fetch(value=False, grad=True)[1]
+        value, grad = self._fetch(value=True, grad=self._has_grad)
+        out = value.requires_grad_(self._rg)
+        if grad is not None:
+            out.grad = grad.to(device=out.device, dtype=out.dtype)
+        return out
+
+    def _fetch(self, *, value: bool, grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self._check_usable()
+        message = self._session.fetch(self._id, value=value, grad=grad)
+        v = decode_tensor(message["value"]) if message.get("value") is not None else None
+        g = decode_tensor(message["grad"]) if message.get("grad") is not None else None
+        if v is not None:
+            self._custom_data = v.clone()
+        if grad:
+            self._custom_grad = None if g is None else g.clone()
+        return v, g
+
+    def _value(self) -> torch.Tensor:
+        """The values as a local tensor without grad (one flush)."""
+        if self._grad_owner is not None:
+            g = self._grad_owner._fetch(value=False, grad=True)[1]
+            if g is None:
+                raise RuntimeError("the gradient this handle refers to is None on the server")
+            return g
+        return self._fetch(value=True, grad=False)[0]
+
+    # -- local state --------------------------------------------------------------------------
+
+    @property
+    def remote_device(self) -> str:
+        """Where the values live: the server's device."""
+        return self._session.remote_device
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    def _ref(self) -> dict:
+        if self._grad_owner is not None:
+            return {"grad_of": self._grad_owner._id}
+        return {"ref": self._id}
+
+    def _meta(self) -> torch.Tensor:
+        if self._meta_t is None or tuple(self._meta_t.shape) != self._shape:
+            self._meta_t = torch.empty(self._shape, dtype=self._dtype, device=_META_DEVICE)
+        return self._meta_t
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _after_inplace(self, rg: bool, leaves: frozenset) -> None:
+        """Local bookkeeping after a queued in-place op: history and the stale local copy."""
+        self._custom_data = None
+        if rg:
+            self._leaves = self._leaves | leaves
+            if not self._rg or self._is_leaf:
+                self._rg, self._is_leaf = True, False
+
+    def _grad_handle(self) -> "RemoteTensor":
+        if self._grad_cache is None:
+            self._grad_cache = RemoteTensor._new(self._session, None, self._shape, self._dtype, grad_owner=self)
+        return self._grad_cache
+
+    def __del__(self) -> None:
+        tid = getattr(self, "_id", None)
+        if tid is not None and getattr(self, "_grad_owner", None) is None:
+            try:
+                self._session._free_later(tid)
+            except Exception:  # interpreter shutdown
+                pass
+
+    # -- torch's entry point ------------------------------------------------------------------
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        local = LOCAL_HANDLERS.get(func)
+        if local is not None:
+            return local(*args, **kwargs)
+        session = _session_of(args, kwargs)
+        route = session._routes.lookup(func)
+        if route is None:
+            raise not_in_table(func)
+        return apply_route(session, func, route, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(
+            f"remote-autograd: {func} reached __torch_dispatch__; every call on a RemoteTensor should be "
+            "handled by __torch_function__ (please report this)"
+        )
+
+
+def _session_of(args: tuple, kwargs: dict) -> Session:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, RemoteTensor):
+            return v._session
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, RemoteTensor):
+                    return x._session
+    raise RuntimeError("no RemoteTensor among the arguments")

@@ -1,0 +1,80 @@
+"""HTTP for the SDK: one long-lived httpx transport and prebuilt requests.
+
+Going through ``httpx.HTTPTransport.handle_request`` directly skips the
+``httpx.Client`` layer, which costs ~150 µs per request here (perf-notes.md).
+Bodies are msgpack both ways.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import httpx
+
+from proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
+
+from ._errors import RemoteError, SessionLost
+
+
+class Transport:
+    """Sends msgpack requests to one server and returns decoded bodies; counts requests."""
+
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._transport = httpx.HTTPTransport(retries=0)
+        self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
+        self._headers = [
+            (b"content-type", MSGPACK.encode()),
+            (b"accept", MSGPACK.encode()),
+            (PROTOCOL_HEADER.lower().encode(), PROTOCOL_VERSION.encode()),
+            (b"host", httpx.URL(self.base_url).netloc),
+        ]
+        token = token if token is not None else os.environ.get("REMOTE_AUTOGRAD_TOKEN")
+        if token:
+            self._headers.append((b"authorization", f"Bearer {token}".encode()))
+        self._retries = retries
+        self.requests = 0  # every request that went on the wire, for tests and benchmarks
+
+    def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> tuple[int, Any]:
+        """(status, decoded body). Connection failures are retried with backoff when ``idempotent``."""
+        content = encode_body(body, True) if body is not None else b""
+        req = httpx.Request(method, self.base_url + path, headers=self._headers, content=content,
+                            extensions={"timeout": self._timeout})
+        delay = 0.05
+        for attempt in range(self._retries + 1):
+            try:
+                self.requests += 1
+                response = self._transport.handle_request(req)
+                try:
+                    data = response.read()
+                finally:
+                    response.close()
+                break
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if not idempotent or attempt == self._retries:
+                    raise RemoteError(f"cannot reach {self.base_url}: {exc}", code="connection_error") from exc
+                time.sleep(delay)
+                delay *= 4
+        ctype = response.headers.get("content-type")
+        decoded = decode_body(data, ctype) if data else None
+        return response.status_code, decoded
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """Like ``request`` but raises ``RemoteError``/``SessionLost`` for any error status."""
+        status, decoded = self.request(method, path, body)
+        if status >= 400:
+            raise error_from(status, decoded)
+        return decoded
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def error_from(status: int, body: Any, where: str | None = None) -> RemoteError:
+    err = (body or {}).get("error") if isinstance(body, dict) else None
+    err = err or {"code": "http_error", "message": f"HTTP {status}"}
+    cls = SessionLost if status == 410 or err.get("code") == "unknown_session" else RemoteError
+    return cls(err.get("message", ""), code=err.get("code", "error"), status=status, step=err.get("step"),
+               op=err.get("op"), where=where)
