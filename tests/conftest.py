@@ -1,0 +1,101 @@
+"""Shared fixtures: one real uvicorn server per test session, on 127.0.0.1 and an ephemeral port.
+
+Tests that need other settings start their own with ``start_server(**env)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+import client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def start_server(**env: str) -> Iterator[str]:
+    """A real ``python -m service`` on a free loopback port; ``env`` adds REMOTE_AUTOGRAD_* settings."""
+    port = _free_port()
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
+    full_env.update(env)
+    if "REMOTE_AUTOGRAD_DEVICE" in os.environ and "REMOTE_AUTOGRAD_DEVICE" not in env:
+        full_env["REMOTE_AUTOGRAD_DEVICE"] = os.environ["REMOTE_AUTOGRAD_DEVICE"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{out}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become healthy in 60 s")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """The shared server with default settings (plus the test-only ops)."""
+    with start_server(REMOTE_AUTOGRAD_TEST_OPS="1") as url:
+        yield url
+
+
+@pytest.fixture
+def sess(server_url: str) -> Iterator[client.Session]:
+    """A pipelined SDK session on the shared server."""
+    with client.connect(server_url) as s:
+        yield s
+
+
+@pytest.fixture
+def eager_sess(server_url: str) -> Iterator[client.Session]:
+    with client.connect(server_url, pipeline=False) as s:
+        yield s
+
+
+@pytest.fixture(params=["pipelined", "eager"])
+def any_sess(request, server_url: str) -> Iterator[client.Session]:
+    """Both modes: the same test must pass in each."""
+    with client.connect(server_url, pipeline=request.param == "pipelined") as s:
+        yield s
+
+
+PROTOCOL_HEADERS = {"Remote-Autograd-Protocol": "1"}
+
+
+@pytest.fixture
+def http(server_url: str) -> Iterator[httpx.Client]:
+    """A raw httpx client on the shared server, with the protocol header set."""
+    with httpx.Client(base_url=server_url, headers=PROTOCOL_HEADERS, timeout=30) as c:
+        yield c
