@@ -177,13 +177,13 @@ def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: b
     """An op whose output metadata only the server knows: send now and read it from the result."""
     from ._tensor import RemoteTensor
 
-    step["out"] = [session.new_id()]
+    step["out"], step["out_many"] = [session.new_id()], True
     index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     result = session.take_result(index)
     outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)
             for (tid, shape, dtype, req) in meta_from_result(result)]
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    return tuple(outs) if result.get("tuple") else outs[0]
 
 
 def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):

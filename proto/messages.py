@@ -60,13 +60,18 @@ class PutStep(_Model):
 
 
 class CallStep(_Model):
-    """Apply an op of the table; its outputs are stored under ``out`` (one id per output)."""
+    """Apply an op of the table; its outputs are stored under ``out`` (one id per output).
+
+    With ``out_many`` the caller does not know how many outputs there will be:
+    ``out`` holds one prefix and the outputs are stored as ``<prefix>.0``, ``<prefix>.1``, …
+    """
 
     kind: Literal["call"]
     op: str = Field(min_length=1, max_length=128)
     args: list[Value] = []
     kwargs: dict[str, Value] = {}
     out: list[TensorId] = []
+    out_many: bool = False
     grad_enabled: bool = True
 
 
@@ -159,9 +164,13 @@ class TensorMessage(_Model):
 
 
 class StepResult(_Model):
-    """What a step produced: metadata of new tensors, or a fetched tensor."""
+    """What a step produced: metadata of new tensors, or a fetched tensor.
 
-    tensors: list[TensorMeta] | None = None
+    ``tuple`` is true when the op returned a sequence of tensors (even of one).
+    """
+
+    tensors: list[TensorMeta | None] | None = None
+    tuple: bool | None = None
     tensor: TensorMessage | None = None
 
 

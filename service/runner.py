@@ -202,12 +202,20 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
             _run_inplace(entry, step.op, args, kwargs)
             return {"tensors": []}
         result = entry.fn(*args, **kwargs)
-    outputs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-    if len(outputs) != len(step.out):
-        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(step.out)}")
-    for tid, t in zip(step.out, outputs):
+    is_tuple = isinstance(result, (tuple, list))
+    outputs = tuple(result) if is_tuple else (result,)
+    ids = step.out
+    if step.out_many:
+        if len(step.out) != 1:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "out: with out_many, give exactly one id prefix")
+        ids = [f"{step.out[0]}.{i}" for i in range(len(outputs))]
+        _check_new_ids(session, ids)
+    if len(outputs) != len(ids):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
+    for tid, t in zip(ids, outputs):
         _store(session, settings, tid, CustomTensor(t))
-    return {"tensors": [_meta(tid, t) for tid, t in zip(step.out, outputs)]}
+    metas = [_meta(tid, t) for tid, t in zip(ids, outputs)]
+    return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
 
 def _run_inplace(entry, name: str, args: list, kwargs: dict) -> None:
