@@ -260,9 +260,14 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
     if not grad_on:
         step["grad_enabled"] = False
-    if n_out == 0:
+    if n_out == 0 or name.endswith("_"):  # nothing new: a session op, or an in-place op returning its target
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
+        if name.endswith("_") and args and isinstance(args[0], RemoteTensor):
+            target = args[0]
+            rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
+            target._after_inplace(rg, _union_leaves(enc.inputs) if rg else frozenset())
+            return target
         return None
     differentiable = spec.differentiable if spec else False
     rg = grad_on and differentiable and any(t._rg for t in enc.inputs)

@@ -65,10 +65,8 @@ class RouteTable:
 def _route_for(spec: OpSpec, tname: str) -> Route:
     short = tname.rsplit(".", 1)[-1]
     reflected = short in _REFLECTED
-    inplace = (short.startswith("__i") and short.endswith("__")) or (
-        short.endswith("_") and not short.endswith("__") and not spec.name.endswith("_")
-    )
-    wire = spec.name + "_" if inplace else spec.name
+    inplace = (short.startswith("__i") and short.endswith("__")) or (short.endswith("_") and not short.endswith("__"))
+    wire = spec.name + "_" if inplace and not spec.name.endswith("_") else spec.name
     return Route(spec, wire, reflected, inplace, tname)
 
 

@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     elementwise,
     factories,
     indexing,
+    inplace,
     linalg,
     losses,
     nn,
