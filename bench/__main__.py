@@ -1,0 +1,24 @@
+"""``python -m bench`` (or ``make bench``): start a real server on loopback and print every figure."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import latency
+from ._util import serve
+
+SECTIONS = {"latency": latency.run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"any of {list(SECTIONS)} (default: all)")
+    args = parser.parse_args()
+    with serve(["-m", "service"]) as url:
+        print(f"remote-autograd benchmarks against {url} (medians and p90 over repeated runs)")
+        for name in args.sections or list(SECTIONS):
+            SECTIONS[name](url)
+
+
+if __name__ == "__main__":
+    main()

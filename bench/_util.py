@@ -1,0 +1,72 @@
+"""Timing and server helpers for the benchmarks (printed figures, never asserted)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def measure(fn: Callable[[], object], *, repeat: int = 300, warmup: int = 30, per: int = 1) -> list[float]:
+    """Seconds per call (divided by ``per`` for amortised figures), after a warm-up."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) / per)
+    return times
+
+
+def summary(times: list[float]) -> tuple[float, float]:
+    """(median, p90) in microseconds."""
+    ordered = sorted(times)
+    return statistics.median(ordered) * 1e6, ordered[int(0.9 * (len(ordered) - 1))] * 1e6
+
+
+def row(label: str, times: list[float], baseline: float | None = None, extra: str = "") -> float:
+    med, p90 = summary(times)
+    ratio = f"{med / baseline:7.2f}x" if baseline else " " * 8
+    print(f"  {label:<48} median {med:9.1f} us   p90 {p90:9.1f} us  {ratio} {extra}")
+    return med
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(module_args: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``python <module_args> --port P`` on loopback until /healthz answers; yields the URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, *module_args, "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{module_args} did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
