@@ -1,0 +1,58 @@
+"""The README's op-coverage table, generated from the op table.
+
+``python -m service.ops.coverage`` prints it; ``--write README.md`` replaces the
+block between the coverage markers (a test checks the README is current).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from . import OP_TABLE
+
+BEGIN, END = "<!-- op-coverage:begin -->", "<!-- op-coverage:end -->"
+
+
+def _names(torch_names: tuple[str, ...]) -> str:
+    short = [n.replace("torch.nn.functional.", "F.").replace("torch.Tensor.", "Tensor.") for n in torch_names]
+    return ", ".join(f"`{n}`" for n in short) or "(by name: `sess.ops.<name>`)"
+
+
+def coverage_markdown() -> str:
+    lines = [
+        f"{len([e for e in OP_TABLE if not e.name.startswith('_')])} ops. grad: exact gradient "
+        "(gradcheck-tested), `custom` (not exact by design), or `-` (no gradient); "
+        "double: twice differentiable (gradgradcheck-tested).",
+        "",
+        "| op | torch names routed | grad | double |",
+        "| --- | --- | --- | --- |",
+    ]
+    for entry in sorted(OP_TABLE, key=lambda e: e.name):
+        if entry.name.startswith("_"):
+            continue
+        grad = "-" if not entry.differentiable else ("exact" if entry.exact else "custom")
+        double = "yes" if entry.double_grad else "-"
+        lines.append(f"| `{entry.name}` | {_names(entry.torch_names)} | {grad} | {double} |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, table: str) -> str:
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    return pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m service.ops.coverage")
+    parser.add_argument("--write", type=Path, help="rewrite the table block in this file (README.md)")
+    args = parser.parse_args()
+    table = coverage_markdown()
+    if args.write:
+        args.write.write_text(replace_block(args.write.read_text(), table))
+    else:
+        print(table)
+
+
+if __name__ == "__main__":
+    main()
