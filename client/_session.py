@@ -110,6 +110,28 @@ class Session:
             t = torch.as_tensor(data, dtype=dtype)
         return RemoteTensor._upload(self, t, requires_grad=requires_grad, grad=None)
 
+    def module(self, module: "torch.nn.Module") -> "torch.nn.Module":
+        """A copy of ``module`` whose parameters and buffers live on the server (uploaded in one program)."""
+        from ._module import remote_module
+
+        return remote_module(self, module)
+
+    def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
+        """Local copies (values only, no grad) of several RemoteTensors, in one program."""
+        self._check_open()
+        start = len(self._queue)
+        for t in tensors:
+            t._check_usable()
+            if t._grad_owner is not None:
+                step = {"kind": "fetch", "id": t._grad_owner._id, "value": False, "grad": True}
+            else:
+                step = {"kind": "fetch", "id": t._id, "value": True, "grad": False}
+            self._queue.append(step)  # even an eager session sends these together: reads only
+            self._origins.append(_Origin("fetch", None))
+        results = self.flush()[start:start + len(tensors)]
+        return [decode(r["tensor"]["grad" if t._grad_owner is not None else "value"])
+                for t, r in zip(tensors, results)]
+
     def manual_seed(self, seed: int) -> None:
         """Seed this session's own generator (dropout and random factories draw from it)."""
         self._call_op("manual_seed", [int(seed)], {}, n_out=0)

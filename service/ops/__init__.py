@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     linalg,
     losses,
     nn,
+    optim,
     pointwise,
     reductions,
     session,
