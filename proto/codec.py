@@ -28,7 +28,7 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
         raise bad_request(f"unsupported Content-Type {content_type!r}; use {MSGPACK} or {JSON}")
     try:
         return json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
 
 

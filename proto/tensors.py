@@ -40,7 +40,7 @@ def encode_tensor(t: torch.Tensor, *, as_json: bool = False) -> dict[str, Any]:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    t = t.resolve_conj().resolve_neg().contiguous()  # a conj/neg view's storage holds the unflipped values
     shape = list(t.shape)
     if as_json and name in _LIST_DTYPES and _list_is_exact(t, name):
         return {"dtype": name, "shape": shape, "data": t.reshape(-1).tolist()}
@@ -54,7 +54,7 @@ def _list_is_exact(t: torch.Tensor, name: str) -> bool:
     if t.is_floating_point():
         return t.numel() == 0 or bool(torch.isfinite(t).all())
     if name == "int64":
-        return t.numel() == 0 or bool((t.abs() <= _JSON_EXACT_INT).all())
+        return t.numel() == 0 or bool(((t >= -_JSON_EXACT_INT) & (t <= _JSON_EXACT_INT)).all())  # abs(int64 min) overflows
     return True
 
 
@@ -143,7 +143,7 @@ def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
             raise bad_request(f"{field}.data[{i}]: expected a number, got {type(v).__name__}")
     try:
         return torch.tensor(data, dtype=dtype, device=device).reshape(shape)
-    except (RuntimeError, OverflowError, TypeError) as exc:
+    except (RuntimeError, OverflowError, TypeError, ValueError) as exc:
         raise bad_request(f"{field}.data: {exc}") from None
 
 

@@ -137,7 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/sessions/{sid}/tensors/{tid}")
     async def read_tensor(sid: str, tid: str, request: Request, value: bool = True, grad: bool = True) -> Response:
         session = store.get(sid, check_v1(request))
-        message = await run(store.read_tensor, session, tid, value, grad, not _wants_msgpack(request))
+        message = await run(lambda: store.read_tensor(session, tid, value=value, grad=grad, as_json=not _wants_msgpack(request)))
         return _reply(request, message)
 
     @app.on_event("shutdown")
