@@ -24,6 +24,7 @@ if sys.byteorder != "little":  # pragma: no cover - no big-endian hosts in sight
     raise ImportError("proto assumes a little-endian host")
 
 _JSON_EXACT_INT = 2**53
+_MAX_BYTES = 2**62  # no dims whose byte size would overflow torch's int64 arithmetic
 _LIST_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
 # torch.frombuffer warns once per process about read-only buffers (msgpack hands
@@ -94,15 +95,17 @@ def decode_tensor(
         raise bad_request(f"{field}: unknown keys {sorted(extra)}")
     if "data" not in obj:
         raise bad_request(f"{field}.data: missing")
-    dtype = dtype_from_name(obj.get("dtype"), f"{field}.dtype")
-    name = obj["dtype"]
     shape = check_shape(obj.get("shape"), field)
     numel = math.prod(shape)
-    if max_elements is not None and numel > max_elements:
+    if max_elements is not None and numel > max_elements:  # limits answer before anything else
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"{field}: shape {list(shape)} has {numel} elements, over the limit max_tensor_elements={max_elements}",
         )
+    dtype = dtype_from_name(obj.get("dtype"), f"{field}.dtype")
+    name = obj["dtype"]
+    if math.prod(d for d in shape if d) * ITEMSIZES[name] >= _MAX_BYTES:
+        raise bad_request(f"{field}.shape: {list(shape)} is too large to describe a tensor")
     data = obj["data"]
     if isinstance(data, (bytes, bytearray, memoryview)):
         return _from_bytes(data, dtype, name, shape, numel, field, device)
@@ -136,15 +139,27 @@ def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
         raise bad_request(f"{field}.data: {len(data)} values, but shape {list(shape)} needs {numel}")
     if name not in _LIST_DTYPES:
         raise bad_request(f"{field}.data: {name} travels as base64 in JSON, not as a list")
+    check = _value_check(dtype)
     for i, v in enumerate(data):
-        if isinstance(v, bool):
-            continue
         if not isinstance(v, (int, float)):
             raise bad_request(f"{field}.data[{i}]: expected a number, got {type(v).__name__}")
+        if not check(v):
+            raise bad_request(f"{field}.data[{i}]: {v!r} is not a value of dtype {name}")
     try:
         return torch.tensor(data, dtype=dtype, device=device).reshape(shape)
     except (RuntimeError, OverflowError, TypeError, ValueError) as exc:
         raise bad_request(f"{field}.data: {exc}") from None
+
+
+def _value_check(dtype: torch.dtype):
+    """A predicate for list items: exactly representable in ``dtype`` (no rounding to int, no wrap, no inf)."""
+    if dtype == torch.bool:
+        return lambda v: isinstance(v, bool) or (type(v) is int and v in (0, 1))
+    if dtype.is_floating_point:
+        top = torch.finfo(dtype).max
+        return lambda v: isinstance(v, bool) or (type(v) in (int, float) and abs(v) <= top and math.isfinite(v))
+    info = torch.iinfo(dtype)
+    return lambda v: (type(v) is int and info.min <= v <= info.max) or isinstance(v, bool)
 
 
 def known_dtypes() -> list[str]:

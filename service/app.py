@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from proto import (
@@ -27,6 +28,7 @@ from proto import (
     is_msgpack,
 )
 from proto.messages import validate_program
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .ops import OP_TABLE, load_op_modules
@@ -77,6 +79,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ProtocolError)
     async def _protocol_error(request: Request, exc: ProtocolError) -> Response:
         return _reply(request, {"error": exc.to_wire(), "results": []}, exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameters(request: Request, exc: RequestValidationError) -> Response:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        return await _protocol_error(request, ProtocolError(ErrorCode.BAD_REQUEST, f"{where}: {err.get('msg')}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.BAD_REQUEST
+        err = ProtocolError(code, f"{request.method} {request.url.path}: {exc.detail}")
+        return _reply(request, {"error": err.to_wire(), "results": []}, exc.status_code)
 
     @app.get("/healthz")
     async def healthz() -> dict:

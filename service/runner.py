@@ -151,6 +151,20 @@ def _check_new_ids(session: Session, ids: list[str]) -> None:
         raise ProtocolError(ErrorCode.CONFLICT, f"output ids repeat: {ids}")
 
 
+def reencode(outcome: Outcome, as_json: bool) -> Outcome:
+    """A stored answer re-encoded for a retry that asks for the other format (JSON vs msgpack)."""
+    results = []
+    for r in outcome.body.get("results", []):
+        if r and r.get("tensor"):
+            msg = dict(r["tensor"])
+            for key in ("value", "grad"):
+                if msg.get(key) is not None:
+                    msg[key] = encode_tensor(decode_tensor(msg[key]), as_json=as_json)
+            r = {**r, "tensor": msg}
+        results.append(r)
+    return Outcome(outcome.status, {**outcome.body, "results": results})
+
+
 def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
     return {
         "id": tid,

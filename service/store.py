@@ -123,7 +123,7 @@ class SessionStore:
 
     def run_program(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
         """Run ``program`` under the session's lock; a retried program id gets its first answer."""
-        from .runner import run_program  # the runner imports the op table; keep store light
+        from .runner import reencode, run_program  # the runner imports the op table; keep store light
 
         digest = hashlib.blake2b(body, digest_size=16).digest()
         with session.lock:
@@ -134,9 +134,9 @@ class SessionStore:
                     raise ProtocolError(
                         ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
                     )
-                return cached[1]
+                return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
             outcome = run_program(session, program, self.settings, as_json=as_json)
-            session.programs[program.id] = (digest, outcome)
+            session.programs[program.id] = (digest, outcome, as_json)
             while len(session.programs) > self.settings.program_cache_size:
                 session.programs.popitem(last=False)
             session.last_used = time.monotonic()

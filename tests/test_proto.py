@@ -326,8 +326,6 @@ def test_list_value_out_of_range():
     _raises({"dtype": "float32", "shape": [1], "data": [10**400]}, names="value.data")
 
 
-@pytest.mark.xfail(strict=True, reason="JSON lists convert lossily: int32 [1.5] -> 1, uint8 [-1] -> 255 (wraps), "
-                   "float16 [1e300] -> inf; no 400 as for int8 [1000]")
 def test_list_values_that_do_not_fit_the_dtype_are_refused():
     for obj in ({"dtype": "int32", "shape": [1], "data": [1.5]},
                 {"dtype": "uint8", "shape": [1], "data": [-1]},
@@ -363,12 +361,9 @@ def test_claimed_shape_over_limit_is_413_before_any_data_check():
 
 def test_huge_shape_without_limit_is_a_400():
     _raises({"dtype": "float32", "shape": [10**12], "data": b"\0" * 16}, names="value.data")
-    _raises({"dtype": "float32", "shape": [2**40, 2**40], "data": [1.0]}, names="value.data")
+    _raises({"dtype": "float32", "shape": [2**40, 2**40], "data": [1.0]}, names="value.shape")
 
 
-@pytest.mark.xfail(strict=True, reason="a zero-element shape with a dim past int64 (or whose byte size overflows) "
-                   "reaches torch.empty and raises RuntimeError/ValueError instead of a ProtocolError; on the "
-                   "server that is a 422 op_error carrying a C++ stack trace")
 def test_zero_element_shape_with_overflowing_dims_is_a_protocol_error():
     for shape in ([0, 10**20], [2**62, 2**62, 0]):
         err = _raises({"dtype": "float32", "shape": shape, "data": b""}, names="shape")
