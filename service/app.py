@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .ops import OP_TABLE, load_op_modules
+from .runner import check_limits
 from .settings import Settings
 from .store import SessionStore
 
@@ -144,7 +145,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         owner = check_v1(request)
         body = await _read_body(request, settings.max_body_bytes)
         session = store.get(sid, owner)
-        program = validate_program(decode_body(body, request.headers.get("content-type")))
+        decoded = decode_body(body, request.headers.get("content-type"))
+        check_limits(decoded, settings)
+        program = validate_program(decoded)
         outcome = await run(store.run_program, session, program, body, not _wants_msgpack(request))
         return _reply(request, outcome.body, outcome.status)
 

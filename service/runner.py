@@ -8,6 +8,7 @@ no trace while earlier steps stay done, as in eager torch.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 import torch
@@ -56,6 +57,36 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
     finally:
         reset(token)
     return Outcome(200, {"id": program.id, "results": results})
+
+
+def check_limits(body: Any, settings: Settings) -> None:
+    """Limits answer before anything else about a body: step count and claimed tensor sizes (413).
+
+    Runs on the raw decoded body, before validation, so a huge claimed shape is a 413
+    even when something else about the message is also wrong.
+    """
+    steps = body.get("steps") if isinstance(body, dict) else None
+    if not isinstance(steps, list):
+        return
+    if len(steps) > settings.max_steps_per_program:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"program has {len(steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
+        )
+    for index, step in enumerate(steps):
+        if not (isinstance(step, dict) and step.get("kind") == "put"):
+            continue
+        for key in ("value", "grad"):
+            shape = step.get(key, {}).get("shape") if isinstance(step.get(key), dict) else None
+            if isinstance(shape, list) and all(type(d) is int for d in shape):
+                numel = math.prod(shape)
+                if numel > settings.max_tensor_elements:
+                    raise ProtocolError(
+                        ErrorCode.TOO_LARGE,
+                        f"steps.{index}.{key}: shape {shape} has {numel} elements, over the limit "
+                        f"max_tensor_elements={settings.max_tensor_elements}",
+                        step=index, op="put",
+                    )
 
 
 def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:

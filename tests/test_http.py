@@ -456,7 +456,6 @@ FAILING_STEP_2 = {
     "unknown-op": (lambda w: _call("nope", ref("p0"), out=["p2"]), 404, "unknown_op", "nope"),
     "id-reused": (lambda w: _call("add", ref("p0"), ref("p1"), out=["p1"]), 409, "conflict", "add"),
     "data-mismatch": (lambda w: _put("p2", {"dtype": "float32", "shape": [5], "data": [1.0]}), 400, "bad_request", "put"),
-    "too-large": (lambda w: _put("p2", {"dtype": "float32", "shape": [10**12], "data": [1.0]}), 413, "too_large", "put"),
     "backward-of-nothing": (lambda w: {"kind": "backward", "tensors": ["p1"]}, 422, "op_error", "backward"),
 }
 
@@ -490,6 +489,17 @@ def test_program_stops_at_the_failing_step(wire: Wire, held: dict, case: str):
     snap = _snapshot(wire, sid)
     assert {k: v for k, v in snap.items() if k != "info"} == {
         k: v for k, v in held["snapshot"].items() if k != "info"}
+
+
+def test_a_limit_refuses_the_whole_program_before_running_it(wire: Wire, held: dict):
+    # Limits are checked before anything else about a body: nothing of the program runs.
+    sid = held["sid"]
+    steps = [_put("p0", wire.tensor(torch.ones(2, 3))),
+             _put("p2", {"dtype": "float32", "shape": [10**12], "data": [1.0]})]
+    st, body = wire.program(sid, steps)
+    assert st == 413 and body["error"]["code"] == "too_large" and body["error"]["step"] == 1
+    assert "max_tensor_elements" in body["error"]["message"] and body["results"] == []
+    assert wire.get(f"/v1/sessions/{sid}/tensors/p0").status_code == 404
 
 
 def test_failing_backward_leaves_grads_untouched(wire: Wire, held: dict):

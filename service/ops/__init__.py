@@ -11,15 +11,17 @@ import importlib
 
 from . import (  # noqa: F401  (importing a family registers its ops)
     activations,
+    casts,
     compare,
     custom,
     elementwise,
     factories,
     indexing,
     inplace,
+    joins,
     linalg,
-    matrix,
     losses,
+    matrix,
     nn,
     norms,
     optim,

@@ -1,19 +1,35 @@
-"""Shape ops: the gradient is the output grad put back into the input's shape."""
+"""Shape ops: the same elements in a new shape or order; the gradient is put back.
+
+Sizes come in torch's three spellings: ``x.f(2, 3)``, ``x.f((2, 3))`` (a list on the
+wire) and ``x.f(size=(2, 3))``. Ops that only regroup elements (``flatten``,
+``squeeze``, ...) compose ``reshape``; the target shape, and torch's own errors, come
+from running the torch function on a meta stand-in for the input.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch.autograd import Function
 
+from ._grad import TensorLike, sum_to
 from ._registry import op
 from ._samples import S, T
 
 
-def _shape_arg(shape) -> tuple[int, ...]:
-    """Accept both ``x.reshape(2, 3)`` and ``x.reshape((2, 3))``."""
-    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
-        shape = shape[0]
-    return tuple(shape)
+def _sizes(args: tuple, given=None, name: str = "size") -> tuple:
+    """One size argument from ``f(2, 3)``, ``f((2, 3))``, ``f([2, 3])`` or ``f(name=(2, 3))``."""
+    if given is not None:
+        if args:
+            raise TypeError(f"got {name} both positionally and as a keyword")
+        args = (given,)
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = args[0]
+    return tuple(args)
+
+
+def meta_like(x: torch.Tensor) -> torch.Tensor:
+    """A data-free stand-in for ``x`` (same shape, strides, dtype): ask torch for shapes and errors."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
 
 
 class Reshape(Function):
@@ -27,13 +43,92 @@ class Reshape(Function):
         return g.reshape(ctx.in_shape), None
 
 
-@op("reshape", torch_names=("torch.reshape", "torch.Tensor.reshape", "torch.Tensor.view"),
+@op("reshape", torch_names=("torch.reshape", "torch.Tensor.reshape"),
     samples=(S(T((2, 3)), (3, 2)), S(T((2, 3)), (-1,)), S(T((2, 3, 4)), 6, -1), S(T((3, 2), noncontiguous=True), (6,)),
-             S(T(()), (1, 1))),
-    reference=lambda x, *shape: x.reshape(_shape_arg(shape)))
-def reshape(input, *shape):
-    """the same values in a new shape (``-1`` infers one dim)"""
-    return Reshape.apply(input, _shape_arg(shape))
+             S(T(()), (1, 1)), S(T((2, 3)), shape=[3, 2])),
+    reference=torch.Tensor.reshape)
+def reshape(input, *args, shape=None):
+    """the same values in a new shape (``-1`` infers one dim); a view when possible"""
+    return Reshape.apply(input, _sizes(args, shape, "shape"))
+
+
+class View(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.in_shape = x.shape
+        return x.view(shape)  # torch's error when the strides don't allow a view
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.in_shape), None
+
+
+@op("view", torch_names=("torch.Tensor.view",),
+    samples=(S(T((2, 3)), 3, 2), S(T((2, 3)), (-1,)), S(T((2, 3, 4)), [6, -1]), S(T(()), 1, 1),
+             S(T((2, 3)), size=(3, 2)), S(T((0, 3)), 3, 0), S(T((3, 2), noncontiguous=True), 3, 1, 2)),
+    reference=torch.Tensor.view)
+def view(input, *args, size=None):
+    """a view with a new shape; fails like torch when the strides don't allow one. ``view(dtype)`` is refused"""
+    shape = _sizes(args, size)
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise TypeError("view(dtype) reinterprets the bits and is not supported here; use .to(dtype) to convert")
+    return View.apply(input, shape)
+
+
+@op("flatten", torch_names=("torch.flatten", "torch.Tensor.flatten"),
+    samples=(S(T((2, 3, 4))), S(T((2, 3, 4)), 1), S(T((2, 3, 4)), 0, -2), S(T(())), S(T((3, 2), noncontiguous=True)),
+             S(T((2, 0, 3)), start_dim=1)),
+    reference=torch.flatten)
+def flatten(input, start_dim=0, end_dim=-1):
+    """dims start_dim..end_dim merged into one (a 0-d input becomes 1-d)"""
+    return reshape(input, tuple(meta_like(input).flatten(start_dim, end_dim).shape))
+
+
+@op("unflatten", torch_names=("torch.unflatten", "torch.Tensor.unflatten"),
+    samples=(S(T((2, 6)), 1, (2, 3)), S(T((2, 6)), -1, [3, -1]), S(T((4, 6), noncontiguous=True), 0, (2, 2))),
+    reference=torch.unflatten)
+def unflatten(input, dim, sizes):
+    """dim ``dim`` split into ``sizes`` (one may be -1)"""
+    return reshape(input, tuple(meta_like(input).unflatten(dim, sizes).shape))
+
+
+@op("squeeze", torch_names=("torch.squeeze", "torch.Tensor.squeeze"),
+    samples=(S(T((2, 1, 3, 1))), S(T((2, 1, 3)), 1), S(T((2, 1, 3)), 0), S(T((1, 2, 1)), (0, -1)),
+             S(T((1, 2, 1)), [0, 2]), S(T((1,))), S(T(())), S(T((1, 3, 1), noncontiguous=True)), S(T((0, 1)), dim=1)),
+    reference=torch.squeeze)
+def squeeze(input, dim=None):
+    """size-1 dims removed: all of them, or those of ``dim`` (an int or a tuple)"""
+    m = meta_like(input)
+    m = m.squeeze() if dim is None else m.squeeze(tuple(dim) if isinstance(dim, list) else dim)
+    return reshape(input, tuple(m.shape))
+
+
+@op("unsqueeze", torch_names=("torch.unsqueeze", "torch.Tensor.unsqueeze"),
+    samples=(S(T((2, 3)), 0), S(T((2, 3)), -1), S(T(()), 0), S(T((3, 2), noncontiguous=True), 1)),
+    reference=torch.unsqueeze)
+def unsqueeze(input, dim):
+    """a size-1 dim inserted at ``dim``"""
+    return reshape(input, tuple(meta_like(input).unsqueeze(dim).shape))
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i] % max(x.dim(), 1)))
+        return x.permute(dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(ctx.inverse), None
+
+
+@op("permute", torch_names=("torch.permute", "torch.Tensor.permute"),
+    samples=(S(T((2, 3, 4)), 1, 0, 2), S(T((2, 3, 4)), (2, 0, 1)), S(T((2, 3, 4)), [-1, 0, 1]),
+             S(T((2, 3, 4)), dims=(1, 2, 0)), S(T(()), ()), S(T((3, 2), noncontiguous=True), 1, 0)),
+    reference=torch.Tensor.permute)
+def permute(input, *args, dims=None):
+    """dims reordered: ``x.permute(1, 0, 2)`` or ``x.permute((1, 0, 2))``"""
+    return Permute.apply(input, _sizes(args, dims, "dims"))
 
 
 class Transpose(Function):
@@ -54,3 +149,129 @@ class Transpose(Function):
 def transpose(input, dim0, dim1):
     """swap two dims"""
     return Transpose.apply(input, dim0, dim1)
+
+
+def _reversed_dims(input) -> tuple[int, ...]:
+    return tuple(reversed(range(input.dim())))
+
+
+@op("t", torch_names=("torch.t", "torch.Tensor.t"),
+    samples=(S(T((2, 3))), S(T((3,))), S(T(())), S(T((3, 2), noncontiguous=True))), reference=torch.t)
+def t(input):
+    """transpose of a matrix; 0-d and 1-d inputs come back as they are"""
+    meta_like(input).t()  # torch's error above 2-d
+    return permute(input, _reversed_dims(input))
+
+
+@op("T", torch_names=("torch.Tensor.T.__get__",),
+    samples=(S(T((2, 3))), S(T((3,))), S(T(())), S(T((3, 2), noncontiguous=True))),
+    reference=lambda x: x.T)
+def reverse_dims(input):
+    """``x.T``: all dims reversed (torch deprecates it for other than 2-d)"""
+    return permute(input, _reversed_dims(input))
+
+
+@op("mT", torch_names=("torch.Tensor.mT.__get__",),
+    samples=(S(T((2, 3))), S(T((4, 2, 3))), S(T((3, 2), noncontiguous=True))), reference=lambda x: x.mT)
+def matrix_transpose(input):
+    """``x.mT``: the last two dims swapped (a batch of matrices transposed)"""
+    meta_like(input).mT  # noqa: B018  (torch's error below 2-d)
+    return transpose(input, -2, -1)
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx, x, sizes):
+        ctx.x = TensorLike(x.shape, x.dtype)
+        return x.expand(sizes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return sum_to(g, ctx.x), None
+
+
+@op("expand", torch_names=("torch.Tensor.expand",),
+    samples=(S(T((3,)), 2, 3), S(T((3,)), (2, 3)), S(T((2, 1)), -1, 4), S(T((2, 1)), [3, 2, -1]), S(T(()), 2, 2),
+             S(T((1, 3)), size=(0, 3)), S(T((3, 1), noncontiguous=True), 3, 2)),
+    reference=torch.Tensor.expand)
+def expand(input, *args, size=None):
+    """a broadcast view: size-1 dims stretched, new dims in front, ``-1`` keeps a dim"""
+    return Expand.apply(input, _sizes(args, size))
+
+
+@op("expand_as", torch_names=("torch.Tensor.expand_as",),
+    samples=(S(T((3,)), T((2, 3))), S(T((2, 1)), T((2, 4), requires_grad=False))), reference=torch.Tensor.expand_as)
+def expand_as(input, other):
+    """``input.expand(other.shape)`` (``other`` gets no gradient)"""
+    return expand(input, tuple(other.shape))
+
+
+@op("broadcast_to", torch_names=("torch.broadcast_to", "torch.Tensor.broadcast_to"),
+    samples=(S(T((3,)), (2, 3)), S(T((2, 1)), [2, -1, 4]), S(T(()), (2,))), reference=torch.broadcast_to)
+def broadcast_to(input, size):
+    """``input.expand(size)``"""
+    return expand(input, tuple(size))
+
+
+class Repeat(Function):
+    @staticmethod
+    def forward(ctx, x, repeats):
+        ctx.in_shape, ctx.repeats = x.shape, repeats
+        return x.repeat(repeats)
+
+    @staticmethod
+    def backward(ctx, g):
+        # Output dim i is repeats[i] copies of (padded) input dim i: split it in two and sum the copies.
+        shape = (1,) * (len(ctx.repeats) - len(ctx.in_shape)) + tuple(ctx.in_shape)
+        split = [n for r, s in zip(ctx.repeats, shape) for n in (r, s)]
+        g = g.reshape(split).sum(dim=tuple(range(0, len(split), 2)))
+        return g.reshape(ctx.in_shape), None
+
+
+@op("repeat", torch_names=("torch.Tensor.repeat",),
+    samples=(S(T((2, 3)), 2, 1), S(T((2, 3)), (1, 2, 2)), S(T((3,)), [2, 0]), S(T(()), 3),
+             S(T((3, 2), noncontiguous=True), 2, 2), S(T((2, 3)), repeats=(2, 2))),
+    reference=torch.Tensor.repeat)
+def repeat(input, *args, repeats=None):
+    """the tensor tiled ``repeats[i]`` times along each dim (new dims in front)"""
+    return Repeat.apply(input, _sizes(args, repeats, "repeats"))
+
+
+class Flip(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.dims = dims
+        return torch.flip(x, dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.flip(g, ctx.dims), None
+
+
+@op("flip", torch_names=("torch.flip", "torch.Tensor.flip"),
+    samples=(S(T((2, 3)), 0), S(T((2, 3, 4)), (0, -1)), S(T((2, 3)), [1]), S(T((2, 3)), dims=(0, 1)),
+             S(T(()), ()), S(T((3, 2), noncontiguous=True), 0, 1)),
+    reference=torch.Tensor.flip)
+def flip(input, *args, dims=None):
+    """the order of elements reversed along ``dims``"""
+    return Flip.apply(input, _sizes(args, dims, "dims"))
+
+
+class Roll(Function):
+    @staticmethod
+    def forward(ctx, x, shifts, dims):
+        ctx.back = ([-s for s in shifts] if isinstance(shifts, (list, tuple)) else -shifts), dims
+        return torch.roll(x, shifts, dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.roll(g, *ctx.back), None, None
+
+
+@op("roll", torch_names=("torch.roll", "torch.Tensor.roll"),
+    samples=(S(T((2, 3)), 1), S(T((2, 3)), 1, 0), S(T((2, 3)), (1, -2), (0, 1)), S(T((2, 3)), shifts=2, dims=-1),
+             S(T((3, 2), noncontiguous=True), [1], [1]), S(T((0, 3)), 1)),
+    reference=torch.roll)
+def roll(input, shifts, dims=None):
+    """elements shifted along ``dims`` with wrap-around (the flattened tensor when ``dims`` is None)"""
+    return Roll.apply(input, shifts, dims if dims is None or isinstance(dims, int) else tuple(dims))
