@@ -1,8 +1,9 @@
-"""Elementwise ops: arithmetic and pointwise functions, forward and backward side by side.
+"""Elementwise ops: arithmetic, selection and clamping, forward and backward side by side.
 
 Binary Functions accept a Python number on either side (``1 - x`` arrives as
 ``sub(1, x)``); numbers get no gradient. Backward reduces broadcast dims with
 ``sum_to`` and keeps every formula differentiable for double backward.
+Unary math (exp, sqrt, abs, floor, ...) is in ``pointwise``, relu in ``activations``.
 """
 
 from __future__ import annotations
@@ -80,8 +81,7 @@ class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.a, ctx.b = _like(a), _like(b)
-        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in (a, b)))
-        ctx.numbers = tuple(x if not isinstance(x, torch.Tensor) else None for x in (a, b))
+        _save(ctx, a, b)
         return torch.mul(b, a) if not isinstance(a, torch.Tensor) else torch.mul(a, b)
 
     @staticmethod
@@ -105,8 +105,7 @@ class Div(Function):
     @staticmethod
     def forward(ctx, a, b, rounding_mode=None):
         ctx.a, ctx.b, ctx.rounding = _like(a), _like(b), rounding_mode
-        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in (a, b)))
-        ctx.numbers = tuple(x if not isinstance(x, torch.Tensor) else None for x in (a, b))
+        _save(ctx, a, b)
         if not isinstance(a, torch.Tensor):
             if rounding_mode is not None:
                 return torch.div(torch.full_like(b, a), b, rounding_mode=rounding_mode)
@@ -120,7 +119,13 @@ class Div(Function):
             return (sum_to(g * 0, ctx.a) if needs(ctx, 0) else None,
                     sum_to(g * 0, ctx.b) if needs(ctx, 1) else None, None)
         ga = sum_to(g / b, ctx.a) if needs(ctx, 0) else None
-        gb = sum_to(-g * ((a / b) / b), ctx.b) if needs(ctx, 1) else None
+        gb = None
+        if needs(ctx, 1):
+            if ctx.a is not None:
+                gb = sum_to(-g * ((a / b) / b), ctx.b)
+            else:  # number / b ran as reciprocal(b) * number: torch's gradient of that, op for op
+                r = torch.reciprocal(b)
+                gb = sum_to(-(g * a) * (r * r), ctx.b)
         return ga, gb, None
 
 
@@ -152,7 +157,8 @@ class Neg(Function):
         return -g
 
 
-@op("neg", torch_names=("torch.neg", "torch.negative", "torch.Tensor.neg", "torch.Tensor.__neg__", "torch.Tensor.neg_"),
+@op("neg", torch_names=("torch.neg", "torch.negative", "torch.Tensor.neg", "torch.Tensor.__neg__", "torch.Tensor.neg_",
+                        "torch.neg_", "torch.negative_", "torch.Tensor.negative", "torch.Tensor.negative_"),
     samples=(S(T((2, 3))), S(T(())), S(T((0,)))), reference=torch.neg, shape_rule="elementwise")
 def neg(input):
     """-input"""
@@ -164,14 +170,12 @@ class Pow(Function):
     def forward(ctx, a, b):
         ctx.a, ctx.b = _like(a), _like(b)
         out = torch.pow(a, b)
-        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in (a, b)), out)
-        ctx.numbers = tuple(x if not isinstance(x, torch.Tensor) else None for x in (a, b))
+        _save(ctx, a, b, out)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        a, b = _saved(ctx)
-        out = ctx.saved_tensors[2]
+        a, b, out = _saved(ctx)
         ga = gb = None
         if needs(ctx, 0):
             # d/da a**b = b * a**(b-1); zero where b == 0 (torch's convention)
@@ -186,7 +190,7 @@ class Pow(Function):
 
 
 @op("pow", torch_names=("torch.pow", "torch.Tensor.pow", "torch.Tensor.__pow__", "torch.Tensor.__rpow__",
-                        "torch.Tensor.pow_", "torch.Tensor.__ipow__", "torch.float_power"),
+                        "torch.Tensor.pow_", "torch.Tensor.__ipow__"),
     samples=(S(T((2, 3), low=0.5, high=2.0), 2), S(T((2, 3), low=0.5), 0.5), S(T((2, 3)), 3.0),
              S(T((2, 3), low=0.5, high=2.0), T((3,))), S(2.0, T((3,))), S(T(()), 2)),
     reference=torch.pow, shape_rule="elementwise")
@@ -195,65 +199,197 @@ def pow(input, exponent):
     return Pow.apply(input, exponent)
 
 
-def _unary(name, forward, backward_from, *, torch_names, samples, save="input", doc=""):
-    """Build and register a one-input Function: ``backward_from(g, x, out)`` gives the input's grad."""
+class Widen(Function):
+    """x in double precision (complex128 if complex); the gradient is cast back to x's dtype."""
 
-    class Unary(Function):
-        @staticmethod
-        def forward(ctx, x):
-            out = forward(x)
-            ctx.save_for_backward(x if save == "input" else out)
-            return out
-
-        @staticmethod
-        def backward(ctx, g):
-            (saved,) = ctx.saved_tensors
-            return backward_from(g, saved)
-
-    Unary.__name__ = Unary.__qualname__ = name.capitalize()
-
-    def fn(input):
-        return Unary.apply(input)
-
-    fn.__name__, fn.__doc__ = name, doc or name
-    op(name, torch_names=torch_names, samples=samples, reference=forward, shape_rule="elementwise")(fn)
-    return Unary
-
-
-_ANY = (S(T((2, 3))), S(T(())), S(T((3, 2), noncontiguous=True)), S(T((0, 2))))
-_POS = (S(T((2, 3), low=0.2, high=3.0)), S(T((), low=0.2, high=3.0)), S(T((3, 2), low=0.2, noncontiguous=True)))
-
-Exp = _unary("exp", torch.exp, lambda g, out: g * out, save="output", samples=_ANY,
-             torch_names=("torch.exp", "torch.Tensor.exp", "torch.Tensor.exp_"), doc="e ** input")
-Log = _unary("log", torch.log, lambda g, x: g / x, samples=_POS,
-             torch_names=("torch.log", "torch.Tensor.log", "torch.Tensor.log_"), doc="natural logarithm")
-Tanh = _unary("tanh", torch.tanh, lambda g, out: g * (1 - out * out), save="output", samples=_ANY,
-              torch_names=("torch.tanh", "torch.Tensor.tanh", "torch.Tensor.tanh_", "torch.nn.functional.tanh"),
-              doc="hyperbolic tangent")
-Sigmoid = _unary("sigmoid", torch.sigmoid, lambda g, out: g * out * (1 - out), save="output", samples=_ANY,
-                 torch_names=("torch.sigmoid", "torch.Tensor.sigmoid", "torch.Tensor.sigmoid_",
-                              "torch.nn.functional.sigmoid", "torch.special.expit"), doc="logistic sigmoid")
-
-
-class Relu(Function):
     @staticmethod
     def forward(ctx, x):
-        out = torch.relu(x)
-        ctx.save_for_backward(out)
-        return out
+        ctx.dtype = x.dtype
+        return x.to(torch.complex128 if x.is_complex() else torch.float64)
 
     @staticmethod
     def backward(ctx, g):
-        (out,) = ctx.saved_tensors
-        return torch.ops.aten.threshold_backward(g, out, 0)
+        return g.to(ctx.dtype)
 
 
-@op("relu", torch_names=("torch.relu", "torch.Tensor.relu", "torch.relu_", "torch.Tensor.relu_",
-                         "torch.nn.functional.relu", "torch.nn.functional.relu_"),
-    samples=_ANY, reference=torch.relu, shape_rule="elementwise")
-def relu(input, inplace=False):
-    """max(input, 0)"""
-    return Relu.apply(input)
+@op("float_power", torch_names=("torch.float_power", "torch.Tensor.float_power"),
+    samples=(S(T((2, 3), low=0.5, high=2.0), 2), S(T((2, 3), low=0.5, high=2.0), T((3,))), S(2.0, T((3,))),
+             S(T((3,), low=1, high=4, dtype="int64", requires_grad=False), 0.5)),
+    reference=torch.float_power)
+def float_power(input, exponent):
+    """input ** exponent in double precision: both sides are cast first, as torch does"""
+    return Pow.apply(*(Widen.apply(x) if isinstance(x, torch.Tensor) else x for x in (input, exponent)))
+
+
+# -- maximum / minimum ---------------------------------------------------------------------------
+
+def _extremum(name, torch_fn, beats):
+    """maximum/minimum: the winner gets the gradient, a tie splits it half/half (torch's rule)."""
+
+    class Extremum(Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return torch_fn(a, b)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            shared = torch.where(a == b, g / 2, g)
+            ga = sum_to(shared.masked_fill(beats(b, a), 0), a) if needs(ctx, 0) else None
+            gb = sum_to(shared.masked_fill(beats(a, b), 0), b) if needs(ctx, 1) else None
+            return ga, gb
+
+    Extremum.__name__ = Extremum.__qualname__ = name.capitalize()
+    return Extremum
+
+
+Maximum = _extremum("maximum", torch.maximum, torch.gt)
+Minimum = _extremum("minimum", torch.minimum, torch.lt)
+_EXTREMUM_SAMPLES = tuple(s for s in _BINARY_SAMPLES if all(isinstance(a, T) for a in s.args)) + (
+    S(T((2, 3)), T((3,), dtype="int64", requires_grad=False)),)
+
+
+@op("maximum", torch_names=("torch.maximum", "torch.Tensor.maximum"), samples=_EXTREMUM_SAMPLES,
+    reference=torch.maximum, shape_rule="elementwise")
+def maximum(input, other):
+    """elementwise max of two tensors (NaN propagates; a tie gives each half the gradient)"""
+    return Maximum.apply(input, other)
+
+
+@op("minimum", torch_names=("torch.minimum", "torch.Tensor.minimum"), samples=_EXTREMUM_SAMPLES,
+    reference=torch.minimum, shape_rule="elementwise")
+def minimum(input, other):
+    """elementwise min of two tensors (NaN propagates; a tie gives each half the gradient)"""
+    return Minimum.apply(input, other)
+
+
+# -- where / lerp --------------------------------------------------------------------------------
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx, condition, a, b):
+        ctx.a, ctx.b = _like(a), _like(b)
+        ctx.save_for_backward(condition)
+        return torch.where(condition, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        (condition,) = ctx.saved_tensors
+        ga = sum_to(torch.where(condition, g, 0), ctx.a) if needs(ctx, 1) else None
+        gb = sum_to(torch.where(condition, 0, g), ctx.b) if needs(ctx, 2) else None
+        return None, ga, gb
+
+
+def _mask(shape, **kw):
+    return T(shape, low=0.0, high=2.0, dtype="bool", **kw)
+
+
+@op("where", torch_names=("torch.where",),
+    samples=(S(_mask((2, 3)), T((2, 3)), T((2, 3))), S(_mask((2, 3)), T((3,)), T((2, 1))),
+             S(_mask((3,)), T((2, 3)), 0.0), S(_mask((2, 3)), 1.5, T((2, 3))), S(_mask(()), T((2, 2)), T(())),
+             S(_mask((3, 2), noncontiguous=True), T((3, 2), noncontiguous=True), T((3, 2))),
+             S(_mask((0, 3)), T((0, 3)), T((3,))), S(_mask((2, 3)))),
+    reference=torch.where)
+def where(condition, input=None, other=None):
+    """input where condition else other (numbers allowed); ``where(condition)`` gives nonzero indices"""
+    if input is None and other is None:
+        return torch.where(condition)  # index tensors: no gradient
+    return Where.apply(condition, input, other)
+
+
+@op("tensor_where", torch_names=("torch.Tensor.where",),
+    samples=(S(T((2, 3)), _mask((2, 3)), T((3,))), S(T((2, 3)), _mask((3,)), 0.0)),
+    reference=lambda self, condition, other: self.where(condition, other))
+def tensor_where(self, condition, other):
+    """``self.where(condition, other)``: torch.where(condition, self, other), the method's argument order"""
+    return Where.apply(condition, self, other)
+
+
+class Lerp(Function):
+    @staticmethod
+    def forward(ctx, start, end, weight):
+        _save(ctx, start, end, weight)
+        return torch.lerp(start, end, weight)
+
+    @staticmethod
+    def backward(ctx, g):
+        start, end, weight = _saved(ctx)
+        w = weight.conj() if isinstance(weight, torch.Tensor) else weight.conjugate()
+        gs = sum_to(g * (1 - w), start) if needs(ctx, 0) else None
+        ge = sum_to(g * w, end) if needs(ctx, 1) else None
+        gw = sum_to(g * (end - start).conj(), weight) if needs(ctx, 2) else None
+        return gs, ge, gw
+
+
+@op("lerp", torch_names=("torch.lerp", "torch.Tensor.lerp", "torch.Tensor.lerp_"),
+    samples=(S(T((2, 3)), T((2, 3)), 0.3), S(T((2, 3)), T((3,)), T((2, 3), low=0.0, high=1.0)),
+             S(T((2, 1)), T((1, 3)), T(())), S(T((3, 2), noncontiguous=True), T((3, 2)), 0.7),
+             S(T((0, 3)), T((3,)), 0.5)),
+    reference=torch.lerp, shape_rule="elementwise")
+def lerp(input, end, weight):
+    """input + weight * (end - input) (weight a number or tensor)"""
+    return Lerp.apply(input, end, weight)
+
+
+# -- clamp ---------------------------------------------------------------------------------------
+
+class Clamp(Function):
+    """min(max(x, lo), hi); torch's subgradient: x gets it on [lo, hi] inclusive, a bound where it binds."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi):
+        _save(ctx, x, lo, hi)
+        return torch.clamp(x, lo, hi)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, lo, hi = _saved(ctx)
+        has_lo, has_hi = lo is not None, hi is not None
+        gx = glo = ghi = None
+        if needs(ctx, 0):
+            inside = (x >= lo) & (x <= hi) if has_lo and has_hi else (x >= lo if has_lo else x <= hi)
+            gx = sum_to(torch.where(inside, g, 0), x)
+        if needs(ctx, 1):  # a tensor bound; when lo > hi, hi wins and lo gets nothing
+            glo = sum_to(torch.where((x < lo) & (lo < hi) if has_hi else x < lo, g, 0), lo)
+        if needs(ctx, 2):
+            ghi = sum_to(torch.where((x > hi) | (hi < lo) if has_lo else x > hi, g, 0), hi)
+        return gx, glo, ghi
+
+
+def _bounds(lo, hi, **kw):
+    return T((3,), low=lo, high=hi, **kw)
+
+
+@op("clamp", torch_names=("torch.clamp", "torch.clamp_", "torch.clip", "torch.clip_", "torch.Tensor.clamp",
+                          "torch.Tensor.clamp_", "torch.Tensor.clip", "torch.Tensor.clip_"),
+    samples=(S(T((2, 3)), -0.5, 0.5), S(T((2, 3)), min=-0.5), S(T((2, 3)), max=0.3),
+             S(T((2, 3)), _bounds(-1.0, 0.0), _bounds(0.1, 1.0)), S(T((2, 3)), T((2, 3), low=-1.0, high=0.0)),
+             S(T((2, 3)), None, _bounds(-1.0, 1.0)), S(T((2, 3)), _bounds(0.5, 1.0), _bounds(-1.0, 0.0)),
+             S(T((3, 2), noncontiguous=True), -1.0, 1.0), S(T(()), -0.5, 0.5), S(T((0, 3)), 0.0, 1.0),
+             S(T((2, 3), dtype="int64", requires_grad=False), 0.5), S(T((2, 3)), _bounds(-1.0, 0.0, dtype="float64"))),
+    reference=torch.clamp, shape_rule="elementwise")
+def clamp(input, min=None, max=None):
+    """input limited to [min, max] (numbers or tensors; one may be None)"""
+    return Clamp.apply(input, min, max)
+
+
+@op("clamp_min", torch_names=("torch.clamp_min", "torch.clamp_min_", "torch.Tensor.clamp_min",
+                              "torch.Tensor.clamp_min_"),
+    samples=(S(T((2, 3)), 0.2), S(T((2, 3)), _bounds(-1.0, 1.0)), S(T(()), 0.0)),
+    reference=torch.clamp_min, shape_rule="elementwise")
+def clamp_min(input, min):
+    """clamp(input, min=min)"""
+    return Clamp.apply(input, min, None)
+
+
+@op("clamp_max", torch_names=("torch.clamp_max", "torch.clamp_max_", "torch.Tensor.clamp_max",
+                              "torch.Tensor.clamp_max_"),
+    samples=(S(T((2, 3)), 0.2), S(T((2, 3)), _bounds(-1.0, 1.0)), S(T(()), 0.0)),
+    reference=torch.clamp_max, shape_rule="elementwise")
+def clamp_max(input, max):
+    """clamp(input, max=max)"""
+    return Clamp.apply(input, None, max)
 
 
 def _like(x):
@@ -261,7 +397,12 @@ def _like(x):
     return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
 
 
+def _save(ctx, *values):
+    """Save the tensors among ``values`` for backward; numbers (and Nones) are kept in their places."""
+    ctx.save_for_backward(*(v if isinstance(v, torch.Tensor) else None for v in values))
+    ctx.numbers = tuple(None if isinstance(v, torch.Tensor) else v for v in values)
+
+
 def _saved(ctx):
-    """(a, b) with saved tensors restored and numbers put back where they were."""
-    saved = ctx.saved_tensors
-    return tuple(saved[i] if ctx.numbers[i] is None else ctx.numbers[i] for i in range(2))
+    """The values given to ``_save``, tensors restored from the saved ones."""
+    return tuple(t if n is None else n for t, n in zip(ctx.saved_tensors, ctx.numbers))
