@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from . import _optim  # noqa: F401  (registers the optimizer safety check)
 from ._errors import RemoteError, SessionLost
 from ._session import Session
 from ._tensor import RemoteTensor

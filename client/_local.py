@@ -84,6 +84,13 @@ def _len(t):
     return t._shape[0]
 
 
+@_local(T.__iter__)
+def _iter(t):
+    if not t._shape:
+        raise TypeError("iteration over a 0-d tensor")
+    return iter(t.unbind(0))
+
+
 @_local(T.grad_fn.__get__)
 def _grad_fn(t):
     return None if (t._is_leaf or not t._rg) else _RemoteNode(t)

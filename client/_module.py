@@ -56,6 +56,5 @@ def _state_dict_to_local(session: "Session"):
         values = session.fetch_many([state_dict[k] for k in keys])
         for k, v in zip(keys, values):
             state_dict[k] = v
-        return state_dict
 
     return hook

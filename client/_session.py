@@ -116,6 +116,12 @@ class Session:
 
         return remote_module(self, module)
 
+    def optimizer(self, optimizer: "torch.optim.Optimizer") -> "torch.optim.Optimizer":
+        """Let ``optimizer.load_state_dict`` accept local (saved) state for remote parameters."""
+        from ._optim import prepare
+
+        return prepare(self, optimizer)
+
     def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
         """Local copies (values only, no grad) of several RemoteTensors, in one program."""
         self._check_open()
