@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import latency
+from . import latency, runner_overhead, training
 from ._util import serve
 
-SECTIONS = {"latency": latency.run}
+SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run}
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     activations,
     casts,
     compare,
+    conv,
     custom,
     elementwise,
     factories,

@@ -1,3 +1,169 @@
-"""factories ops (being written)."""
+"""Factories: new tensors on the session's device, random ones from the session's generator.
+
+``torch.zeros(...)`` has no tensor argument, so the client calls these by op name
+(no torch names); the ``*_like`` family reaches ``__torch_function__`` and is routed.
+``device`` arguments are accepted and ignored: the session's device (or, for ``*_like``,
+the input's) is the only one. ``empty`` memory is zeroed: a session never sees stale data.
+Random ``*_like`` ops fill ``empty_like(input)`` in place, exactly as ATen's do.
+"""
 
 from __future__ import annotations
+
+import torch
+
+from ._context import current
+from ._registry import op
+from ._samples import S, T
+
+
+def _factory(name: str, samples, reference):
+    return op(name, torch_names=(), samples=samples, reference=reference, differentiable=False, shape_rule="meta")
+
+
+def _made(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+_SIZES = (S(2, 3), S((2, 3), dtype=torch.float64), S([4], requires_grad=True), S(0), S(()))
+
+
+@_factory("zeros", _SIZES, torch.zeros)
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    """a tensor of zeros of shape ``size``"""
+    return torch.zeros(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("ones", _SIZES, torch.ones)
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    """a tensor of ones of shape ``size``"""
+    return torch.ones(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("empty", _SIZES, torch.zeros)
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    """torch.empty, but zeroed"""
+    return torch.zeros(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("full", (S((2, 3), 1.5), S([2], 7), S((), True), S((3,), 2, dtype=torch.float64, requires_grad=True)),
+          torch.full)
+def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """a tensor of shape ``size`` filled with ``fill_value`` (dtype inferred from it, as torch)"""
+    return torch.full(size, fill_value, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("arange", (S(5), S(1, 4), S(0.0, 2.0, 0.5), S(5, 1, -2, dtype=torch.float32), S(3, requires_grad=False)),
+          torch.arange)
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
+    """start, start + step, ... up to end (exclusive); arange(end) starts at 0"""
+    if end is None:
+        start, end = 0, start
+    return torch.arange(start, end, step, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("linspace", (S(0, 1, 5), S(-1.0, 1.0, 1), S(2, 3, 4, dtype=torch.float64, requires_grad=True)),
+          torch.linspace)
+def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False):
+    """``steps`` evenly spaced values from start to end (inclusive)"""
+    return torch.linspace(start, end, steps, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("eye", (S(3), S(2, 4), S(3, 2, dtype=torch.int64)), torch.eye)
+def eye(n, m=None, *, dtype=None, device=None, requires_grad=False):
+    """an n x m (default n x n) identity matrix"""
+    m = n if m is None else m
+    return torch.eye(n, m, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+_RANDOM_SIZES = (S(2, 3), S((3, 2), dtype=torch.float64), S([4], requires_grad=True), S(0))
+
+
+@_factory("rand", _RANDOM_SIZES, torch.rand)
+def rand(*size, dtype=None, device=None, requires_grad=False):
+    """uniform in [0, 1), from the session's generator"""
+    gen = current().generator
+    return torch.rand(*size, generator=gen, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("randn", _RANDOM_SIZES, torch.randn)
+def randn(*size, dtype=None, device=None, requires_grad=False):
+    """standard normal, from the session's generator"""
+    gen = current().generator
+    return torch.randn(*size, generator=gen, dtype=dtype, device=current().device, requires_grad=requires_grad)
+
+
+@_factory("randint", (S(10, (2, 3)), S(-3, 3, (4,)), S(5, [3], dtype=torch.float32), S(2, size=(2,))), torch.randint)
+def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False):
+    """integers uniform in [low, high) (randint(high, size): low = 0), int64 by default, from the session's generator"""
+    if size is None:  # randint(high, size)
+        low, high, size = 0, low, high
+    elif high is None:  # randint(high, size=size)
+        low, high = 0, low
+    gen = current().generator
+    return torch.randint(low, high, size, generator=gen, dtype=dtype or torch.int64, device=current().device,
+                         requires_grad=requires_grad)
+
+
+# -- *_like: the input's shape, device and (by default) dtype and layout --------------------
+
+_X = T((2, 3), requires_grad=False)
+_RANDOM_LIKE = (S(_X), S(_X, dtype=torch.float64), S(T((2, 3)), requires_grad=True), S(T((0, 2), requires_grad=False)))
+_LIKE = _RANDOM_LIKE + (S(T((3, 2), noncontiguous=True, requires_grad=False)),)
+
+
+def _like(name: str, samples, reference):
+    return op(name, torch_names=(f"torch.{name}",), samples=samples, reference=reference, differentiable=False,
+              shape_rule="meta")
+
+
+@_like("zeros_like", _LIKE, torch.zeros_like)
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """zeros shaped like ``input``"""
+    return torch.zeros_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
+
+
+@_like("ones_like", _LIKE, torch.ones_like)
+def ones_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """ones shaped like ``input``"""
+    return torch.ones_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
+
+
+@_like("empty_like", _LIKE, torch.zeros_like)
+def empty_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """torch.empty_like, but zeroed"""
+    return torch.zeros_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
+
+
+@_like("full_like", (S(_X, 2.5), S(T((3, 2), noncontiguous=True, requires_grad=False), 4), S(_X, 1, dtype=torch.int64)),
+       torch.full_like)
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """``fill_value`` shaped like ``input`` (input's dtype unless ``dtype``)"""
+    return torch.full_like(input, fill_value, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
+
+
+# Random *_like fill in memory order, so a non-contiguous input's values depend on its strides; an uploaded
+# tensor arrives contiguous, hence no non-contiguous samples for them.
+@_like("rand_like", _RANDOM_LIKE, torch.rand_like)
+def rand_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """uniform in [0, 1), shaped like ``input``, from the session's generator"""
+    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
+    return _made(out.uniform_(0, 1, generator=current().generator), requires_grad)
+
+
+@_like("randn_like", _RANDOM_LIKE, torch.randn_like)
+def randn_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
+    """standard normal, shaped like ``input``, from the session's generator"""
+    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
+    return _made(out.normal_(0, 1, generator=current().generator), requires_grad)
+
+
+@_like("randint_like", (S(_X, 5), S(_X, -2, 3), S(T((3, 2), requires_grad=False), 4),
+                        S(T((2, 2), dtype="int64", requires_grad=False), 0, 9), S(_X, 3, dtype=torch.int64)),
+       torch.randint_like)
+def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_grad=False,
+                 memory_format=torch.preserve_format):
+    """integers uniform in [low, high) (randint_like(x, high): low = 0), shaped like ``input``"""
+    if high is None:
+        low, high = 0, low
+    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
+    return _made(out.random_(low, high, generator=current().generator), requires_grad)

@@ -1,0 +1,46 @@
+"""Server overhead per op inside a program: runner time minus the time of the torch work itself."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from proto import encode_tensor
+from proto.messages import validate_program
+from service.ops import OP_TABLE
+from service.runner import run_program
+from service.settings import Settings
+from service.store import SessionStore
+
+from ._util import measure, row
+
+
+def run(url: str | None = None) -> None:
+    print("\n[runner] server overhead per op (in-process: a program of 200 adds on 16-element tensors)")
+    settings = Settings()
+    store = SessionStore(settings)
+    session = store.create()
+    setup = {"id": "setup", "steps": [
+        {"kind": "put", "id": "a", "value": encode_tensor(torch.randn(16)), "requires_grad": True},
+        {"kind": "put", "id": "b", "value": encode_tensor(torch.randn(16))},
+    ]}
+    run_program(session, validate_program(setup), settings)
+    n = 200
+    steps = [{"kind": "call", "op": "add", "args": [{"ref": "a"}, {"ref": "b"}], "out": [f"c{i}"]} for i in range(n)]
+    steps.append({"kind": "free", "ids": [f"c{i}" for i in range(n)]})
+    program = validate_program({"id": "p", "steps": steps})
+    runner = measure(lambda: run_program(session, program, settings), repeat=50, warmup=5, per=n)
+    add = OP_TABLE.get("add").fn
+    a, b = session.tensors["a"]._custom_data, session.tensors["b"]._custom_data
+    direct = measure(lambda: [add(a, b) for _ in range(n)], repeat=50, warmup=5, per=n)
+    raw = measure(lambda: [torch.add(a, b) for _ in range(n)], repeat=50, warmup=5, per=n)
+    r = row("runner, per call step (incl. the op)", runner)
+    d = row("the op's Function called directly", direct)
+    row("torch.add itself (no autograd Function)", raw)
+    print(f"  {'runner overhead per op':<48} {r - d:9.1f} us   (target <= 20 us)")
+    body = {"id": "q", "steps": steps}
+    t0 = time.perf_counter()
+    for _ in range(20):
+        validate_program(body)
+    print(f"  {'validating the program (per step)':<48} {(time.perf_counter() - t0) / 20 / len(steps) * 1e6:9.1f} us")

@@ -1,0 +1,102 @@
+"""Training steps: remote pipelined vs remote eager vs local, requests per step counted on the wire."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import nn
+
+import client
+
+from ._util import measure, row
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 7 * 7, 10),
+    )
+
+
+def _step_fn(model, opt, x, y):
+    def step():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> None:
+    print(f"\n[training] {label}")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(*x_shape, generator=g), torch.randint(0, 10, (x_shape[0],), generator=g)
+    base = make_model()
+    local_model = copy.deepcopy(base)
+    local = row("local torch", measure(_step_fn(local_model, make_opt(local_model), x, y), repeat=repeat, warmup=5))
+    for pipeline in (True, False):
+        with client.connect(url, pipeline=pipeline) as sess:
+            model = sess.module(base)
+            opt = make_opt(model)
+            xr, yr = sess.tensor(x), sess.tensor(y)
+            step = _step_fn(model, opt, xr, yr)
+            times = measure(step, repeat=repeat, warmup=5)
+            before = sess.requests
+            for _ in range(10):
+                step()
+            per_step = (sess.requests - before) / 10
+            name = "remote pipelined" if pipeline else "remote eager"
+            row(name, times, local, f"{per_step:.1f} requests/step")
+            if pipeline:
+                _breakdown(sess, step)
+
+
+def _breakdown(sess, step) -> None:
+    """Where a pipelined step's time goes: building steps on the client vs the request (server + wire)."""
+    transport = sess._transport
+    original = transport.request
+    spent = []
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    transport.request = timed
+    totals = []
+    try:
+        for _ in range(20):
+            spent.clear()
+            t0 = time.perf_counter()
+            step()
+            totals.append((time.perf_counter() - t0, sum(spent)))
+    finally:
+        transport.request = original
+    totals.sort()
+    total, request = totals[len(totals) // 2]
+    timing = transport.last_server_timing if hasattr(transport, "last_server_timing") else {}
+    server = timing.get("run", 0.0) / 1e3
+    torch_part = timing.get("torch", 0.0) / 1e3
+    print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:8.0f} us | request "
+          f"{request * 1e6:8.0f} us (server runner {server * 1e6:6.0f} us, of which ops {torch_part * 1e6:6.0f} us)")
+
+
+def run(url: str) -> None:
+    _case("MLP 64x784->128->10, cross-entropy, SGD(momentum=0.9), loss.item() every step", _mlp,
+          lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), (64, 784), url, 100)
+    _case("same MLP with Adam", _mlp, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), (64, 784), url, 100)
+    _case("small CNN 64x1x28x28 (conv-bn-relu-pool x2, linear), SGD(momentum=0.9)", _cnn,
+          lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), (64, 1, 28, 28), url, 40)
