@@ -111,12 +111,34 @@ class Encoder:
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
 
     def index(self, idx: Any) -> Any:
-        """A ``__getitem__`` index: a tuple travels as a list, a list of ints as an int64 tensor."""
-        if isinstance(idx, list):
-            return self.value(torch.tensor(idx))
+        idx = _normalise_index(idx)
         if isinstance(idx, tuple):
-            return [self.value(torch.tensor(i)) if isinstance(i, list) else self.value(i) for i in idx]
+            return [self.value(i) for i in idx]
         return self.value(idx)
+
+
+def _normalise_index(idx: Any) -> Any:
+    """An index as torch reads it: a list of plain ints is an index tensor, any other list a tuple.
+
+    On the server a list index always means a tuple, so the client sends advanced list
+    indices (also inside tuples) as int64 tensors.
+    """
+    if isinstance(idx, list):
+        idx = torch.tensor(idx) if all(type(i) is int for i in idx) else tuple(idx)
+    if isinstance(idx, tuple):
+        return tuple(_normalise_index(i) if isinstance(i, list) else i for i in idx)
+    return idx
+
+
+def _value_dependent_index(idx: Any) -> bool:
+    """Bool masks and 0-d index tensors make getitem's output shape depend on values: ask the server."""
+    items = idx if isinstance(idx, (tuple, list)) else (idx,)
+    for i in items:
+        if isinstance(i, torch.Tensor) and (i.dtype in (torch.bool, torch.uint8) or i.dim() == 0):
+            return True
+        if isinstance(i, list) and _value_dependent_index(i):
+            return True
+    return False
 
 
 def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
@@ -144,21 +166,26 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
     if not grad_on:
         step["grad_enabled"] = False
-    rg = grad_on and route.op.differentiable and any(t._rg for t in enc.inputs)
-    leaves = _union_leaves(enc.inputs) if rg else frozenset()
+    grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)
+    rg = grad_on and route.op.differentiable and any(t._rg for t in grad_inputs)
+    leaves = _union_leaves(grad_inputs) if rg else frozenset()
 
     if inplace:
         target = wire_args_src[0]
         if not isinstance(target, RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
-        if not route.op.name.endswith("_"):
-            step["op"] = route.op.name + "_"
+        step["op"] = route.wire_name if route.inplace else route.op.name + "_"
         step["out"] = []
         session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
         target._after_inplace(rg, leaves)
         return None if func is _SETITEM else target
 
-    metas, container = _infer_outputs(route.op.shape_rule, func, args, kwargs)
+    rule = route.op.shape_rule
+    if func in _INDEXING:
+        if _value_dependent_index(args[1]):
+            rule = "none"
+        args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
+    metas, container = _infer_outputs(rule, func, args, kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     ids = [session.new_id() for _ in metas]
@@ -166,6 +193,10 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
     outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
                               leaves=leaves if rg else frozenset(), is_leaf=not rg)
             for tid, (shape, dtype) in zip(ids, metas)]
+    if kwargs.get("requires_grad") is True:  # factories like zeros_like(x, requires_grad=True) make leaves
+        for o in outs:
+            o._rg, o._is_leaf, o._leaves = True, True, frozenset({o._id})
+            session._grad_tracked[o._id] = o
     session.enqueue(step, _Origin(step["op"], origin_where, [weakref.ref(o) for o in outs]), enc.nbytes)
     if container is None:
         return outs[0]
@@ -233,6 +264,20 @@ def _to_meta(v: Any) -> Any:
     return v
 
 
+def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
+    """The RemoteTensors among the arguments that can receive a gradient (``skip``: positions and names)."""
+    from ._session import iter_tensors
+
+    found = []
+    for i, a in enumerate(args):
+        if i not in skip:
+            found.extend(iter_tensors([a]))
+    for k, v in kwargs.items():
+        if k not in skip:
+            found.extend(iter_tensors([v]))
+    return found
+
+
 def _union_leaves(inputs: list) -> frozenset:
     leaves: frozenset = frozenset()
     for t in inputs:
@@ -260,10 +305,10 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
     if not grad_on:
         step["grad_enabled"] = False
-    if n_out == 0 or name.endswith("_"):  # nothing new: a session op, or an in-place op returning its target
+    if n_out == 0 or name.endswith("_") or (spec is not None and spec.inplace):  # nothing new: a session op, or an in-place op returning its target
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
-        if name.endswith("_") and args and isinstance(args[0], RemoteTensor):
+        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
             target = args[0]
             rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
             target._after_inplace(rg, _union_leaves(enc.inputs) if rg else frozenset())

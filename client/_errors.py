@@ -23,4 +23,13 @@ class RemoteError(RuntimeError):
 
 
 class SessionLost(RemoteError):
-    """The server no longer knows the session (expired, deleted, or the server restarted)."""
+    """The server no longer knows the session (expired, deleted, or the server restarted).
+
+    ``session_id`` names the lost session; the message names it too.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None, **kw) -> None:
+        self.session_id = session_id
+        if session_id and session_id not in message:
+            message = f"session {session_id} is lost (expired, deleted, or the server restarted): {message}"
+        super().__init__(message, **kw)

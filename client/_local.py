@@ -189,18 +189,38 @@ def _cpu(t, memory_format=None):
 
 @_local(T.to)
 def _to(t, *args, **kwargs):
-    device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+    """``.to(dtype)`` is a server op; ``.to('cpu')`` (any real device) is a local copy; ``.to(t.device)`` is t."""
+    device, dtype = _parse_to(args, kwargs)
     if device is not None and device.type != "meta":
         value = t._value()
         return value.to(device=device, dtype=dtype or value.dtype)
-    if dtype is None or dtype == t._dtype:
+    bools = [a for a in args if isinstance(a, bool)]
+    if (dtype is None or dtype == t._dtype) and not kwargs.get("copy", len(bools) > 1 and bools[1]):
         return t
     route = t._session._routes.lookup(T.to)
     if route is None:
         raise NotImplementedError("torch.Tensor.to(dtype) is not in the server's op table")
     from ._dispatch import apply_route
 
-    return apply_route(t._session, T.to, route, (t, dtype), {})
+    bools = [a for a in args if isinstance(a, bool)]  # to(dtype, non_blocking, copy)
+    copy = kwargs.get("copy", bools[1] if len(bools) > 1 else False)
+    extra = {"copy": True} if copy else {}
+    return apply_route(t._session, T.to, route, (t, dtype or t._dtype), extra)
+
+
+def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dtype | None]:
+    """(device, dtype) from ``Tensor.to``'s overloads: dtype, device[, dtype], or another tensor."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, torch.Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, (str, torch.device)) or (type(a) is int):
+            device = a
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
+    return device, dtype
 
 
 # -- autograd -------------------------------------------------------------------------------
@@ -348,7 +368,14 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         for leaf in newly:
             leaf._has_grad = False
 
-    session.enqueue(step, _Origin("backward", where(), undo=undo), enc.nbytes)
+    def correct(result) -> None:
+        for tid in (result or {}).get("no_grad") or ():
+            leaf = session._grad_tracked.get(tid)
+            if leaf is not None and leaf in newly:
+                leaf._has_grad = False
+                leaf._grad_cache = None
+
+    session.enqueue(step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes)
 
 
 @_local(torch.autograd.grad)

@@ -24,6 +24,8 @@ class OpSpec:
     name: str
     shape_rule: str
     differentiable: bool
+    inplace: bool = False  # the op only exists in place (zero_, __setitem__)
+    no_grad_args: frozenset = frozenset()  # arg positions/names whose tensors never get a gradient
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ class RouteTable:
         self.ops: dict[str, OpSpec] = {}
         self._by_name: dict[str, Route] = {}
         for info in ops:
-            spec = OpSpec(info["name"], info["shape_rule"], info["differentiable"])
+            spec = OpSpec(info["name"], info["shape_rule"], info["differentiable"], info.get("inplace", False),
+                          frozenset(info.get("no_grad_args", ())))
             self.ops[spec.name] = spec
             for tname in info["torch_names"]:
                 self._by_name[tname] = _route_for(spec, tname)
@@ -65,8 +68,9 @@ class RouteTable:
 def _route_for(spec: OpSpec, tname: str) -> Route:
     short = tname.rsplit(".", 1)[-1]
     reflected = short in _REFLECTED
-    inplace = (short.startswith("__i") and short.endswith("__")) or (short.endswith("_") and not short.endswith("__"))
-    wire = spec.name + "_" if inplace and not spec.name.endswith("_") else spec.name
+    inplace = spec.inplace or (short.startswith("__i") and short.endswith("__")) or (
+        short.endswith("_") and not short.endswith("__"))
+    wire = spec.name + "_" if inplace and not (spec.inplace or spec.name.endswith("_")) else spec.name
     return Route(spec, wire, reflected, inplace, tname)
 
 

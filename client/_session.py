@@ -36,6 +36,7 @@ class _Origin:
     where: str | None
     outputs: list = field(default_factory=list)  # weakrefs to RemoteTensors this step creates
     undo: Callable[[], None] | None = None
+    on_result: Callable[[Any], None] | None = None  # corrects local predictions from the step's result
 
 
 class Session:
@@ -149,7 +150,7 @@ class Session:
     def stats(self) -> dict[str, Any]:
         """The server's view of this session: tensors and bytes held (sends queued steps first)."""
         self.flush()
-        return self._transport.call("GET", self._path)
+        return self._transport.call("GET", self._path, session=self.id)
 
     # -- the queue --------------------------------------------------------------------------
 
@@ -182,14 +183,18 @@ class Session:
         status, body = self._transport.request("POST", self._path + "/programs", program)
         if status >= 400:
             self._fail(status, body, origins)
-        return body["results"]
+        results = body["results"]
+        for origin, result in zip(origins, results):
+            if origin is not None and origin.on_result is not None:
+                origin.on_result(result)
+        return results
 
     def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
         err = (body or {}).get("error") or {}
         k = err.get("step")
         k = 0 if k is None else min(k, len(origins))
         origin = origins[k] if k < len(origins) else None
-        error = error_from(status, body, where=origin.where if origin else None)
+        error = error_from(status, body, where=origin.where if origin else None, session=self.id)
         if origin is not None and not error.op:
             error.op = origin.op
         for o in origins[k:]:

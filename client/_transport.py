@@ -66,20 +66,23 @@ class Transport:
         decoded = decode_body(data, ctype) if data else None
         return response.status_code, decoded
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """Like ``request`` but raises ``RemoteError``/``SessionLost`` for any error status."""
+    def call(self, method: str, path: str, body: Any = None, *, session: str | None = None) -> Any:
+        """Like ``request`` but raises ``RemoteError``/``SessionLost`` (naming ``session``) for any error status."""
         status, decoded = self.request(method, path, body)
         if status >= 400:
-            raise error_from(status, decoded)
+            raise error_from(status, decoded, session=session)
         return decoded
 
     def close(self) -> None:
         self._transport.close()
 
 
-def error_from(status: int, body: Any, where: str | None = None) -> RemoteError:
+def error_from(status: int, body: Any, where: str | None = None, session: str | None = None) -> RemoteError:
+    """The exception for an error answer: ``SessionLost`` (naming ``session``) for 410 or an unknown session."""
     err = (body or {}).get("error") if isinstance(body, dict) else None
-    err = err or {"code": "http_error", "message": f"HTTP {status}"}
-    cls = SessionLost if status == 410 or err.get("code") == "unknown_session" else RemoteError
-    return cls(err.get("message", ""), code=err.get("code", "error"), status=status, step=err.get("step"),
-               op=err.get("op"), where=where)
+    err = err if isinstance(err, dict) else {"code": "http_error", "message": f"HTTP {status}"}
+    fields = dict(code=err.get("code", "error"), status=status, step=err.get("step"), op=err.get("op"), where=where)
+    message = str(err.get("message", ""))
+    if status == 410 or err.get("code") == "unknown_session":
+        return SessionLost(message, session_id=session, **fields)
+    return RemoteError(message, **fields)

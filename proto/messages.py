@@ -171,6 +171,7 @@ class StepResult(_Model):
 
     tensors: list[TensorMeta | None] | None = None
     tuple: bool | None = None
+    no_grad: list[str] | None = None
     tensor: TensorMessage | None = None
 
 
@@ -190,6 +191,9 @@ class ProgramResult(_Model):
 
 
 class ErrorResponse(_Model):
+    """Every failure: the error, and for a program the id and the results of the steps before it."""
+
+    id: str | None = None
     error: ErrorBody
     results: list[StepResult | None] = []
 
@@ -206,11 +210,23 @@ class Limits(_Model):
 
 
 class SessionCreated(_Model):
+    """The answer to ``POST /v1/sessions``; ``gpu_*`` are null on a CPU server."""
+
     session_id: str
     protocol: str
     device: str
     server_version: str
+    gpu_name: str | None = None
+    gpu_memory_bytes: int | None = None
     limits: Limits
+
+
+class SessionInfo(_Model):
+    """``GET /v1/sessions/{sid}``: the tensors a session holds and the bytes of their values."""
+
+    session_id: str
+    tensors: int
+    bytes: int
 
 
 class OpInfo(_Model):
@@ -223,6 +239,8 @@ class OpInfo(_Model):
     double_grad: bool
     differentiable: bool
     shape_rule: str
+    inplace: bool = False
+    no_grad_args: list[int | str] = []
     doc: str = ""
 
 
@@ -234,6 +252,14 @@ class Health(_Model):
     status: str
     device: str
     protocol: str
+
+
+class Readiness(_Model):
+    """``GET /readyz``: ``ready`` (200) once the device computes, else ``unavailable`` (503) with why."""
+
+    status: Literal["ready", "unavailable"]
+    device: str | None = None
+    detail: str | None = None
 
 
 def validate_program(obj: Any) -> Program:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from time import perf_counter
 from typing import Any, Callable
 
 import torch
@@ -38,8 +39,12 @@ OP_TABLE = _ops.OP_TABLE
 _MAX_VALUE_DEPTH = 8
 
 
-def run_program(session: Session, program: Program, settings: Settings, *, as_json: bool = False) -> Outcome:
-    """Run every step or stop at the first failure; the caller holds the session lock."""
+def run_program(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
+                observe: Callable[[str, float], None] | None = None) -> Outcome:
+    """Run every step or stop at the first failure; the caller holds the session lock.
+
+    ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
+    """
     if len(program.steps) > settings.max_steps_per_program:
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
@@ -49,11 +54,14 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
     token = set_current(RunContext(session.generator, session.device))
     try:
         for index, step in enumerate(program.steps):
+            start = perf_counter()
             try:
                 results.append(_HANDLERS[type(step)](session, step, settings, as_json))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
                 return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results})
+            if observe is not None:
+                observe(_step_op(step), perf_counter() - start)
     finally:
         reset(token)
     return Outcome(200, {"id": program.id, "results": results})
@@ -154,24 +162,32 @@ def _meta(tid: str, t: torch.Tensor) -> dict:
     return {"id": tid, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "requires_grad": t.requires_grad}
 
 
-def _store(session: Session, settings: Settings, tid: str, ct: CustomTensor) -> None:
-    if len(session.tensors) >= settings.max_tensors_per_session:
+def _store(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
+    """Keep new tensors under their ids, all or none: every limit is checked before the first is kept."""
+    if len(session.tensors) + len(pairs) > settings.max_tensors_per_session:
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
-            f"session holds {len(session.tensors)} tensors: limit max_tensors_per_session={settings.max_tensors_per_session}",
+            f"session would hold {len(session.tensors) + len(pairs)} tensors: "
+            f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
-    nbytes = _data_bytes(ct)
-    if session.bytes_held + nbytes > settings.max_session_bytes:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"session would hold {session.bytes_held + nbytes} bytes: limit max_session_bytes={settings.max_session_bytes}",
-        )
-    session.tensors[tid] = ct
-    session.bytes_held += nbytes
+    for tid, ct in pairs:
+        numel = ct._custom_data.numel()
+        if numel > settings.max_tensor_elements:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
+            )
+    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+    session.tensors.update(pairs)
 
 
 def _data_bytes(ct: CustomTensor) -> int:
+    """The bytes of ``ct``'s value, which are also the bytes its grad takes once it has one."""
     return ct._custom_data.numel() * ct._custom_data.element_size()
+
+
+def _grad_bytes(grad: torch.Tensor | None) -> int:
+    return 0 if grad is None else grad.numel() * grad.element_size()
 
 
 def _check_new_ids(session: Session, ids: list[str]) -> None:
@@ -220,7 +236,7 @@ def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> 
             raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
     if step.requires_grad:
         value.requires_grad_(True)  # torch's own error for integer dtypes
-    _store(session, settings, step.id, CustomTensor(value, grad))
+    _store(session, settings, [(step.id, CustomTensor(value, grad))])
     return {"tensors": [_meta(step.id, value)]}
 
 
@@ -249,6 +265,7 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
         result = entry.fn(*args, **kwargs)
     is_tuple = isinstance(result, (tuple, list))
     outputs = tuple(result) if is_tuple else (result,)
+    outputs = _no_aliases(outputs, args, kwargs)
     ids = step.out
     if step.out_many:
         if len(step.out) != 1:
@@ -257,10 +274,21 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
         _check_new_ids(session, ids)
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
-    for tid, t in zip(ids, outputs):
-        _store(session, settings, tid, CustomTensor(t))
+    _store(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
     metas = [_meta(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
+
+
+def _no_aliases(outputs: tuple, args: list, kwargs: dict) -> tuple:
+    """Outputs that are an input object itself (``contiguous()``, ``dropout(training=False)``) become views.
+
+    Two ids must never share one tensor object: leaves are found by object identity
+    in backward, and the client already treats the result as a new non-leaf.
+    """
+    inputs = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
+    if not any(id(o) in inputs for o in outputs):
+        return outputs
+    return tuple(o.view_as(o) if id(o) in inputs else o for o in outputs)
 
 
 def _run_inplace(entry, name: str, args: list, kwargs: dict) -> None:
@@ -346,13 +374,35 @@ def _backward(session: Session, step: BackwardStep, settings: Settings, as_json:
     if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
         return {"tensors": []}
-    # Temporaries first, commit after: a failing backward leaves every .grad untouched.
-    grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
-                                retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+    # Room for the new grads first (a 413 leaves the graph intact for a retry), then
+    # temporaries, then commit: a failing backward leaves every .grad untouched.
+    reserved = sum(_data_bytes(ct) for ct in targets if ct._custom_grad is None)
+    session.charge(reserved, settings.max_session_bytes)
+    try:
+        grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
+                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+    except BaseException:
+        session.release(reserved)
+        raise
+    used = 0
     for ct, g in zip(targets, grads):
         if g is not None:
+            used += _data_bytes(ct) if ct._custom_grad is None else 0
             _accumulate(ct, g, step.create_graph)
-    return {"tensors": []}
+    session.release(reserved - used)
+    return {"tensors": [], "no_grad": _still_without_grad(session, targets)}
+
+
+def _still_without_grad(session: Session, targets: list[CustomTensor]) -> list[str]:
+    """Ids of reached tensors that still have no grad (their inputs' gradients were None).
+
+    The client predicts ``.grad is not None`` for every leaf a backward reaches; this
+    corrects that prediction where an op gave no gradient (e.g. ``vector_norm(x, 0)``).
+    """
+    missing = {id(ct) for ct in targets if ct._custom_grad is None}
+    if not missing:
+        return []
+    return [tid for tid, ct in session.tensors.items() if id(ct) in missing]
 
 
 def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool) -> None:
@@ -379,14 +429,8 @@ def _grad(session: Session, step: GradStep, settings: Settings, as_json: bool) -
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                 create_graph=step.create_graph, allow_unused=step.allow_unused)
-    metas: list = []
-    for tid, g in zip(step.out, grads):
-        if g is None:
-            metas.append(None)
-            continue
-        _store(session, settings, tid, CustomTensor(g))
-        metas.append(_meta(tid, g))
-    return {"tensors": metas}
+    _store(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    return {"tensors": [None if g is None else _meta(tid, g) for tid, g in zip(step.out, grads)]}
 
 
 def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: bool) -> dict:
@@ -399,6 +443,8 @@ def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: 
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different size")
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
+    # Counted as its own bytes even when it aliases another tensor: the bound stays safe.
+    session.charge(_grad_bytes(grad) - _grad_bytes(ct._custom_grad), settings.max_session_bytes)
     ct._custom_grad = grad  # aliasing, as `p.grad = g` does in torch
     return None
 
@@ -422,7 +468,7 @@ def _free(session: Session, step: FreeStep, settings: Settings, as_json: bool) -
     for tid in step.ids:
         ct = session.tensors.pop(tid, None)
         if ct is not None:
-            session.bytes_held -= _data_bytes(ct)
+            session.release(ct.nbytes)
     return None
 
 

@@ -34,6 +34,7 @@ class OpEntry:
     differentiable: bool = True
     shape_rule: str = "meta"
     inplace: bool = False
+    no_grad_args: tuple[int | str, ...] = ()  # tensor args never differentiated (positions or names)
     doc: str = ""
     signature: inspect.Signature = field(init=False, compare=False)
 
@@ -51,6 +52,8 @@ class OpEntry:
             "double_grad": self.double_grad,
             "differentiable": self.differentiable,
             "shape_rule": self.shape_rule,
+            "inplace": self.inplace,
+            "no_grad_args": list(self.no_grad_args),
             "doc": self.doc,
         }
 
@@ -100,6 +103,7 @@ def op(
     differentiable: bool = True,
     shape_rule: str = "meta",
     inplace: bool = False,
+    no_grad_args: tuple[int | str, ...] = (),
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -118,6 +122,7 @@ def op(
                 differentiable=differentiable,
                 shape_rule=shape_rule,
                 inplace=inplace,
+                no_grad_args=tuple(no_grad_args),
                 doc=doc.split("\n", 1)[0],
             )
         )

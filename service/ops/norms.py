@@ -118,6 +118,8 @@ class VectorNorm(Function):
     @staticmethod
     def backward(ctx, g):
         x, out = ctx.saved_tensors
+        if ctx.ord == 0:  # counting nonzeros: torch gives no gradient at all (None, not zeros)
+            return None, None, None, None, None
         grad = _norm_grad(_unreduce(g, ctx), x, _unreduce(out, ctx), ctx.ord, ctx.dims)
         return grad.to(ctx.in_dtype), None, None, None, None
 

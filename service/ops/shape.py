@@ -200,7 +200,8 @@ def expand(input, *args, size=None):
 
 
 @op("expand_as", torch_names=("torch.Tensor.expand_as",),
-    samples=(S(T((3,)), T((2, 3))), S(T((2, 1)), T((2, 4), requires_grad=False))), reference=torch.Tensor.expand_as)
+    samples=(S(T((3,)), T((2, 3))), S(T((2, 1)), T((2, 4), requires_grad=False))), reference=torch.Tensor.expand_as,
+    no_grad_args=(1, "other"))
 def expand_as(input, other):
     """``input.expand(other.shape)`` (``other`` gets no gradient)"""
     return expand(input, tuple(other.shape))
