@@ -221,7 +221,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
     """(metas, container type or None) for an op's outputs, or (None, None) to ask the server."""
     from ._tensor import RemoteTensor
 
-    if rule == "elementwise":
+    if rule in ("elementwise", "elementwise_float"):
         operands = []
         for a in args:
             if isinstance(a, RemoteTensor):
@@ -230,9 +230,17 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
                 operands.append((tuple(a.shape), a.dtype))
             elif isinstance(a, (bool, int, float)):
                 operands.append(a)
-        metas = _infer.elementwise(operands)
+        metas = _infer.elementwise(operands, to_float=rule == "elementwise_float")
         if metas is not None:
             return metas, None
+    if rule == "linear" and len(args) >= 2 and not kwargs:
+        metas = _infer.linear(args[0], args[1], args[2] if len(args) > 2 else None)
+        if metas is not None:
+            return metas, None
+    if (rule == "loss" and len(args) <= 3 and kwargs.get("reduction", "mean") != "none"
+            and kwargs.get("reduce") is None and kwargs.get("size_average") is None
+            and isinstance(args[0], torch.Tensor)):
+        return [((), args[0].dtype)], None
     if func is None or rule == "none":
         return None, None
     meta_args = tuple(_to_meta(a) for a in args)

@@ -27,8 +27,11 @@ def _proxy(dtype: torch.dtype, zero_dim: bool) -> torch.Tensor:
 Meta = tuple[tuple[int, ...], torch.dtype]
 
 
-def elementwise(operands: list[Any]) -> list[Meta] | None:
-    """Broadcast shape and promoted dtype of tensors (``(shape, dtype)`` pairs) and numbers."""
+def elementwise(operands: list[Any], *, to_float: bool = False) -> list[Meta] | None:
+    """Broadcast shape and promoted dtype of tensors (``(shape, dtype)`` pairs) and numbers.
+
+    ``to_float``: integer and bool results become the default float dtype (torch's rule for sqrt, exp, ...).
+    """
     shapes, typed = [], []
     for v in operands:
         if isinstance(v, tuple):
@@ -46,6 +49,8 @@ def elementwise(operands: list[Any]) -> list[Meta] | None:
         dtype = torch.result_type(typed[0], typed[1])
     else:
         return None
+    if to_float and not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.get_default_dtype()
     if not (dtype.is_floating_point or dtype.is_complex):
         return None  # integer results differ per op (true division, float-only ops): ask meta
     try:
@@ -53,6 +58,18 @@ def elementwise(operands: list[Any]) -> list[Meta] | None:
     except RuntimeError:
         return None  # let the server report torch's own error
     return [(tuple(shape), dtype)]
+
+
+def linear(x: Any, w: Any, b: Any) -> list[Meta] | None:
+    """``F.linear`` for the common case: 2-d weight, last dim matching, same floating dtypes."""
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or w.dim() != 2 or x.dim() < 1:
+        return None
+    dtypes = {x.dtype, w.dtype} | ({b.dtype} if isinstance(b, torch.Tensor) else set())
+    if len(dtypes) != 1 or not x.dtype.is_floating_point or x.shape[-1] != w.shape[1]:
+        return None
+    if b is not None and not (isinstance(b, torch.Tensor) and tuple(b.shape) in ((w.shape[0],), (), (1,))):
+        return None
+    return [(tuple(x.shape[:-1]) + (w.shape[0],), x.dtype)]
 
 
 def on_meta(func: Callable, args: tuple, kwargs: dict) -> list[Meta] | None:

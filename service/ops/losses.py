@@ -129,7 +129,7 @@ _PAIR_SAMPLES = (S(*_PAIR), S(*_PAIR, reduction="sum"), S(*_PAIR, reduction="non
                  S(T((3, 2), noncontiguous=True), T((3, 2))), S(*_PAIR, None, False))
 
 
-@op("mse_loss", torch_names=("torch.nn.functional.mse_loss",),
+@op("mse_loss", torch_names=("torch.nn.functional.mse_loss",), shape_rule="loss",
     samples=_PAIR_SAMPLES + (S(*_PAIR, weight=T((2, 3), low=0.1)), S(*_PAIR, reduction="sum", weight=T((2, 3)))),
     reference=F.mse_loss)
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
@@ -139,14 +139,14 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
 
 
 # no weight sample: torch's F.l1_loss drops ``weight`` when it hands the call to __torch_function__
-@op("l1_loss", torch_names=("torch.nn.functional.l1_loss",), samples=_PAIR_SAMPLES, reference=F.l1_loss)
+@op("l1_loss", torch_names=("torch.nn.functional.l1_loss",), shape_rule="loss", samples=_PAIR_SAMPLES, reference=F.l1_loss)
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """absolute error |input - target|, reduced"""
     _weight_size(input, weight)
     return _weighted(L1, input, target, None, weight, _reduction(size_average, reduce, reduction), True)
 
 
-@op("smooth_l1_loss", torch_names=("torch.nn.functional.smooth_l1_loss",),
+@op("smooth_l1_loss", torch_names=("torch.nn.functional.smooth_l1_loss",), shape_rule="loss",
     samples=_PAIR_SAMPLES + (S(*_PAIR, beta=0.5), S(*_PAIR, reduction="sum", beta=2.0), S(*_PAIR, beta=0.0)),
     reference=F.smooth_l1_loss)
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
@@ -157,7 +157,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return SmoothL1.apply(input, target, reduction, beta)
 
 
-@op("huber_loss", torch_names=("torch.nn.functional.huber_loss",),
+@op("huber_loss", torch_names=("torch.nn.functional.huber_loss",), shape_rule="loss",
     samples=(S(*_PAIR), S(*_PAIR, "sum", 0.5), S(*_PAIR, reduction="none", delta=2.0),
              S(T((3, 2), noncontiguous=True), T((3, 2)), delta=0.3), S(*_PAIR, weight=T((2, 3), low=0.1))),
     reference=F.huber_loss)
@@ -171,7 +171,7 @@ _PROB = T((2, 3), low=0.05, high=0.95)
 _CLASS_WEIGHT = T((3,), low=0.2, requires_grad=False)  # per class, or per element of a last dim of 3
 
 
-@op("binary_cross_entropy", torch_names=("torch.nn.functional.binary_cross_entropy",),
+@op("binary_cross_entropy", torch_names=("torch.nn.functional.binary_cross_entropy",), shape_rule="loss",
     samples=(S(_PROB, T((2, 3), low=0.0, high=1.0)), S(_PROB, _PROB, reduction="sum"),
              S(_PROB, T((2, 3), low=0, high=2, integers=True, requires_grad=False), _CLASS_WEIGHT),
              S(T((4,), low=0.05, high=0.95), T((4,), low=0.0, high=1.0), None, reduction="none")),
@@ -182,7 +182,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _weighted(BCE, input, target, None, weight, _reduction(size_average, reduce, reduction), False)
 
 
-@op("binary_cross_entropy_with_logits", torch_names=("torch.nn.functional.binary_cross_entropy_with_logits",),
+@op("binary_cross_entropy_with_logits", torch_names=("torch.nn.functional.binary_cross_entropy_with_logits",), shape_rule="loss",
     samples=(S(T((2, 3)), T((2, 3), low=0.0, high=1.0)), S(T((2, 3)), _PROB, reduction="sum"),
              S(T((2, 3)), _PROB, _CLASS_WEIGHT, pos_weight=T((3,), low=0.5, requires_grad=False)),
              S(T((3, 2), noncontiguous=True), T((3, 2), low=0.0, high=1.0), reduction="none",
@@ -196,7 +196,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
                      _reduction(size_average, reduce, reduction), False)
 
 
-@op("kl_div", torch_names=("torch.nn.functional.kl_div",),
+@op("kl_div", torch_names=("torch.nn.functional.kl_div",), shape_rule="loss",
     samples=(S(T((2, 3)), _PROB), S(T((2, 3)), _PROB, reduction="batchmean"), S(T((2, 3)), T((2, 3)), reduction="sum",
              log_target=True), S(T((3, 2), noncontiguous=True), T((3, 2), low=0.1), reduction="none"),
              S(T((4,)), T((4,), low=0.1), reduction="batchmean")),
@@ -308,7 +308,7 @@ _CLS_2D = T((2, 3, 2), dtype="int64", low=0, high=4, requires_grad=False)
 _CLS_0D = T((), dtype="int64", low=0, high=3, requires_grad=False)
 
 
-@op("cross_entropy", torch_names=("torch.nn.functional.cross_entropy",),
+@op("cross_entropy", torch_names=("torch.nn.functional.cross_entropy",), shape_rule="loss",
     samples=(S(_LOGITS, _CLS), S(_LOGITS, _CLS, reduction="sum"), S(_LOGITS, _CLS, ignore_index=1, reduction="none"),
              S(_LOGITS, _CLS, _CLASS_WEIGHT, ignore_index=0),
              S(_LOGITS, _CLS, _CLASS_WEIGHT, label_smoothing=0.2, ignore_index=2),
@@ -332,7 +332,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return ClassNLL.apply(logp, target, weight, reduction, ignore_index, label_smoothing)
 
 
-@op("nll_loss", torch_names=("torch.nn.functional.nll_loss",),
+@op("nll_loss", torch_names=("torch.nn.functional.nll_loss",), shape_rule="loss",
     samples=(S(_LOGITS, _CLS), S(_LOGITS, _CLS, reduction="sum"), S(_LOGITS, _CLS, ignore_index=1, reduction="none"),
              S(_LOGITS, _CLS, _CLASS_WEIGHT, ignore_index=0),
              S(T((2, 4, 3, 2)), _CLS_2D, T((4,), low=0.2, requires_grad=False)),

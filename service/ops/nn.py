@@ -43,7 +43,7 @@ class Linear(Function):
         return gx, gw, gb
 
 
-@op("linear", torch_names=("torch.nn.functional.linear",),
+@op("linear", torch_names=("torch.nn.functional.linear",), shape_rule="linear",
     samples=(S(T((2, 3)), T((4, 3)), T((4,))), S(T((3,)), T((4, 3))), S(T((2, 5, 3)), T((4, 3)), T(())),
              S(T((3, 2), noncontiguous=True), T((4, 2)), T((4,))), S(T((2, 3)), T((3,))), S(T((3,)), T((3,)), T(())),
              S(T((0, 3)), T((2, 3)), T((2,)))),

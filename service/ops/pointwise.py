@@ -44,7 +44,7 @@ def unary_function(name, forward, backward, *, save="input"):
     return Unary
 
 
-def _unary(name, forward, backward, *, torch_names, samples, save="input", shape_rule="meta", doc=""):
+def _unary(name, forward, backward, *, torch_names, samples, save="input", shape_rule="elementwise_float", doc=""):
     """Build and register a one-input op: ``backward(g, x_or_out)`` gives the input's grad."""
     function = unary_function(name.capitalize(), forward, backward, save=save)
 
