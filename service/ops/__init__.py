@@ -31,13 +31,26 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     session,
     shape,
 )
+from ._checks import OpRegistrationError, check_entry
 from ._registry import OP_TABLE, OpEntry, OpTable, op
 from ._samples import S, Sample, T
 
-__all__ = ["OP_TABLE", "OpEntry", "OpTable", "S", "Sample", "T", "load_op_modules", "op"]
+__all__ = ["OP_TABLE", "OpEntry", "OpRegistrationError", "OpTable", "S", "Sample", "T", "check_entry",
+           "load_op_modules", "op"]
 
 
 def load_op_modules(names: tuple[str, ...] | list[str]) -> None:
-    """Import operator-supplied modules by dotted name (from settings, never from the wire)."""
+    """Import operator-supplied modules by dotted name (from settings, never from the wire), then check their ops.
+
+    An op that fails a registration check is removed from the table and the error re-raised,
+    so a server never starts with an op whose gradient is broken.
+    """
     for name in names:
+        before = set(OP_TABLE.names())
         importlib.import_module(name)
+        for op_name in sorted(set(OP_TABLE.names()) - before):
+            try:
+                check_entry(OP_TABLE.get(op_name))
+            except OpRegistrationError:
+                OP_TABLE.remove(op_name)
+                raise
