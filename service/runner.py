@@ -260,7 +260,10 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
         _check_new_ids(session, step.out)
     with torch.set_grad_enabled(step.grad_enabled):
         if inplace:
-            _run_inplace(entry, step.op, args, kwargs)
+            rebound = _run_inplace(entry, step.op, args, kwargs)
+            first = step.args[0] if step.args else None
+            if rebound is not None and isinstance(first, dict) and "ref" in first:
+                session.tensor(first["ref"])._custom_data = rebound
             return {"tensors": []}
         result = entry.fn(*args, **kwargs)
     is_tuple = isinstance(result, (tuple, list))
@@ -291,7 +294,7 @@ def _no_aliases(outputs: tuple, args: list, kwargs: dict) -> tuple:
     return tuple(o.view_as(o) if id(o) in inputs else o for o in outputs)
 
 
-def _run_inplace(entry, name: str, args: list, kwargs: dict) -> None:
+def _run_inplace(entry, name: str, args: list, kwargs: dict) -> torch.Tensor | None:
     """``x.op_(...)``: compute out of place, check it fits ``x``, then write it in with ``copy_``.
 
     Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
@@ -321,7 +324,17 @@ def _run_inplace(entry, name: str, args: list, kwargs: dict) -> None:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
                             f"{dtype_name(target.dtype)}")
-    target.copy_(value)
+    try:
+        target.copy_(value)
+    except RuntimeError as exc:
+        # In place on a view one of our Functions returned, while grad is recorded
+        # (``t = y[0]; t += 1``): torch forbids the write (it could not keep the gradient
+        # right), so the caller rebinds the id to the new value instead. ``y[i] += 1``
+        # (getitem, add_, setitem) stays exact; the write does not reach the view's base.
+        if "created inside a custom Function" not in str(exc):
+            raise
+        return value.to(target.dtype)
+    return None
 
 
 def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTensor]:
@@ -330,7 +343,9 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
     retained: list[CustomTensor] = []
     for ct in session.tensors.values():
         data = ct._custom_data
-        if not data.requires_grad:
+        # Views are never leaves; asking a stale view (its base changed in place) for
+        # is_leaf would make autograd raise, so skip them before looking further.
+        if (data._base is not None and not ct.retains_grad) or not data.requires_grad:
             continue
         if data.is_leaf:
             leaves[id(data)] = ct

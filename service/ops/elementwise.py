@@ -81,7 +81,10 @@ class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.a, ctx.b = _like(a), _like(b)
-        _save(ctx, a, b)
+        # Save only what a needed gradient uses (as torch does): a saved tensor whose
+        # base is later changed in place would make backward fail for nothing.
+        need_a, need_b = ctx.needs_input_grad[:2]
+        _save(ctx, a if need_b else None, b if need_a else None)
         return torch.mul(b, a) if not isinstance(a, torch.Tensor) else torch.mul(a, b)
 
     @staticmethod
@@ -105,7 +108,7 @@ class Div(Function):
     @staticmethod
     def forward(ctx, a, b, rounding_mode=None):
         ctx.a, ctx.b, ctx.rounding = _like(a), _like(b), rounding_mode
-        _save(ctx, a, b)
+        _save(ctx, a if ctx.needs_input_grad[1] else None, b)
         if not isinstance(a, torch.Tensor):
             if rounding_mode is not None:
                 return torch.div(torch.full_like(b, a), b, rounding_mode=rounding_mode)
