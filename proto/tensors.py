@@ -35,8 +35,12 @@ with warnings.catch_warnings():
     torch.frombuffer(b"\0\0\0\0", dtype=torch.float32)
 
 
-def encode_tensor(t: torch.Tensor, *, as_json: bool = False) -> dict[str, Any]:
-    """The wire form of ``t``'s values (never its graph); C-contiguous, on the CPU."""
+def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = False) -> dict[str, Any]:
+    """The wire form of ``t``'s values (never its graph); C-contiguous, on the CPU.
+
+    ``as_view``: ``data`` is a memoryview of the tensor's own bytes (no copy when ``t`` is
+    already contiguous on the CPU), for framed bodies; the caller must not mutate ``t`` meanwhile.
+    """
     name = dtype_name(t.dtype)
     t = t.detach()
     if t.device.type != "cpu":
@@ -45,6 +49,8 @@ def encode_tensor(t: torch.Tensor, *, as_json: bool = False) -> dict[str, Any]:
     shape = list(t.shape)
     if as_json and name in _LIST_DTYPES and _list_is_exact(t, name):
         return {"dtype": name, "shape": shape, "data": t.reshape(-1).tolist()}
+    if as_view and not as_json:
+        return {"dtype": name, "shape": shape, "data": _raw_view(t)}
     raw = _raw_bytes(t)
     if as_json:
         return {"dtype": name, "shape": shape, "data": base64.b64encode(raw).decode("ascii")}
@@ -68,6 +74,12 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
     return bytes(flat.untyped_storage())
 
 
+def _raw_view(t: torch.Tensor) -> memoryview:
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
 def check_shape(shape: Any, field: str) -> tuple[int, ...]:
     """A shape is a list of non-negative ints; anything else is a 400 naming ``field``."""
     if not isinstance(shape, (list, tuple)):
@@ -86,8 +98,13 @@ def decode_tensor(
     field: str = "value",
     max_elements: int | None = None,
     device: torch.device | str | None = None,
+    copy: bool = True,
 ) -> torch.Tensor:
-    """A new tensor from a wire object; every check happens before any allocation."""
+    """A new tensor from a wire object; every check happens before any allocation.
+
+    ``copy=False`` with a writable buffer (a framed body the caller owns) keeps the bytes
+    where they are: the tensor is a view of the buffer, and keeps it alive.
+    """
     if not isinstance(obj, dict):
         raise bad_request(f"{field}: expected an object {{dtype, shape, data}}, got {type(obj).__name__}")
     extra = set(obj) - {"dtype", "shape", "data"}
@@ -108,7 +125,7 @@ def decode_tensor(
         raise bad_request(f"{field}.shape: {list(shape)} is too large to describe a tensor")
     data = obj["data"]
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return _from_bytes(data, dtype, name, shape, numel, field, device)
+        return _from_bytes(data, dtype, name, shape, numel, field, device, copy)
     if isinstance(data, str):
         try:
             raw = base64.b64decode(data, validate=True)
@@ -120,7 +137,7 @@ def decode_tensor(
     raise bad_request(f"{field}.data: expected bytes, a base64 string or a flat list, got {type(data).__name__}")
 
 
-def _from_bytes(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
+def _from_bytes(data, dtype, name, shape, numel, field, device, copy=True) -> torch.Tensor:
     expected = numel * ITEMSIZES[name]
     if len(data) != expected:
         raise bad_request(
@@ -131,6 +148,8 @@ def _from_bytes(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
     view = torch.frombuffer(data, dtype=dtype).reshape(shape)
     if device is not None and torch.device(device).type != "cpu":
         return view.to(device)
+    if not copy and isinstance(data, (bytearray, memoryview)) and not memoryview(data).readonly:
+        return view
     return view.clone()
 
 

@@ -1,0 +1,48 @@
+"""Framed bodies: big tensors travel as raw, aligned frames after a msgpack header."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from proto import ProtocolError, decode_tensor, encode_tensor
+from proto.frames import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
+
+
+def _body(parts) -> bytearray:
+    return bytearray(b"".join(bytes(p) for p in parts))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool, torch.uint8])
+def test_round_trip_without_copies(dtype):
+    t = (torch.randn(257, 3) * 10).to(dtype)
+    small = torch.arange(3)
+    msg = {"id": "p", "steps": [
+        {"kind": "put", "id": "big", "value": encode_tensor(t, as_view=True)},
+        {"kind": "put", "id": "small", "value": encode_tensor(small)},
+    ]}
+    header, frames = extract_frames(msg, min_bytes=256)
+    assert len(frames) == 1 and isinstance(header["steps"][1]["value"]["data"], bytes)
+    parts, total = pack_frames(header, frames)
+    body = _body(iter_parts(parts, chunk=100))
+    assert len(body) == total
+    out = unpack_frames(body)
+    big = decode_tensor(out["steps"][0]["value"], copy=False)
+    assert torch.equal(big, t)
+    start = big.data_ptr() - torch.frombuffer(body, dtype=torch.uint8).data_ptr()
+    assert start % ALIGN == 0 and 0 < start < len(body), "the frame is viewed in place, aligned"
+    assert torch.equal(decode_tensor(out["steps"][1]["value"]), small)
+
+
+@pytest.mark.parametrize("body", [b"", b"XXXX\0\0\0\0", b"RAF1\xff\xff\xff\xff", b"RAF1\x01\0\0\0\xc1"])
+def test_malformed_framed_bodies_are_400(body):
+    with pytest.raises(ProtocolError) as info:
+        unpack_frames(bytearray(body))
+    assert info.value.status == 400 and "framed body" in info.value.message
+
+
+def test_a_frame_past_the_end_is_400():
+    parts, _ = pack_frames({"x": {"frame": 0}}, [memoryview(b"abc")])
+    body = _body(parts)[:-70]
+    with pytest.raises(ProtocolError, match="does not fit"):
+        unpack_frames(body)
