@@ -18,6 +18,7 @@ import torch
 
 from proto import decode_tensor, dtype_from_name, encode_tensor
 
+from . import _progress
 from ._errors import RemoteError
 from ._routes import RouteTable
 from ._transport import Transport, error_from
@@ -44,7 +45,10 @@ class Session:
 
     def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
         self._transport = transport
-        info = transport.call("POST", "/v1/sessions", {})
+        try:
+            info = transport.call("POST", "/v1/sessions", {})
+        except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
+            raise _progress.explain(transport, exc) from None
         self.id: str = info["session_id"]
         self.remote_device: str = info["device"]
         self.server_version: str = info["server_version"]
@@ -66,6 +70,7 @@ class Session:
         from ._ops import OpsNamespace
 
         self.ops = OpsNamespace(self)
+        _progress.announce(self, info)  # one line on connect, in notebooks only
 
     # -- context manager --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import httpx
 
 from proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
 
+from . import _progress
 from ._errors import RemoteError, SessionLost
 
 
@@ -47,13 +48,15 @@ class Transport:
         if url is None:  # parsing a URL costs ~15 us: once per path
             url = self._urls[path] = httpx.URL(self.base_url + path)
         req = httpx.Request(method, url, headers=self._headers, content=content, extensions=self._extensions)
+        if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
+            req = _progress.track_upload(req, content)
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
                 self.requests += 1
                 response = self._transport.handle_request(req)
                 try:
-                    data = response.read()
+                    data = _progress.read_body(response)
                 finally:
                     response.close()
                 break

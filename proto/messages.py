@@ -199,14 +199,18 @@ class ErrorResponse(_Model):
 
 
 class Limits(_Model):
-    """What a session may use; clients size their queues from these."""
+    """What a session may use; clients size their queues from these (``Settings.limits()``)."""
 
     max_body_bytes: int
     max_steps_per_program: int
     max_tensor_elements: int
     max_tensors_per_session: int
     max_session_bytes: int
+    max_total_bytes: int | None = None
+    max_sessions: int | None = None
+    max_concurrent_programs: int | None = None
     session_ttl_seconds: float
+    body_timeout_seconds: float | None = None
 
 
 class SessionCreated(_Model):

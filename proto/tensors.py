@@ -66,12 +66,7 @@ def _list_is_exact(t: torch.Tensor, name: str) -> bool:
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
-    if t.numel() == 0:
-        return b""
-    flat = t.reshape(-1)
-    if flat.storage_offset() != 0 or flat.untyped_storage().nbytes() != flat.numel() * flat.element_size():
-        flat = flat.clone()
-    return bytes(flat.untyped_storage())
+    return _raw_view(t).tobytes()
 
 
 def _raw_view(t: torch.Tensor) -> memoryview:

@@ -1,4 +1,9 @@
-"""``python -m service [--host --port --device auto|cpu|cuda]``: start uvicorn with the fast settings."""
+"""``python -m service [--host --port --device auto|cpu|cuda --log-level]``: start uvicorn with the fast settings.
+
+Refuses (exit status 2) to listen beyond loopback without tokens unless
+``REMOTE_AUTOGRAD_INSECURE=1``. Logs are JSON lines on stderr (``service.logs``);
+``--log-level info`` (or ``REMOTE_AUTOGRAD_LOG_LEVEL=info``) adds one line per request.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error", "critical"))
     args = parser.parse_args(argv)
-    settings = Settings.from_env(host=args.host, port=args.port, device=args.device)
+    settings = Settings.from_env(host=args.host, port=args.port, device=args.device, log_level=args.log_level)
     if not settings.tokens and not settings.insecure and not _is_loopback(settings.host):
         print(
             f"refusing to listen on {settings.host} without REMOTE_AUTOGRAD_TOKENS; "
@@ -36,16 +41,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from . import logs
     from .app import create_app
 
+    logs.configure(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         http="httptools",
         loop="uvloop",
-        log_level=args.log_level,
-        access_log=False,
+        log_config=None,  # uvicorn's records go to our JSON handler
+        log_level=settings.log_level,
+        access_log=False,  # the Gatekeeper writes the access log, with request ids
     )
     return 0
 

@@ -1,15 +1,19 @@
-"""The HTTP surface: every route in one short file. Routes parse, authorise and delegate.
+"""The HTTP surface: every route in one short file. Routes parse, check and delegate.
 
-Programs run in a worker thread (``run_program`` under the session's lock) so the
-event loop keeps answering ``/healthz`` while torch works.
+Authentication, request ids, metrics and access logs happen in ``middleware.Gatekeeper``
+before any route. Programs run in a worker thread (``run_program`` under the session's
+lock) so the event loop keeps answering ``/healthz`` while torch works; a background
+task frees idle sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import contextvars
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -25,12 +29,18 @@ from proto import (
     ProtocolError,
     decode_body,
     encode_body,
-    is_msgpack,
 )
 from proto.messages import validate_program
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
+from .auth import Tokens
+from .guards import ProgramSlots, read_body
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics
+from .middleware import Gatekeeper, wants_msgpack
+from .openapi import install as install_openapi
+from .openapi import route_doc
 from .ops import OP_TABLE, load_op_modules
 from .runner import check_limits
 from .settings import Settings
@@ -40,31 +50,33 @@ log = logging.getLogger("service")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """A configured app: its own store, worker pool and settings (tests make several)."""
+    """A configured app: its own store, worker pool, metrics and settings (tests make several)."""
     settings = settings or Settings.from_env()
     load_op_modules(settings.op_modules)
     if settings.test_ops:
         from . import testing_ops  # noqa: F401  (registers test-only ops)
     store = SessionStore(settings)
     executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="remote-autograd")
-    app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs")
-    app.state.settings, app.state.store = settings, store
-    tokens = tuple(settings.tokens)
+    slots = ProgramSlots(settings.max_concurrent_programs)
+    metrics = Metrics(store, in_flight=lambda: slots.busy)
+    store.on_step = metrics.observe_step
 
-    def owner_of(request: Request) -> str | None:
-        """The caller's token (its identity), or None when the server has no tokens."""
-        if not tokens:
-            return None
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer":
-            for t in tokens:
-                if hmac.compare_digest(given.encode(), t.encode()):
-                    return t
-        raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token")
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        sweeper = asyncio.create_task(_sweep_forever(store, settings.sweep_interval_seconds))
+        try:
+            yield
+        finally:  # uvicorn has let running requests finish by now: their programs are done
+            sweeper.cancel()
+            executor.shutdown(wait=True)
+
+    app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs", lifespan=lifespan)
+    install_openapi(app)  # the protocol's message schemas in /docs
+    app.state.settings, app.state.store, app.state.metrics = settings, store, metrics
+    app.add_middleware(Gatekeeper, tokens=Tokens(settings.tokens), metrics=metrics, routes=app.router.routes)
 
     def check_v1(request: Request) -> str | None:
-        owner = owner_of(request)
+        """The caller (its token, as the Gatekeeper found it) once the protocol header matches."""
         version = request.headers.get(PROTOCOL_HEADER)
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -72,10 +84,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
                 f"server speaks {PROTOCOL_VERSION}; upgrade the older side",
             )
-        return owner
+        return request.scope.get("state", {}).get("owner")
 
     async def run(fn, *args) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        """``fn(*args)`` in a worker, with this request's context (its id reaches the logs)."""
+        return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, fn, *args)
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(request: Request, exc: ProtocolError) -> Response:
@@ -93,11 +106,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         err = ProtocolError(code, f"{request.method} {request.url.path}: {exc.detail}")
         return _reply(request, {"error": err.to_wire(), "results": []}, exc.status_code)
 
-    @app.get("/healthz")
+    @app.get("/healthz", **route_doc(200, "Health", v1=False))
     async def healthz() -> dict:
         return {"status": "ok", "device": str(store.device), "protocol": PROTOCOL_VERSION}
 
-    @app.get("/readyz")
+    @app.get("/readyz", **route_doc(200, "Readiness", v1=False, extra={503: "Readiness"}))
     async def readyz() -> Response:
         try:
             torch.ones(1, device=store.device).add_(1)
@@ -105,85 +118,77 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready", "device": str(store.device)})
 
-    @app.get("/v1/ops")
+    @app.get("/v1/ops", **route_doc(200, "OpList"))
     async def list_ops(request: Request) -> Response:
         check_v1(request)
         return _reply(request, {"ops": [entry.info() for entry in OP_TABLE]})
 
-    @app.post("/v1/sessions", status_code=201)
+    @app.get("/metrics", include_in_schema=False)  # Prometheus text, not part of the protocol
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.post("/v1/sessions", status_code=201, **route_doc(201, "SessionCreated"))
     async def create_session(request: Request) -> Response:
         session = store.create(check_v1(request))
-        s = settings
         body = {
             "session_id": session.id,
             "protocol": PROTOCOL_VERSION,
             "device": str(store.device),
             "server_version": __version__,
-            "limits": {
-                "max_body_bytes": s.max_body_bytes,
-                "max_steps_per_program": s.max_steps_per_program,
-                "max_tensor_elements": s.max_tensor_elements,
-                "max_tensors_per_session": s.max_tensors_per_session,
-                "max_session_bytes": s.max_session_bytes,
-                "session_ttl_seconds": s.session_ttl_seconds,
-            },
+            "gpu_name": torch.cuda.get_device_name(store.device) if store.device.type == "cuda" else None,
+            "gpu_memory_bytes": (torch.cuda.get_device_properties(store.device).total_memory
+                                 if store.device.type == "cuda" else None),
+            "limits": settings.limits(),
         }
         return _reply(request, body, 201)
 
-    @app.get("/v1/sessions/{sid}")
+    @app.get("/v1/sessions/{sid}", **route_doc(200, "SessionInfo"))
     async def session_info(sid: str, request: Request) -> Response:
         session = store.get(sid, check_v1(request))
         return _reply(request, {"session_id": sid, "tensors": len(session.tensors), "bytes": session.bytes_held})
 
-    @app.delete("/v1/sessions/{sid}", status_code=204)
+    @app.delete("/v1/sessions/{sid}", status_code=204, **route_doc(204, None))
     async def delete_session(sid: str, request: Request) -> Response:
         await run(store.delete, sid, check_v1(request))
         return Response(status_code=204)
 
-    @app.post("/v1/sessions/{sid}/programs")
+    @app.post("/v1/sessions/{sid}/programs",
+              **route_doc(200, "ProgramResult", body="Program", extra={507: "ErrorResponse"}))
     async def run_program(sid: str, request: Request) -> Response:
         owner = check_v1(request)
-        body = await _read_body(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
         session = store.get(sid, owner)
         decoded = decode_body(body, request.headers.get("content-type"))
         check_limits(decoded, settings)
         program = validate_program(decoded)
-        outcome = await run(store.run_program, session, program, body, not _wants_msgpack(request))
+        with slots:
+            async with session.gate:  # this session's programs queue here, not in the workers
+                start = perf_counter()
+                outcome = await run(store.run_program, session, program, body, not _wants_msgpack(request))
+                metrics.program_seconds.observe(perf_counter() - start)
         return _reply(request, outcome.body, outcome.status)
 
-    @app.get("/v1/sessions/{sid}/tensors/{tid}")
+    @app.get("/v1/sessions/{sid}/tensors/{tid}", **route_doc(200, "TensorMessage"))
     async def read_tensor(sid: str, tid: str, request: Request, value: bool = True, grad: bool = True) -> Response:
         session = store.get(sid, check_v1(request))
         message = await run(lambda: store.read_tensor(session, tid, value=value, grad=grad, as_json=not _wants_msgpack(request)))
         return _reply(request, message)
 
-    @app.on_event("shutdown")
-    async def _stop_workers() -> None:
-        executor.shutdown(wait=True)
-
     return app
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` (before it is all read)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
-    parts = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"body over the limit max_body_bytes={limit}")
-        parts.append(chunk)
-    return b"".join(parts)
+async def _sweep_forever(store: SessionStore, interval: float) -> None:
+    """Free idle sessions every ``interval`` seconds, so their memory returns even if nobody calls."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            store.sweep()
+        except Exception:  # never let the sweeper die: the next round tries again
+            log.exception("session sweep failed")
 
 
 def _wants_msgpack(request: Request) -> bool:
-    accept = request.headers.get("accept")
-    if accept and accept != "*/*":
-        return "msgpack" in accept
-    return is_msgpack(request.headers.get("content-type"))
+    return wants_msgpack(request.headers.get("accept"), request.headers.get("content-type"))
 
 
 def _reply(request: Request, body: dict, status: int = 200) -> Response:

@@ -345,7 +345,7 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
         data = ct._custom_data
         # Views are never leaves; asking a stale view (its base changed in place) for
         # is_leaf would make autograd raise, so skip them before looking further.
-        if (data._base is not None and not ct.retains_grad) or not data.requires_grad:
+        if (data._base is not None and data._base.requires_grad and not ct.retains_grad) or not data.requires_grad:
             continue
         if data.is_leaf:
             leaves[id(data)] = ct
@@ -405,7 +405,8 @@ def _backward(session: Session, step: BackwardStep, settings: Settings, as_json:
             used += _data_bytes(ct) if ct._custom_grad is None else 0
             _accumulate(ct, g, step.create_graph)
     session.release(reserved - used)
-    return {"tensors": [], "no_grad": _still_without_grad(session, targets)}
+    missing = _still_without_grad(session, targets)
+    return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
 
 
 def _still_without_grad(session: Session, targets: list[CustomTensor]) -> list[str]:

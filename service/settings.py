@@ -9,9 +9,30 @@ import torch
 
 _PREFIX = "REMOTE_AUTOGRAD_"
 
+# Every limit a client can run into; each error naming one says ``<name>=<value>``.
+ADVERTISED_LIMITS = (
+    "max_body_bytes",
+    "max_steps_per_program",
+    "max_tensor_elements",
+    "max_tensors_per_session",
+    "max_session_bytes",
+    "max_total_bytes",
+    "max_sessions",
+    "max_concurrent_programs",
+    "session_ttl_seconds",
+    "body_timeout_seconds",
+)
+
 
 @dataclass(frozen=True)
 class Settings:
+    """Everything configurable. Sizes are bytes or elements; times are seconds.
+
+    ``max_session_bytes`` counts values and grads a session holds; ``max_total_bytes`` the
+    same across all sessions. ``sweep_interval_seconds`` is how often idle sessions are
+    freed; ``body_timeout_seconds`` how long a request body may take to arrive.
+    """
+
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
@@ -27,9 +48,12 @@ class Settings:
     max_sessions: int = 256
     max_concurrent_programs: int = 64
     session_ttl_seconds: float = 3600.0
+    sweep_interval_seconds: float = 30.0
+    body_timeout_seconds: float = 60.0
     workers: int = 8
     program_cache_size: int = 64
     test_ops: bool = False
+    log_level: str = "warning"
     extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -44,6 +68,10 @@ class Settings:
             values[f.name] = _parse(f.type, raw, f.name)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def limits(self) -> dict:
+        """What a session may use, as the session-creation answer advertises it (clients size queues by it)."""
+        return {name: getattr(self, name) for name in ADVERTISED_LIMITS}
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

@@ -7,12 +7,14 @@ could replace this in-process one without touching routes, runner or op table.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -23,25 +25,81 @@ from .custom_tensor import CustomTensor
 from .settings import Settings
 
 
+class Budget:
+    """Bytes held by all sessions together, against ``max_total_bytes``. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> None:
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE,
+                    f"the server would hold {self.held + nbytes} bytes across sessions: "
+                    f"limit max_total_bytes={self.limit}",
+                )
+            self.held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+
 @dataclass
 class Session:
-    """One tenant: tensors by client-chosen id, a generator, a lock, recent program answers."""
+    """One tenant: tensors by client-chosen id, a generator, locks, recent program answers.
+
+    ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
+    programs on the event loop, so one busy session waits there instead of holding
+    every worker. ``bytes_held`` counts values and grads, charged against the session's
+    limit and the store's ``Budget``.
+    """
 
     id: str
     owner: str | None
     device: torch.device
     generator: torch.Generator
+    budget: Budget
     tensors: dict[str, CustomTensor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
     programs: OrderedDict = field(default_factory=OrderedDict)
+    closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
     def tensor(self, tid: str) -> CustomTensor:
         try:
             return self.tensors[tid]
         except (KeyError, TypeError):
             raise ProtocolError(ErrorCode.UNKNOWN_TENSOR, f"unknown tensor id {tid!r} in this session") from None
+
+    def charge(self, nbytes: int, limit: int) -> None:
+        """Account ``nbytes`` more (less when negative), or 413 naming the limit it would pass."""
+        if nbytes <= 0:
+            self.release(-nbytes)
+            return
+        if self.bytes_held + nbytes > limit:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"session would hold {self.bytes_held + nbytes} bytes: limit max_session_bytes={limit}",
+            )
+        self.budget.take(nbytes)
+        self.bytes_held += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.bytes_held -= nbytes
+        self.budget.give(nbytes)
+
+    def clear(self) -> None:
+        """Forget every tensor and give its bytes back, for good (the caller holds ``lock``)."""
+        self.closed = True
+        self.tensors.clear()
+        self.programs.clear()
+        self.release(self.bytes_held)
 
 
 @dataclass(frozen=True)
@@ -55,11 +113,15 @@ class Outcome:
 class SessionStore:
     """The in-process store. Thread-safe: routes call it from the event loop and from workers."""
 
+    _EXPIRED_REMEMBERED = 65536  # ids answered 410 rather than 404; bounded so it cannot grow forever
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.device = settings.resolved_device()
+        self.budget = Budget(settings.max_total_bytes)
+        self.on_step: Callable[[str, float], None] | None = None  # (op or step kind, seconds): metrics
         self._sessions: dict[str, Session] = {}
-        self._expired: set[str] = set()
+        self._expired: OrderedDict[str, str | None] = OrderedDict()  # id -> owner
         self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -74,7 +136,7 @@ class SessionStore:
             sid = secrets.token_urlsafe(16)
             gen = torch.Generator(device=self.device)
             gen.manual_seed(secrets.randbits(63))
-            session = Session(id=sid, owner=owner, device=self.device, generator=gen)
+            session = Session(id=sid, owner=owner, device=self.device, generator=gen, budget=self.budget)
             self._sessions[sid] = session
             return session
 
@@ -82,12 +144,15 @@ class SessionStore:
         """The session ``sid`` of ``owner``; 404 for unknown or foreign ids, 410 once expired."""
         with self._lock:
             session = self._sessions.get(sid)
-            if session is not None and self._is_idle(session):
-                self._drop(session)
+            if session is not None and self._is_idle(session) and self._try_drop(session):
                 session = None
             if session is None or session.owner != owner:
-                if sid in self._expired:
-                    raise ProtocolError(ErrorCode.SESSION_EXPIRED, f"session {sid} expired after being idle")
+                if sid in self._expired and self._expired[sid] == owner:
+                    raise ProtocolError(
+                        ErrorCode.SESSION_EXPIRED,
+                        f"session {sid} expired after being idle: limit "
+                        f"session_ttl_seconds={self.settings.session_ttl_seconds}",
+                    )
                 raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
             session.last_used = time.monotonic()
             return session
@@ -97,8 +162,12 @@ class SessionStore:
         with self._lock:
             self._sessions.pop(session.id, None)
         with session.lock:
-            session.tensors.clear()
-            session.bytes_held = 0
+            session.clear()
+
+    def sweep(self) -> int:
+        """Free every idle session now (the app calls this periodically); how many were freed."""
+        with self._lock:
+            return sum(self._try_drop(s) for s in list(self._sessions.values()) if self._is_idle(s))
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -108,16 +177,25 @@ class SessionStore:
             return list(self._sessions.values())
 
     def _is_idle(self, session: Session) -> bool:
-        return time.monotonic() - session.last_used > self.settings.session_ttl_seconds and not session.lock.locked()
+        return time.monotonic() - session.last_used > self.settings.session_ttl_seconds
 
     def _expire_idle(self) -> None:
         for session in [s for s in self._sessions.values() if self._is_idle(s)]:
-            self._drop(session)
+            self._try_drop(session)
 
-    def _drop(self, session: Session) -> None:
-        self._sessions.pop(session.id, None)
-        self._expired.add(session.id)
-        session.tensors.clear()
+    def _try_drop(self, session: Session) -> bool:
+        """Expire ``session`` unless a program holds it (then it is not idle); the caller holds ``_lock``."""
+        if not session.lock.acquire(blocking=False):
+            return False
+        try:
+            self._sessions.pop(session.id, None)
+            self._expired[session.id] = session.owner
+            while len(self._expired) > self._EXPIRED_REMEMBERED:
+                self._expired.popitem(last=False)
+            session.clear()
+        finally:
+            session.lock.release()
+        return True
 
     # -- programs --------------------------------------------------------------------------
 
@@ -127,6 +205,7 @@ class SessionStore:
 
         digest = hashlib.blake2b(body, digest_size=16).digest()
         with session.lock:
+            _check_open(session)
             session.last_used = time.monotonic()
             cached = session.programs.get(program.id)
             if cached is not None:
@@ -135,7 +214,7 @@ class SessionStore:
                         ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
                     )
                 return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
-            outcome = run_program(session, program, self.settings, as_json=as_json)
+            outcome = run_program(session, program, self.settings, as_json=as_json, observe=self.on_step)
             session.programs[program.id] = (digest, outcome, as_json)
             while len(session.programs) > self.settings.program_cache_size:
                 session.programs.popitem(last=False)
@@ -146,4 +225,11 @@ class SessionStore:
         from .runner import tensor_message
 
         with session.lock:
+            _check_open(session)
             return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json)
+
+
+def _check_open(session: Session) -> None:
+    """A request that got the session before it was deleted or expired finds it gone (404)."""
+    if session.closed:
+        raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {session.id!r}")

@@ -147,8 +147,9 @@ def test_create_run_fetch_delete(wire: Wire):
     created = _decode(r)
     assert created["protocol"] == "1" and created["session_id"] and created["device"] and created["server_version"]
     limits = created["limits"]
-    assert set(limits) == {"max_body_bytes", "max_steps_per_program", "max_tensor_elements",
-                           "max_tensors_per_session", "max_session_bytes", "session_ttl_seconds"}
+    assert set(limits) >= {"max_body_bytes", "max_steps_per_program", "max_tensor_elements",
+                           "max_tensors_per_session", "max_session_bytes", "session_ttl_seconds",
+                           "max_total_bytes", "max_sessions", "max_concurrent_programs"}
     assert all(isinstance(v, (int, float)) and v > 0 for v in limits.values())
     sid = created["session_id"]
 

@@ -1,0 +1,45 @@
+"""Bearer tokens: who is calling. A session belongs to the token that created it.
+
+With no tokens configured the server is open (and ``__main__`` keeps it on loopback);
+with tokens, every path but ``PUBLIC_PATHS`` needs ``Authorization: Bearer <token>``,
+the docs and the metrics included. The answer to a missing or wrong token is the
+same either way and names no token.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from proto import ErrorCode, ProtocolError
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class Tokens:
+    """The configured tokens; ``owner`` maps an ``Authorization`` header to one of them."""
+
+    def __init__(self, tokens: tuple[str, ...] | list[str]) -> None:
+        self._tokens = tuple((t, t.encode()) for t in tokens if t)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._tokens)
+
+    def owner(self, authorization: bytes | None) -> str | None:
+        """The caller's token, None when the server has none, or 401 ``unauthorized``.
+
+        Every configured token is compared (in constant time), so the time taken
+        does not say which token came close.
+        """
+        if not self._tokens:
+            return None
+        scheme, _, given = (authorization or b"").partition(b" ")
+        found = None
+        if scheme.lower() == b"bearer":
+            given = given.strip()
+            for token, raw in self._tokens:
+                if hmac.compare_digest(given, raw):
+                    found = token
+        if found is None:
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token")
+        return found

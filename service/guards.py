@@ -1,0 +1,65 @@
+"""Admission of a program: its body (size and time bounded) and a slot among the running programs.
+
+These run on the event loop before a program reaches a worker, so a client that
+sends too much, too slowly or too often is refused without costing torch anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+
+from proto import ErrorCode, ProtocolError
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body; 413 as soon as it passes ``limit`` bytes, 400 if it stalls for ``timeout`` s.
+
+    The timeout is on silence, not on the whole body: a big upload over a slow link
+    may take as long as it needs while bytes keep coming, and a client that stops
+    mid-body holds only its own connection, and only for ``timeout`` seconds.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
+    parts = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            async for chunk in request.stream():
+                deadline.reschedule(loop.time() + timeout)
+                size += len(chunk)
+                if size > limit:
+                    raise ProtocolError(ErrorCode.TOO_LARGE, f"body over the limit max_body_bytes={limit}")
+                parts.append(chunk)
+    except TimeoutError:
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST,
+            f"body stalled: nothing for {timeout} s after {size} bytes: limit body_timeout_seconds={timeout}",
+        ) from None
+    return b"".join(parts)
+
+
+class ProgramSlots:
+    """At most ``limit`` programs admitted at once (running or queued behind their session); else 429.
+
+    Used only from the event loop, so a plain counter is enough.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.busy = 0
+
+    def __enter__(self) -> "ProgramSlots":
+        if self.busy >= self.limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY,
+                f"too many concurrent programs ({self.busy} running): limit max_concurrent_programs={self.limit}",
+            )
+        self.busy += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.busy -= 1

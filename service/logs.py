@@ -1,0 +1,56 @@
+"""Structured logs: one JSON object per line, through the standard ``logging`` module.
+
+Every line has the same keys (``time, level, logger, message, request_id, route,
+status, duration_ms, session``; null when unknown), so a log pipeline needs no
+per-message parsing. The request id comes from the caller's ``X-Request-ID`` when it
+is sane, else is generated; a context variable carries it into worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import uuid
+from contextvars import ContextVar
+from datetime import datetime, timezone
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("remote_autograd_request_id", default=None)
+FIELDS = ("request_id", "route", "status", "duration_ms", "session")
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+def request_id_from(header: bytes | None) -> str:
+    """The caller's request id if it is short and plain (it is echoed and logged), else a new one."""
+    if header and _SANE_ID.fullmatch(header):
+        return header.decode()
+    return uuid.uuid4().hex
+
+
+class JsonFormatter(logging.Formatter):
+    """A record as one JSON line; request fields come from ``extra=`` or the current request."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            out[name] = getattr(record, name, None)
+        if out["request_id"] is None:
+            out["request_id"] = REQUEST_ID.get()
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure(level: str = "warning") -> None:
+    """Send every logger's records (uvicorn's too) to stderr as JSON lines, at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

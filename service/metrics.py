@@ -1,0 +1,80 @@
+"""Prometheus metrics of one app, in a registry of its own (tests run several apps per process).
+
+Counters and histograms are updated as requests and steps finish; the gauges
+(programs in flight, sessions, tensors, bytes held, device memory) are read from the store when
+``/metrics`` is scraped, so keeping them costs nothing between scrapes. Labels are
+bounded: route templates (not paths), standard methods, and op names that ran
+(a step that failed, e.g. an unknown op, is not observed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .store import SessionStore
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_PROGRAM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_OP_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5)
+
+
+class Metrics:
+    """The app's metrics; ``observe_step`` is the runner's per-step hook (a dict lookup and an observe)."""
+
+    def __init__(self, store: "SessionStore", in_flight: Callable[[], int] = lambda: 0) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter("remote_autograd_requests", "HTTP requests by route template, method and status",
+                                 ("route", "method", "status"), registry=self.registry)
+        self.program_seconds = Histogram("remote_autograd_program_seconds", "time to run one program (in a worker)",
+                                         buckets=_PROGRAM_BUCKETS, registry=self.registry)
+        self._op_seconds = Histogram("remote_autograd_op_seconds", "time of one successful step, by op or step kind",
+                                     ("op",), buckets=_OP_BUCKETS, registry=self.registry)
+        self.registry.register(_StoreCollector(store, in_flight))
+        self._op_children: dict = {}
+        self._request_children: dict = {}
+
+    def observe_step(self, op: str, seconds: float) -> None:
+        child = self._op_children.get(op)
+        if child is None:
+            child = self._op_children[op] = self._op_seconds.labels(op)
+        child.observe(seconds)
+
+    def count_request(self, route: str, method: str, status: int) -> None:
+        key = (route, method if method in _METHODS else "OTHER", status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self._requests.labels(key[0], key[1], str(status))
+        child.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StoreCollector(Collector):
+    """Gauges read from the store at scrape time."""
+
+    def __init__(self, store: "SessionStore", in_flight: Callable[[], int]) -> None:
+        self._store, self._in_flight = store, in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("remote_autograd_programs_in_flight", "programs admitted and not yet answered",
+                                value=self._in_flight())
+        sessions = self._store.sessions()
+        yield GaugeMetricFamily("remote_autograd_sessions", "live sessions", value=len(sessions))
+        yield GaugeMetricFamily("remote_autograd_tensors", "tensors held by all sessions",
+                                value=sum(len(s.tensors) for s in sessions))
+        yield GaugeMetricFamily("remote_autograd_bytes_held", "bytes of values and grads held by all sessions",
+                                value=self._store.budget.held)
+        yield GaugeMetricFamily("remote_autograd_max_total_bytes", "limit max_total_bytes",
+                                value=self._store.budget.limit)
+        device = self._store.device
+        used = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        yield GaugeMetricFamily("remote_autograd_device_memory_allocated_bytes",
+                                "torch.cuda.memory_allocated on the server's device (0 on cpu)", value=used)

@@ -1,0 +1,139 @@
+"""Servers the fault, security and observability tests drive by hand: a chosen port, signals, logs.
+
+``conftest.start_server`` covers the usual case; these tests also need to restart a
+server on the same port, send it SIGTERM mid-request, or read what it logged (to a
+file: a pipe nobody reads would fill up and stall the server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from .conftest import ROOT, _free_port
+
+AUTH = "Authorization"
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+    def logged(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        """Send ``sig`` and wait for the exit status (killing it after ``timeout``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        """Stop it (if it runs) and remove its log."""
+        self.stop()
+        self.log.unlink(missing_ok=True)
+
+
+def launch(port: int | None = None, **env: str) -> Server:
+    """``python -m service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers."""
+    port = port or _free_port()
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
+    full_env.update(env)
+    log = Path(tempfile.mkstemp(prefix="remote-autograd-", suffix=".log")[1])
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+                                cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", port, proc, log)
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.logged()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
+                return server
+        if time.monotonic() > deadline:
+            server.stop(signal.SIGKILL)
+            raise RuntimeError("server did not become healthy in 60 s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running(port: int | None = None, **env: str) -> Iterator[Server]:
+    server = launch(port, **env)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def api(url: str, token: str | None = None, **kw) -> httpx.Client:
+    """A raw JSON client with the protocol header (and the token when given)."""
+    headers = {"Remote-Autograd-Protocol": "1"}
+    if token:
+        headers[AUTH] = f"Bearer {token}"
+    return httpx.Client(base_url=url, headers=headers, timeout=30, **kw)
+
+
+def program(c: httpx.Client, sid: str, steps: list, pid: str | None = None) -> httpx.Response:
+    """POST one program (JSON) and return the raw response."""
+    pid = pid or os.urandom(8).hex()
+    return c.post(f"/v1/sessions/{sid}/programs", json={"id": pid, "steps": steps})
+
+
+def put(tid: str, values: list, dtype: str = "float32", requires_grad: bool = False,
+        shape: list[int] | None = None) -> dict:
+    """A put step of a tensor given as a flat JSON list (1-d unless ``shape`` says otherwise)."""
+    shape = [len(values)] if shape is None else shape
+    return {"kind": "put", "id": tid, "value": {"dtype": dtype, "shape": shape, "data": values},
+            "requires_grad": requires_grad}
+
+
+def call(op: str, *args, out=(), grad_enabled: bool = True, **kwargs) -> dict:
+    return {"kind": "call", "op": op, "args": list(args), "kwargs": kwargs, "out": list(out),
+            "grad_enabled": grad_enabled}
+
+
+def ref(tid: str) -> dict:
+    return {"ref": tid}
+
+
+def wait_in_flight(c: httpx.Client, n: int = 1, timeout: float = 10) -> None:
+    """Wait until the server says ``n`` programs are admitted and running (its metrics gauge)."""
+    deadline = time.monotonic() + timeout
+    while f"remote_autograd_programs_in_flight {float(n)}" not in c.get("/metrics").text:
+        assert time.monotonic() < deadline, f"{n} program(s) never ran at once"
+        time.sleep(0.02)
+
+
+def sleep_program(url: str, sid: str, seconds: float) -> httpx.Response:
+    """A program of one ``_test_sleep`` step (test-only ops), on a client of its own (for threads)."""
+    with api(url) as own:
+        return program(own, sid, [call("_test_sleep", seconds, out=["slept"])])
+
+
+def error_of(r: httpx.Response, status: int, code: str, *words: str) -> dict:
+    """The error of an answer that must be ``status``/``code`` and whose message has every word."""
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    err = r.json()["error"]
+    assert err["code"] == code, err
+    for w in words:
+        assert w in err["message"], (w, err["message"])
+    return err

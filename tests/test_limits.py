@@ -1,0 +1,266 @@
+"""Every limit answers its status with its NAME=VALUE, nothing is allocated first, and the session lives on.
+
+One server with small limits serves the module (its tests run one after another and
+delete what they create); expiry needs a server of its own with a short TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+
+import client
+from service.settings import ADVERTISED_LIMITS
+
+from .servers import api, call, error_of, program, put, ref, running, sleep_program, wait_in_flight
+
+LIMITS = {
+    "max_body_bytes": 65536,
+    "max_steps_per_program": 12,
+    "max_tensor_elements": 1024,
+    "max_tensors_per_session": 8,
+    "max_session_bytes": 16000,
+    "max_total_bytes": 20000,
+    "max_sessions": 4,
+    "max_concurrent_programs": 1,
+    "session_ttl_seconds": 3600.0,
+    "body_timeout_seconds": 1.0,
+}
+FLOATS = [0.5] * 1000  # 4000 bytes as float32
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[str]:
+    env = {f"REMOTE_AUTOGRAD_{k.upper()}": str(v) for k, v in LIMITS.items()}
+    with running(REMOTE_AUTOGRAD_TEST_OPS="1", **env) as server:
+        yield server.url
+
+
+@pytest.fixture
+def c(limited: str) -> Iterator[httpx.Client]:
+    with api(limited) as c:
+        yield c
+
+
+@pytest.fixture
+def sid(c: httpx.Client) -> Iterator[str]:
+    created = c.post("/v1/sessions")
+    assert created.status_code == 201, created.text
+    s = created.json()["session_id"]
+    yield s
+    c.delete(f"/v1/sessions/{s}")
+
+
+def assert_usable(c: httpx.Client, sid: str) -> None:
+    """The session still runs programs after the refusal (and still holds what it held)."""
+    r = program(c, sid, [put("probe", [1.0, 2.0]), call("mul", ref("probe"), 3.0, out=["probe3"]),
+                         {"kind": "fetch", "id": "probe3"}, {"kind": "free", "ids": ["probe", "probe3"]}])
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][2]["tensor"]["value"]["data"] == [3.0, 6.0]
+
+
+def held(c: httpx.Client, sid: str) -> dict:
+    return c.get(f"/v1/sessions/{sid}").json()
+
+
+def test_every_limit_is_advertised(c: httpx.Client, sid: str):
+    created = c.post("/v1/sessions").json()
+    c.delete(f"/v1/sessions/{created['session_id']}")
+    assert set(ADVERTISED_LIMITS) == set(LIMITS)
+    assert created["limits"] == LIMITS
+
+
+def test_max_body_bytes(c: httpx.Client, sid: str):
+    body = json.dumps({"id": "big", "steps": [put("z", [1.0] * 20000)]}).encode()
+    path = f"/v1/sessions/{sid}/programs"
+    error_of(c.post(path, content=body, headers={"Content-Type": "application/json"}), 413, "too_large",
+             "max_body_bytes=65536")
+    chunked = c.post(path, content=iter([body[:30000], body[30000:]]), headers={"Content-Type": "application/json"})
+    error_of(chunked, 413, "too_large", "max_body_bytes=65536")
+    assert held(c, sid)["tensors"] == 0
+    assert_usable(c, sid)
+
+
+def test_huge_claimed_shape_is_413_before_allocation(c: httpx.Client, sid: str):
+    # 16 bytes that claim 10**12 elements: refused from the claim, before a byte is allocated
+    claim = {"kind": "put", "id": "huge", "value": {"dtype": "float32", "shape": [10**12], "data": "A" * 24}}
+    err = error_of(program(c, sid, [claim]), 413, "too_large", "max_tensor_elements=1024", "1000000000000")
+    assert err["step"] == 0 and err["op"] == "put"
+    # an op's output is held to the same limit
+    err = error_of(program(c, sid, [call("zeros", 2000, out=["z"])]), 413, "too_large", "max_tensor_elements=1024")
+    assert err["op"] == "zeros"
+    assert held(c, sid)["tensors"] == 0
+    assert_usable(c, sid)
+
+
+def test_max_steps_per_program(c: httpx.Client, sid: str):
+    r = program(c, sid, [{"kind": "free", "ids": []}] * 13)
+    error_of(r, 413, "too_large", "max_steps_per_program=12", "13 steps")
+    assert r.json()["results"] == []
+    assert_usable(c, sid)
+
+
+def test_max_tensors_per_session(c: httpx.Client, sid: str):
+    r = program(c, sid, [put(f"t{i}", [float(i)]) for i in range(9)])
+    err = error_of(r, 413, "too_large", "max_tensors_per_session=8")
+    assert err["step"] == 8 and len(r.json()["results"]) == 8  # the steps before it stay done
+    # a two-output op with room for one keeps neither
+    assert program(c, sid, [{"kind": "free", "ids": ["t0"]}]).status_code == 200
+    error_of(program(c, sid, [call("max", ref("t1"), 0, out=["v", "i"])]), 413, "too_large", "max_tensors_per_session")
+    assert held(c, sid)["tensors"] == 7
+    assert program(c, sid, [{"kind": "free", "ids": ["t1", "t2"]}]).status_code == 200
+    assert_usable(c, sid)
+
+
+def test_max_session_bytes_counts_grads(c: httpx.Client, sid: str):
+    ok = program(c, sid, [put("w1", FLOATS, requires_grad=True), put("w2", FLOATS, requires_grad=True),
+                          call("dot", ref("w1"), ref("w2"), out=["s"])])
+    assert ok.status_code == 200 and held(c, sid)["bytes"] == 8004
+    # both grads would make 16004 bytes: the backward is refused whole, its graph kept for a retry
+    err = error_of(program(c, sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True}]), 413,
+                   "too_large", "max_session_bytes=16000", "16004")
+    assert err["op"] == "backward"
+    assert c.get(f"/v1/sessions/{sid}/tensors/w1").json()["grad"] is None and held(c, sid)["bytes"] == 8004
+    r = program(c, sid, [{"kind": "backward", "tensors": ["s"], "inputs": ["w1"], "retain_graph": True}])
+    assert r.status_code == 200 and held(c, sid)["bytes"] == 12004  # w1's grad counts
+    assert c.get(f"/v1/sessions/{sid}/tensors/w1").json()["grad"]["data"] == FLOATS
+    # a second backward accumulates into the grad it has: no new bytes
+    assert program(c, sid, [{"kind": "backward", "tensors": ["s"], "inputs": ["w1"]}]).status_code == 200
+    assert held(c, sid)["bytes"] == 12004
+    # setting a grad counts it; clearing one gives its bytes back
+    error_of(program(c, sid, [{"kind": "set_grad", "id": "w2", "grad": ref("w1")}]), 413, "too_large",
+             "max_session_bytes=16000")
+    assert program(c, sid, [{"kind": "set_grad", "id": "w1", "grad": None}]).status_code == 200
+    assert held(c, sid)["bytes"] == 8004
+    assert program(c, sid, [{"kind": "set_grad", "id": "w2", "grad": ref("w1")}]).status_code == 200
+    assert held(c, sid)["bytes"] == 12004
+    assert program(c, sid, [{"kind": "free", "ids": ["w2"]}]).status_code == 200
+    assert held(c, sid)["bytes"] == 4004  # its value and its grad
+    assert_usable(c, sid)
+
+
+def test_max_total_bytes_across_sessions(c: httpx.Client, sid: str):
+    other = c.post("/v1/sessions").json()["session_id"]
+    try:
+        assert program(c, sid, [put(f"a{i}", FLOATS) for i in range(3)]).status_code == 200  # 12000
+        assert program(c, other, [put(f"b{i}", FLOATS) for i in range(2)]).status_code == 200  # 20000 in all
+        err = error_of(program(c, other, [put("b2", FLOATS)]), 413, "too_large", "max_total_bytes=20000", "24000")
+        assert err["step"] == 0 and held(c, other) == {"session_id": other, "tensors": 2, "bytes": 8000}
+        assert program(c, other, [{"kind": "free", "ids": ["b0"]}, put("b2", FLOATS)]).status_code == 200
+        assert program(c, other, [{"kind": "free", "ids": ["b1"]}]).status_code == 200
+        assert_usable(c, other)
+    finally:
+        c.delete(f"/v1/sessions/{other}")
+    # a deleted session gives its bytes back to everyone
+    assert program(c, sid, [put("a3", FLOATS)]).status_code == 200
+    assert "remote_autograd_bytes_held 16000.0" in c.get("/metrics").text
+
+
+def test_max_concurrent_programs(c: httpx.Client, sid: str, limited: str):
+    other = c.post("/v1/sessions").json()["session_id"]
+    try:
+        slow: list = []
+        runner = threading.Thread(target=lambda: slow.append(sleep_program(limited, sid, 1.0)))
+        runner.start()
+        wait_in_flight(c)
+        error_of(program(c, other, []), 429, "too_many", "max_concurrent_programs=1")
+        runner.join()
+        assert slow[0].status_code == 200
+        assert_usable(c, other)
+    finally:
+        c.delete(f"/v1/sessions/{other}")
+
+
+def test_max_sessions(c: httpx.Client):
+    made = []
+    try:
+        while len(made) <= LIMITS["max_sessions"]:
+            r = c.post("/v1/sessions")
+            if r.status_code != 201:
+                break
+            made.append(r.json()["session_id"])
+        assert len(made) == LIMITS["max_sessions"]
+        error_of(r, 429, "too_many", "max_sessions=4")
+        assert_usable(c, made[0])
+        c.delete(f"/v1/sessions/{made.pop()}")
+        r = c.post("/v1/sessions")
+        assert r.status_code == 201
+        made.append(r.json()["session_id"])
+    finally:
+        for s in made:
+            c.delete(f"/v1/sessions/{s}")
+
+
+def test_a_stalled_body_times_out_and_blocks_nobody(c: httpx.Client, sid: str, limited: str):
+    host, port = limited.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(f"POST /v1/sessions/{sid}/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"id\": \"half".encode())
+        assert_usable(c, sid)  # the same session, while that body hangs
+        other = c.post("/v1/sessions").json()["session_id"]
+        assert_usable(c, other)
+        c.delete(f"/v1/sessions/{other}")
+        start = time.monotonic()
+        answer = raw.recv(65536).decode()
+        assert time.monotonic() - start < 3
+    assert answer.startswith("HTTP/1.1 400"), answer
+    assert "body_timeout_seconds=1.0" in answer
+    assert_usable(c, sid)
+
+
+def test_a_slow_but_steady_body_is_read(c: httpx.Client, sid: str, limited: str):
+    # the timeout is on silence: 1.4 s in all, but never 1 s without a byte
+    body = json.dumps({"id": "slow", "steps": [put("s", [1.0, 2.0])]}).encode()
+    pieces = [body[: len(body) // 4], body[len(body) // 4: len(body) // 2], body[len(body) // 2: -5], body[-5:]]
+    host, port = limited.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(f"POST /v1/sessions/{sid}/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        for piece in pieces:
+            time.sleep(0.35)
+            raw.sendall(piece)
+        answer = raw.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 200"), answer
+    assert held(c, sid)["tensors"] == 1
+
+
+def test_device_out_of_memory_is_507_and_the_session_lives(server_url: str):
+    with api(server_url) as c:
+        sid = c.post("/v1/sessions").json()["session_id"]
+        r = program(c, sid, [put("x", [1.0, 2.0]), call("_test_oom", ref("x"), out=["y"]), put("never", [0.0])])
+        err = error_of(r, 507, "out_of_memory", "out of memory in _test_oom")
+        assert err["step"] == 1 and err["op"] == "_test_oom" and len(r.json()["results"]) == 1
+        assert held(c, sid)["tensors"] == 1
+        assert_usable(c, sid)
+        c.delete(f"/v1/sessions/{sid}")
+
+
+# -- idle sessions expire ------------------------------------------------------------------
+
+
+def test_idle_sessions_expire_and_are_freed_without_a_call():
+    with running(REMOTE_AUTOGRAD_SESSION_TTL_SECONDS="1.0", REMOTE_AUTOGRAD_SWEEP_INTERVAL_SECONDS="0.1") as server:
+        with api(server.url) as c, client.connect(server.url) as sdk:
+            x = sdk.tensor([1.0, 2.0])
+            sdk.sync()
+            idle, busy = (c.post("/v1/sessions").json()["session_id"] for _ in range(2))
+            assert program(c, idle, [put("v", FLOATS)]).status_code == 200
+            deadline = time.monotonic() + 10
+            while "remote_autograd_sessions 3.0" in c.get("/metrics").text and time.monotonic() < deadline:
+                time.sleep(0.1)  # nobody calls `idle` or the SDK's session; `busy` keeps being used
+                assert program(c, busy, []).status_code == 200
+            metrics = c.get("/metrics").text  # the sweeper freed both without being asked
+            assert "remote_autograd_sessions 1.0" in metrics and "remote_autograd_bytes_held 0.0" in metrics
+            assert_usable(c, busy)
+            for r in (c.get(f"/v1/sessions/{idle}"), program(c, idle, [])):
+                error_of(r, 410, "session_expired", idle, "session_ttl_seconds=1.0")
+            with pytest.raises(client.SessionLost) as lost:
+                (x * 2).tolist()
+            assert lost.value.status == 410 and sdk.id in str(lost.value) and lost.value.session_id == sdk.id
+            sdk._closed = True  # nothing left to delete
