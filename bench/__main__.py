@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import latency, runner_overhead, training
+from . import bulk, latency, runner_overhead, training
 from ._util import serve
 
-SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run}
+SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run, "bulk": bulk.run}
 
 
 def main() -> None:

@@ -48,6 +48,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_PIDS: dict[str, int] = {}  # url -> pid, for figures read from /proc (peak RSS)
+
+
+def peak_rss_bytes(pid: int | None = None) -> int:
+    """VmHWM (peak resident set) of a process, in bytes; this process by default."""
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 @contextlib.contextmanager
 def serve(module_args: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
     """Run ``python <module_args> --port P`` on loopback until /healthz answers; yields the URL."""
@@ -66,6 +78,7 @@ def serve(module_args: list[str], env: dict[str, str] | None = None) -> Iterator
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{module_args} did not start")
             time.sleep(0.05)
+        SERVER_PIDS[url] = proc.pid
         yield url
     finally:
         proc.terminate()

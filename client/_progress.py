@@ -54,38 +54,51 @@ def _bar(total: int, desc: str):
                 file=sys.stderr, dynamic_ncols=True)
 
 
-class _UploadStream(httpx.SyncByteStream):
-    """A request body sent in 1 MiB pieces that advance a bar; iterable again for a retry."""
+class UploadStream(httpx.SyncByteStream):
+    """A request body sent from its parts in 1 MiB pieces (no joining copy); a bar when big and
+    someone watches. Iterable again, so a retried request sends the same bytes."""
 
-    def __init__(self, content: bytes, desc: str) -> None:
-        self._content, self._desc = memoryview(content), desc
+    def __init__(self, parts: list, total: int, desc: str) -> None:
+        self._parts, self._total, self._desc = parts, total, f"upload {desc}"
 
-    def __iter__(self) -> Iterator[bytes]:
-        with _bar(len(self._content), self._desc) as bar:
-            for start in range(0, len(self._content), _CHUNK):
-                piece = self._content[start:start + _CHUNK]
-                yield bytes(piece)
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        from proto.frames import iter_parts
+
+        if self._total <= THRESHOLD or not bars_enabled():
+            yield from iter_parts(self._parts, _CHUNK)
+            return
+        with _bar(self._total, self._desc) as bar:
+            for piece in iter_parts(self._parts, _CHUNK):
+                yield piece
                 bar.update(len(piece))
 
 
-def track_upload(request: httpx.Request, content: bytes) -> httpx.Request:
-    """``request`` with a progress bar over its body when that is big and someone watches."""
-    if len(content) > THRESHOLD and bars_enabled():
-        request.stream = _UploadStream(content, f"upload {request.method} {request.url.path}")
-    return request
-
-
-def read_body(response: httpx.Response) -> bytes:
-    """The whole answer body, with a progress bar when it is big and someone watches."""
+def read_body(response: httpx.Response) -> bytearray | bytes:
+    """The whole answer body: into one preallocated buffer when its length is known (no joining
+    copy, and framed tensors can view it), with a progress bar when it is big and someone watches."""
     size = response.headers.get("content-length", "")
-    if not (size.isdigit() and int(size) > THRESHOLD and bars_enabled()):
+    total = int(size) if size.isdigit() else 0
+    show = total > THRESHOLD and bars_enabled()
+    if total < _CHUNK and not show:
         return response.read()
-    parts = []
-    with _bar(int(size), "download") as bar:
+    buf = bytearray(total)
+    view = memoryview(buf)
+    pos = 0
+    bar = _bar(total, "download") if show else None
+    try:
         for piece in response.iter_raw():
-            parts.append(piece)
-            bar.update(len(piece))
-    return b"".join(parts)
+            if pos + len(piece) > total:
+                raise httpx.RemoteProtocolError(f"answer longer than its Content-Length {total}")
+            view[pos:pos + len(piece)] = piece
+            pos += len(piece)
+            if bar is not None:
+                bar.update(len(piece))
+    finally:
+        if bar is not None:
+            bar.close()
+    if pos != total:
+        raise httpx.RemoteProtocolError(f"answer of {pos} bytes, but Content-Length said {total}")
+    return buf
 
 
 def summary(info: dict[str, Any], url: str) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import torch
 
 from proto import decode_tensor, dtype_from_name, encode_tensor
+from proto.frames import FRAME_MIN_BYTES
 
 from . import _progress
 from ._errors import RemoteError
@@ -183,9 +184,10 @@ class Session:
             steps = steps + [{"kind": "free", "ids": frees}]
         if not steps:
             return []
+        big = self._queued_bytes >= FRAME_MIN_BYTES
         self._queue, self._origins, self._queued_bytes = [], [], 0
         program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps}
-        status, body = self._transport.request("POST", self._path + "/programs", program)
+        status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
         if status >= 400:
             self._fail(status, body, origins)
         results = body["results"]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from proto import decode_tensor, encode_tensor
+from proto.frames import FRAME_MIN_BYTES
 
 from ._local import LOCAL_HANDLERS
 from ._dispatch import apply_route, not_in_table, where
@@ -52,12 +53,17 @@ class RemoteTensor(torch.Tensor):
         if requires_grad and not (t.is_floating_point() or t.is_complex()):
             raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
         tid = session.new_id()
-        step: dict[str, Any] = {"kind": "put", "id": tid, "value": encode_tensor(t), "requires_grad": requires_grad}
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= FRAME_MIN_BYTES:  # one private copy whose bytes go out as a frame as they are
+            value = encode_tensor(t.detach().clone(memory_format=torch.contiguous_format), as_view=True)
+        else:
+            value = encode_tensor(t)
+        step: dict[str, Any] = {"kind": "put", "id": tid, "value": value, "requires_grad": requires_grad}
         if grad is not None:
             step["grad"] = encode_tensor(grad.to(t.dtype))
         r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
         r._has_grad = grad is not None
-        session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), t.numel() * t.element_size())
+        session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), nbytes)
         return r
 
     # -- the seed's boundary: from_torch / to_torch ----------------------------------------
@@ -84,12 +90,14 @@ class RemoteTensor(torch.Tensor):
     def _fetch(self, *, value: bool, grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         self._check_usable()
         message = self._session.fetch(self._id, value=value, grad=grad)
-        v = decode_tensor(message["value"]) if message.get("value") is not None else None
-        g = decode_tensor(message["grad"]) if message.get("grad") is not None else None
+        v = decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
+        g = decode_tensor(message["grad"], copy=False) if message.get("grad") is not None else None
+        # Local copies of small tensors are kept (DESIGN: filled when fetched); big ones are
+        # not cloned again just to keep a copy nobody asked for.
         if v is not None:
-            self._custom_data = v.clone()
+            self._custom_data = v.clone() if v.nbytes < FRAME_MIN_BYTES else None
         if grad:
-            self._custom_grad = None if g is None else g.clone()
+            self._custom_grad = None if g is None or g.nbytes >= FRAME_MIN_BYTES else g.clone()
         return v, g
 
     def _value(self) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Going through ``httpx.HTTPTransport.handle_request`` directly skips the
 ``httpx.Client`` layer, which costs ~150 µs per request here (perf-notes.md).
-Bodies are msgpack both ways.
+Bodies are msgpack both ways; a body carrying big tensors goes framed
+(``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
+land in one preallocated buffer that the decoded tensors then view in place.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 
 from proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
+from proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
 from . import _progress
 from ._errors import RemoteError, SessionLost
@@ -28,7 +31,7 @@ class Transport:
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
         self._headers = [
             (b"content-type", MSGPACK.encode()),
-            (b"accept", MSGPACK.encode()),
+            (b"accept", f"{FRAMES}, {MSGPACK}".encode()),
             (PROTOCOL_HEADER.lower().encode(), PROTOCOL_VERSION.encode()),
             (b"host", httpx.URL(self.base_url).netloc),
         ]
@@ -41,15 +44,27 @@ class Transport:
         self._retries = retries
         self.requests = 0  # every request that went on the wire, for tests and benchmarks
 
-    def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> tuple[int, Any]:
-        """(status, decoded body). Connection failures are retried with backoff when ``idempotent``."""
-        content = encode_body(body, True) if body is not None else b""
+    def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True,
+                big: bool = True) -> tuple[int, Any]:
+        """(status, decoded body). Connection failures are retried with backoff when ``idempotent``.
+
+        ``big=False`` promises the body holds no tensor worth framing (skips looking for one).
+        """
         url = self._urls.get(path)
         if url is None:  # parsing a URL costs ~15 us: once per path
             url = self._urls[path] = httpx.URL(self.base_url + path)
-        req = httpx.Request(method, url, headers=self._headers, content=content, extensions=self._extensions)
-        if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
-            req = _progress.track_upload(req, content)
+        header, frames = extract_frames(body, FRAME_MIN_BYTES) if big and body is not None else (None, [])
+        if frames:
+            parts, total = pack_frames(header, frames)
+            headers = self._headers.copy()
+            headers["content-type"], headers["content-length"] = FRAMES, str(total)
+            req = httpx.Request(method, url, headers=headers, stream=_progress.UploadStream(parts, total, f"{method} {path}"),
+                                extensions=self._extensions)
+        else:
+            content = encode_body(body, True) if body is not None else b""
+            req = httpx.Request(method, url, headers=self._headers, content=content, extensions=self._extensions)
+            if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
+                req.stream = _progress.UploadStream([content], len(content), f"{method} {path}")
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
@@ -66,6 +81,8 @@ class Transport:
                 time.sleep(delay)
                 delay *= 4
         ctype = response.headers.get("content-type")
+        if is_frames(ctype):
+            return response.status_code, unpack_frames(data)
         decoded = decode_body(data, ctype) if data else None
         return response.status_code, decoded
 

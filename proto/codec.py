@@ -27,7 +27,7 @@ def decode_body(body: bytes, content_type: str | None) -> Any:
     if content_type and "json" not in content_type:
         raise bad_request(f"unsupported Content-Type {content_type!r}; use {MSGPACK} or {JSON}")
     try:
-        return json.loads(body) if body else None
+        return json.loads(bytes(body) if isinstance(body, memoryview) else body) if len(body) else None
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise bad_request(f"malformed JSON body: {exc}") from None
 

@@ -23,6 +23,7 @@ from .errors import bad_request
 FRAMES = "application/vnd.remote-autograd.frames"
 MAGIC = b"RAF1"
 ALIGN = 64
+FRAME_MIN_BYTES = 64 << 10  # a tensor's data at least this big travels as a frame
 _PAD = bytes(ALIGN)
 
 
@@ -66,6 +67,19 @@ def unpack_frames(body: bytearray | memoryview | bytes) -> Any:
         slices.append(view[offset:offset + n])
         offset += n + _pad(n)
     return _resolve(message, slices)
+
+
+def header_of(body: bytearray | memoryview | bytes) -> bytes:
+    """The magic, length and msgpack header of a framed body (what idempotency keys hash)."""
+    view = memoryview(body)
+    if len(view) < 8:
+        return bytes(view)
+    (hlen,) = struct.unpack("<I", view[4:8])
+    return bytes(view[:8 + hlen]) + struct.pack("<Q", len(view))
+
+
+def is_frames(content_type: str | None) -> bool:
+    return bool(content_type) and content_type.split(";")[0].strip() == FRAMES
 
 
 def _resolve(value: Any, slices: list[memoryview]) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from proto import (
     MSGPACK,
@@ -30,6 +30,7 @@ from proto import (
     decode_body,
     encode_body,
 )
+from proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, header_of, is_frames, iter_parts, pack_frames, unpack_frames
 from proto.messages import validate_program
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -158,13 +159,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         owner = check_v1(request)
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
         session = store.get(sid, owner)
-        decoded = decode_body(body, request.headers.get("content-type"))
+        ctype = request.headers.get("content-type")
+        framed = is_frames(ctype)
+        decoded = unpack_frames(body) if framed else decode_body(body, ctype)
         check_limits(decoded, settings)
         program = validate_program(decoded)
+        key = header_of(body) if framed else body  # idempotency: a framed body is known by its header
         with slots:
             async with session.gate:  # this session's programs queue here, not in the workers
                 start = perf_counter()
-                outcome = await run(store.run_program, session, program, body, not _wants_msgpack(request))
+                outcome = await run(store.run_program, session, program, key, not _wants_msgpack(request))
                 metrics.program_seconds.observe(perf_counter() - start)
         return _reply(request, outcome.body, outcome.status)
 
@@ -187,12 +191,23 @@ async def _sweep_forever(store: SessionStore, interval: float) -> None:
             log.exception("session sweep failed")
 
 
+async def _aiter(parts):
+    for piece in iter_parts(parts):
+        yield piece
+
+
 def _wants_msgpack(request: Request) -> bool:
     return wants_msgpack(request.headers.get("accept"), request.headers.get("content-type"))
 
 
 def _reply(request: Request, body: dict, status: int = 200) -> Response:
     as_msgpack = _wants_msgpack(request)
+    if as_msgpack and FRAMES in (request.headers.get("accept") or ""):
+        header, frames = extract_frames(body, FRAME_MIN_BYTES)
+        if frames:  # big tensors stream out of their own memory, never packed into one buffer
+            parts, total = pack_frames(header, frames)
+            return StreamingResponse(_aiter(parts), status_code=status, media_type=FRAMES,
+                                     headers={"content-length": str(total)})
     return Response(
         encode_body(body, as_msgpack),
         status_code=status,

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import asyncio
 
+import torch
+
 from fastapi import Request
 
 from proto import ErrorCode, ProtocolError
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+def _uninitialised(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` not zero-filled first (``bytearray(n)`` would touch every page
+    twice: once to zero, once to fill); it is overwritten completely or refused."""
+    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytearray | memoryview:
     """The request body; 413 as soon as it passes ``limit`` bytes, 400 if it stalls for ``timeout`` s.
 
     The timeout is on silence, not on the whole body: a big upload over a slow link
@@ -23,23 +31,36 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
-    parts = []
+    # With a declared length the body lands in one buffer as it arrives: no joining copy,
+    # and a framed body's tensors can then be views of it (``decode_tensor(copy=False)``).
+    expected = int(declared) if declared is not None and declared.isdigit() else None
+    buf, view = (_uninitialised(expected), None) if expected is not None else (bytearray(), None)
+    if expected is not None:
+        view = memoryview(buf)
     size = 0
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout) as deadline:
             async for chunk in request.stream():
                 deadline.reschedule(loop.time() + timeout)
-                size += len(chunk)
-                if size > limit:
+                end = size + len(chunk)
+                if end > limit:
                     raise ProtocolError(ErrorCode.TOO_LARGE, f"body over the limit max_body_bytes={limit}")
-                parts.append(chunk)
+                if view is None:
+                    buf += chunk
+                elif end > expected:
+                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"body longer than its Content-Length {expected}")
+                else:
+                    view[size:end] = chunk
+                size = end
     except TimeoutError:
         raise ProtocolError(
             ErrorCode.BAD_REQUEST,
             f"body stalled: nothing for {timeout} s after {size} bytes: limit body_timeout_seconds={timeout}",
         ) from None
-    return b"".join(parts)
+    if expected is not None and size != expected:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {size} bytes, but Content-Length said {expected}")
+    return buf
 
 
 class ProgramSlots:

@@ -213,12 +213,45 @@ def reencode(outcome: Outcome, as_json: bool) -> Outcome:
 
 
 def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
+    """A fetched tensor. Binary data is a view of the tensor's bytes (no copy); it is encoded
+    (msgpack) or streamed (frames) right after the program, before this session runs another."""
+    view = not as_json
     return {
         "id": tid,
-        "value": encode_tensor(ct._custom_data, as_json=as_json) if value else None,
-        "grad": encode_tensor(ct._custom_grad, as_json=as_json) if grad and ct._custom_grad is not None else None,
+        "value": encode_tensor(ct._custom_data, as_json=as_json, as_view=view) if value else None,
+        "grad": (encode_tensor(ct._custom_grad, as_json=as_json, as_view=view)
+                 if grad and ct._custom_grad is not None else None),
         "requires_grad": ct.requires_grad,
     }
+
+
+_KEEP_FETCHED_BYTES = 1 << 20
+
+
+def keepable(outcome: Outcome, program_id: str) -> Outcome:
+    """What the retry cache may hold: fetched values are copied out of the live tensors,
+    and an answer with more than 1 MiB of them is replaced by a 409 (fetch again)."""
+    results = outcome.body.get("results", [])
+    fetched = [r["tensor"] for r in results if r and r.get("tensor")]
+    views = [m[k] for m in fetched for k in ("value", "grad")
+             if m.get(k) is not None and isinstance(m[k].get("data"), memoryview)]
+    if not views:
+        return outcome
+    if sum(v["data"].nbytes for v in views) > _KEEP_FETCHED_BYTES:
+        err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
+                            "fetched data to keep for a retry: fetch the tensors again")
+        return Outcome(err.status, {"id": program_id, "error": err.to_wire(), "results": []})
+    return Outcome(outcome.status, _copy_views(outcome.body))
+
+
+def _copy_views(value: Any) -> Any:
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    if isinstance(value, dict):
+        return {k: _copy_views(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_views(v) for v in value]
+    return value
 
 
 # -- steps --------------------------------------------------------------------------------
@@ -227,7 +260,7 @@ def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_js
 def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> dict:
     _check_new_ids(session, [step.id])
     value = decode_tensor(step.value.model_dump(), field="value", max_elements=settings.max_tensor_elements,
-                          device=session.device)
+                          device=session.device, copy=False)  # a framed body's bytes become the tensor
     grad = None
     if step.grad is not None:
         grad = decode_tensor(step.grad.model_dump(), field="grad", max_elements=settings.max_tensor_elements,

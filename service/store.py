@@ -200,8 +200,11 @@ class SessionStore:
     # -- programs --------------------------------------------------------------------------
 
     def run_program(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
-        """Run ``program`` under the session's lock; a retried program id gets its first answer."""
-        from .runner import reencode, run_program  # the runner imports the op table; keep store light
+        """Run ``program`` under the session's lock; a retried program id gets its first answer.
+
+        ``body`` is what identifies the program's content (for a framed body, its header).
+        """
+        from .runner import keepable, reencode, run_program  # the runner imports the op table; keep store light
 
         digest = hashlib.blake2b(body, digest_size=16).digest()
         with session.lock:
@@ -215,7 +218,7 @@ class SessionStore:
                     )
                 return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
             outcome = run_program(session, program, self.settings, as_json=as_json, observe=self.on_step)
-            session.programs[program.id] = (digest, outcome, as_json)
+            session.programs[program.id] = (digest, keepable(outcome, program.id), as_json)
             while len(session.programs) > self.settings.program_cache_size:
                 session.programs.popitem(last=False)
             session.last_used = time.monotonic()
