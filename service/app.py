@@ -191,6 +191,11 @@ async def _sweep_forever(store: SessionStore, interval: float) -> None:
             log.exception("session sweep failed")
 
 
+def _fetched(body: dict) -> bool:
+    """Whether an answer holds fetched tensors (only those can be worth framing)."""
+    return any(r and "tensor" in r for r in body.get("results", ())) or "value" in body
+
+
 async def _aiter(parts):
     for piece in iter_parts(parts):
         yield piece
@@ -202,7 +207,7 @@ def _wants_msgpack(request: Request) -> bool:
 
 def _reply(request: Request, body: dict, status: int = 200) -> Response:
     as_msgpack = _wants_msgpack(request)
-    if as_msgpack and FRAMES in (request.headers.get("accept") or ""):
+    if as_msgpack and _fetched(body) and FRAMES in (request.headers.get("accept") or ""):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
         if frames:  # big tensors stream out of their own memory, never packed into one buffer
             parts, total = pack_frames(header, frames)

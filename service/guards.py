@@ -15,13 +15,16 @@ from fastapi import Request
 from proto import ErrorCode, ProtocolError
 
 
+_SMALL_BODY = 64 << 10
+
+
 def _uninitialised(nbytes: int) -> memoryview:
     """A writable buffer of ``nbytes`` not zero-filled first (``bytearray(n)`` would touch every page
     twice: once to zero, once to fill); it is overwritten completely or refused."""
     return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytearray | memoryview:
+async def read_body(request: Request, limit: int, timeout: float) -> bytes | memoryview:
     """The request body; 413 as soon as it passes ``limit`` bytes, 400 if it stalls for ``timeout`` s.
 
     The timeout is on silence, not on the whole body: a big upload over a slow link
@@ -31,9 +34,18 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytearray |
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
+    expected = int(declared) if declared is not None and declared.isdigit() else None
+    if expected is not None and expected <= _SMALL_BODY:  # most programs: one read, one timer
+        try:
+            async with asyncio.timeout(timeout):
+                body = await request.body()
+        except TimeoutError:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"body stalled: limit body_timeout_seconds={timeout}") from None
+        if len(body) != expected:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {len(body)} bytes, but Content-Length said {expected}")
+        return body
     # With a declared length the body lands in one buffer as it arrives: no joining copy,
     # and a framed body's tensors can then be views of it (``decode_tensor(copy=False)``).
-    expected = int(declared) if declared is not None and declared.isdigit() else None
     buf, view = (_uninitialised(expected), None) if expected is not None else (bytearray(), None)
     if expected is not None:
         view = memoryview(buf)
