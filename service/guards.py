@@ -15,9 +15,6 @@ from fastapi import Request
 from proto import ErrorCode, ProtocolError
 
 
-_SMALL_BODY = 64 << 10
-
-
 def _uninitialised(nbytes: int) -> memoryview:
     """A writable buffer of ``nbytes`` not zero-filled first (``bytearray(n)`` would touch every page
     twice: once to zero, once to fill); it is overwritten completely or refused."""
@@ -35,15 +32,6 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | mem
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
     expected = int(declared) if declared is not None and declared.isdigit() else None
-    if expected is not None and expected <= _SMALL_BODY:  # most programs: one read, one timer
-        try:
-            async with asyncio.timeout(timeout):
-                body = await request.body()
-        except TimeoutError:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"body stalled: limit body_timeout_seconds={timeout}") from None
-        if len(body) != expected:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {len(body)} bytes, but Content-Length said {expected}")
-        return body
     # With a declared length the body lands in one buffer as it arrives: no joining copy,
     # and a framed body's tensors can then be views of it (``decode_tensor(copy=False)``).
     buf, view = (_uninitialised(expected), None) if expected is not None else (bytearray(), None)
