@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from time import perf_counter
@@ -57,7 +58,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.test_ops:
         from . import testing_ops  # noqa: F401  (registers test-only ops)
     store = SessionStore(settings)
-    executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="remote-autograd")
+    # One thread per worker, and each session always on the same one: autograd orders the
+    # nodes of a backward by per-thread sequence numbers, so a session whose programs ran
+    # on different threads could sum gradients in another order (eager != pipelined bitwise).
+    executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"remote-autograd-{i}")
+                 for i in range(settings.workers)]
     slots = ProgramSlots(settings.max_concurrent_programs)
     metrics = Metrics(store, in_flight=lambda: slots.busy)
     store.on_step = metrics.observe_step
@@ -69,7 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:  # uvicorn has let running requests finish by now: their programs are done
             sweeper.cancel()
-            executor.shutdown(wait=True)
+            for executor in executors:
+                executor.shutdown(wait=True)
 
     app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs", lifespan=lifespan)
     install_openapi(app)  # the protocol's message schemas in /docs
@@ -87,8 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         return request.scope.get("state", {}).get("owner")
 
-    async def run(fn, *args) -> Any:
-        """``fn(*args)`` in a worker, with this request's context (its id reaches the logs)."""
+    async def run(session, fn, *args) -> Any:
+        """``fn(*args)`` on ``session``'s worker thread, with this request's context (its id reaches the logs)."""
+        executor = executors[zlib.crc32(session.id.encode()) % len(executors)]
         return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, fn, *args)
 
     @app.exception_handler(ProtocolError)
@@ -150,7 +157,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.delete("/v1/sessions/{sid}", status_code=204, **route_doc(204, None))
     async def delete_session(sid: str, request: Request) -> Response:
-        await run(store.delete, sid, check_v1(request))
+        owner = check_v1(request)
+        await run(store.get(sid, owner), store.delete, sid, owner)
         return Response(status_code=204)
 
     @app.post("/v1/sessions/{sid}/programs",
@@ -168,14 +176,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         with slots:
             async with session.gate:  # this session's programs queue here, not in the workers
                 start = perf_counter()
-                outcome = await run(store.run_program, session, program, key, not _wants_msgpack(request))
+                outcome = await run(session, store.run_program, session, program, key, not _wants_msgpack(request))
                 metrics.program_seconds.observe(perf_counter() - start)
         return _reply(request, outcome.body, outcome.status)
 
     @app.get("/v1/sessions/{sid}/tensors/{tid}", **route_doc(200, "TensorMessage"))
     async def read_tensor(sid: str, tid: str, request: Request, value: bool = True, grad: bool = True) -> Response:
         session = store.get(sid, check_v1(request))
-        message = await run(lambda: store.read_tensor(session, tid, value=value, grad=grad, as_json=not _wants_msgpack(request)))
+        message = await run(session, lambda: store.read_tensor(session, tid, value=value, grad=grad, as_json=not _wants_msgpack(request)))
         return _reply(request, message)
 
     return app
