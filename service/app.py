@@ -37,14 +37,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .auth import Tokens
-from .guards import ProgramSlots, read_body
+from .guards import ProgramSlots, check_limits, read_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .middleware import Gatekeeper, wants_msgpack
 from .openapi import install as install_openapi
 from .openapi import route_doc
 from .ops import OP_TABLE, load_op_modules
-from .runner import check_limits
 from .settings import Settings
 from .store import SessionStore
 

@@ -7,12 +7,16 @@ sends too much, too slowly or too often is refused without costing torch anythin
 from __future__ import annotations
 
 import asyncio
+import math
+from typing import Any
 
 import torch
 
 from fastapi import Request
 
 from proto import ErrorCode, ProtocolError
+
+from .settings import Settings
 
 
 def _uninitialised(nbytes: int) -> memoryview:
@@ -84,3 +88,33 @@ class ProgramSlots:
 
     def __exit__(self, *exc) -> None:
         self.busy -= 1
+
+
+def check_limits(body: Any, settings: Settings) -> None:
+    """Limits answer before anything else about a body: step count and claimed tensor sizes (413).
+
+    Runs on the raw decoded body, before validation, so a huge claimed shape is a 413
+    even when something else about the message is also wrong.
+    """
+    steps = body.get("steps") if isinstance(body, dict) else None
+    if not isinstance(steps, list):
+        return
+    if len(steps) > settings.max_steps_per_program:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"program has {len(steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
+        )
+    for index, step in enumerate(steps):
+        if not (isinstance(step, dict) and step.get("kind") == "put"):
+            continue
+        for key in ("value", "grad"):
+            shape = step.get(key, {}).get("shape") if isinstance(step.get(key), dict) else None
+            if isinstance(shape, list) and all(type(d) is int for d in shape):
+                numel = math.prod(shape)
+                if numel > settings.max_tensor_elements:
+                    raise ProtocolError(
+                        ErrorCode.TOO_LARGE,
+                        f"steps.{index}.{key}: shape {shape} has {numel} elements, over the limit "
+                        f"max_tensor_elements={settings.max_tensor_elements}",
+                        step=index, op="put",
+                    )

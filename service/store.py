@@ -204,7 +204,8 @@ class SessionStore:
 
         ``body`` is what identifies the program's content (for a framed body, its header).
         """
-        from .runner import keepable, reencode, run_program  # the runner imports the op table; keep store light
+        from .answers import keepable, reencode
+        from .runner import run_program  # the runner imports the op table; keep store light
 
         digest = hashlib.blake2b(body, digest_size=16).digest()
         with session.lock:
@@ -225,7 +226,7 @@ class SessionStore:
             return outcome
 
     def read_tensor(self, session: Session, tid: str, *, value: bool, grad: bool, as_json: bool) -> dict:
-        from .runner import tensor_message
+        from .answers import tensor_message
 
         with session.lock:
             _check_open(session)

@@ -1,0 +1,129 @@
+"""The autograd steps: ``backward`` (grads accumulate into the leaves) and ``grad`` (new tensors).
+
+Gradients are computed into temporaries first and committed at the end, so a
+failing backward leaves every ``.grad`` as it was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from proto import ErrorCode, ProtocolError
+from proto.messages import BackwardStep, GradStep
+
+from .custom_tensor import CustomTensor
+from .settings import Settings
+from .store import Session
+from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_tensors
+
+
+def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTensor]:
+    """The session's leaves (and retained non-leaves) that a backward from ``roots`` reaches."""
+    leaves: dict[int, CustomTensor] = {}
+    retained: list[CustomTensor] = []
+    for ct in session.tensors.values():
+        data = ct._custom_data
+        # Views are never leaves; asking a stale view (its base changed in place) for
+        # is_leaf would make autograd raise, so skip them before looking further.
+        if (data._base is not None and data._base.requires_grad and not ct.retains_grad) or not data.requires_grad:
+            continue
+        if data.is_leaf:
+            leaves[id(data)] = ct
+        elif ct.retains_grad:
+            retained.append(ct)
+    found: dict[int, CustomTensor] = {}
+    seen: set = set()
+    stack = []
+    for r in roots:
+        if r.grad_fn is None and id(r) in leaves:
+            found[id(r)] = leaves[id(r)]
+        stack.append(r.grad_fn)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if var is not None and id(var) in leaves:
+            found[id(var)] = leaves[id(var)]
+        stack.extend(n for n, _ in node.next_functions)
+    targets = list(found.values())
+    targets.extend(ct for ct in retained if ct._custom_data.grad_fn in seen)
+    return targets
+
+
+def _grad_outputs(values, session: Session) -> list | None:
+    if values is None:
+        return None
+    return [resolve_value(v, session) for v in values]
+
+
+def backward_step(session: Session, step: BackwardStep, settings: Settings, as_json: bool) -> dict:
+    roots = [session.tensor(t)._custom_data for t in step.tensors]
+    grad_tensors = _grad_outputs(step.grad_tensors, session)
+    if step.inputs is not None:
+        targets = [session.tensor(t) for t in step.inputs]
+    else:
+        targets = _grad_targets(session, roots)
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
+        torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
+        return {"tensors": []}
+    # Room for the new grads first (a 413 leaves the graph intact for a retry), then
+    # temporaries, then commit: a failing backward leaves every .grad untouched.
+    reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
+    session.charge(reserved, settings.max_session_bytes)
+    try:
+        grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
+                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+    except BaseException:
+        session.release(reserved)
+        raise
+    used = 0
+    for ct, g in zip(targets, grads):
+        if g is not None:
+            used += data_bytes(ct) if ct._custom_grad is None else 0
+            _accumulate(ct, g, step.create_graph)
+    session.release(reserved - used)
+    missing = _still_without_grad(session, targets)
+    return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
+
+
+def _still_without_grad(session: Session, targets: list[CustomTensor]) -> list[str]:
+    """Ids of reached tensors that still have no grad (their inputs' gradients were None).
+
+    The client predicts ``.grad is not None`` for every leaf a backward reaches; this
+    corrects that prediction where an op gave no gradient (e.g. ``vector_norm(x, 0)``).
+    """
+    missing = {id(ct) for ct in targets if ct._custom_grad is None}
+    if not missing:
+        return []
+    return [tid for tid, ct in session.tensors.items() if id(ct) in missing]
+
+
+def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool) -> None:
+    # A fresh grad is cloned: autograd may hand the same tensor to several inputs (add's
+    # backward returns its grad twice) or an expanded one, and in-place ops on one .grad
+    # must never show up in another.
+    if not create_graph:
+        g = g.detach()
+    if ct._custom_grad is None:
+        ct._custom_grad = g.clone(memory_format=torch.contiguous_format)
+    elif create_graph or ct._custom_grad.requires_grad:
+        ct._custom_grad = ct._custom_grad + g
+    else:
+        with torch.no_grad():
+            ct._custom_grad.add_(g)
+
+
+def grad_step(session: Session, step: GradStep, settings: Settings, as_json: bool) -> dict:
+    if len(step.out) != len(step.inputs):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
+    check_new_ids(session, step.out)
+    outputs = [session.tensor(t)._custom_data for t in step.outputs]
+    inputs = [session.tensor(t)._custom_data for t in step.inputs]
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
+                                create_graph=step.create_graph, allow_unused=step.allow_unused)
+    store_tensors(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}

@@ -1,0 +1,92 @@
+"""Wire values and session tensors: resolving step arguments, storing outputs, byte accounting.
+
+Shared by the step handlers in ``runner`` and ``autograd_steps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from proto import ErrorCode, ProtocolError, dtype_from_name, dtype_name
+
+from .custom_tensor import CustomTensor
+from .settings import Settings
+from .store import Session
+
+_MAX_VALUE_DEPTH = 8
+
+
+def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
+    """A wire value as an op argument: refs become tensors, tagged objects their Python values."""
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    if depth > _MAX_VALUE_DEPTH:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"argument nested deeper than {_MAX_VALUE_DEPTH} levels")
+    if isinstance(value, list):
+        return [resolve_value(v, session, depth + 1) for v in value]
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, payload), = value.items()
+        if tag == "ref":
+            return session.tensor(payload)._custom_data
+        if tag == "grad_of":
+            grad = session.tensor(payload)._custom_grad
+            if grad is None:
+                raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
+            return grad
+        if tag == "dtype":
+            return dtype_from_name(payload, "argument dtype")
+        if tag == "slice":
+            if not (isinstance(payload, list) and len(payload) == 3
+                    and all(p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in payload)):
+                raise ProtocolError(ErrorCode.BAD_REQUEST, "slice: expected [start, stop, step] of integers or null")
+            return slice(*payload)
+        if tag == "ellipsis":
+            return Ellipsis
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def meta_of(tid: str, t: torch.Tensor) -> dict:
+    return {"id": tid, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "requires_grad": t.requires_grad}
+
+
+def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
+    """Keep new tensors under their ids, all or none: every limit is checked before the first is kept."""
+    if len(session.tensors) + len(pairs) > settings.max_tensors_per_session:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"session would hold {len(session.tensors) + len(pairs)} tensors: "
+            f"limit max_tensors_per_session={settings.max_tensors_per_session}",
+        )
+    for tid, ct in pairs:
+        numel = ct._custom_data.numel()
+        if numel > settings.max_tensor_elements:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
+            )
+    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+    session.tensors.update(pairs)
+
+
+def data_bytes(ct: CustomTensor) -> int:
+    """The bytes of ``ct``'s value, which are also the bytes its grad takes once it has one."""
+    return ct._custom_data.numel() * ct._custom_data.element_size()
+
+
+def grad_bytes(grad: torch.Tensor | None) -> int:
+    return 0 if grad is None else grad.numel() * grad.element_size()
+
+
+def check_new_ids(session: Session, ids: list[str]) -> None:
+    for tid in ids:
+        if tid in session.tensors:
+            raise ProtocolError(ErrorCode.CONFLICT, f"tensor id {tid!r} is already used in this session")
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(ErrorCode.CONFLICT, f"output ids repeat: {ids}")
