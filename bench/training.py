@@ -87,11 +87,11 @@ def _breakdown(sess, step) -> None:
         transport.request = original
     totals.sort()
     total, request = totals[len(totals) // 2]
-    timing = transport.last_server_timing if hasattr(transport, "last_server_timing") else {}
-    server = timing.get("run", 0.0) / 1e3
-    torch_part = timing.get("torch", 0.0) / 1e3
-    print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:8.0f} us | request "
-          f"{request * 1e6:8.0f} us (server runner {server * 1e6:6.0f} us, of which ops {torch_part * 1e6:6.0f} us)")
+    timing = transport.last_server_timing
+    worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3
+    print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:6.0f} us | request "
+          f"{request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us + worker {worker:6.0f} us "
+          f"(steps {steps:6.0f} us)")
 
 
 def run(url: str) -> None:

@@ -43,6 +43,7 @@ class Transport:
         self._urls: dict[str, httpx.URL] = {}
         self._retries = retries
         self.requests = 0  # every request that went on the wire, for tests and benchmarks
+        self.last_server_timing: dict[str, float] = {}  # ms, from the last answer's Server-Timing
 
     def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True,
                 big: bool = True) -> tuple[int, Any]:
@@ -80,6 +81,7 @@ class Transport:
                     raise RemoteError(f"cannot reach {self.base_url}: {exc}", code="connection_error") from exc
                 time.sleep(delay)
                 delay *= 4
+        self.last_server_timing = _server_timing(response.headers.get("server-timing"))
         ctype = response.headers.get("content-type")
         if is_frames(ctype):
             return response.status_code, unpack_frames(data)
@@ -95,6 +97,18 @@ class Transport:
 
     def close(self) -> None:
         self._transport.close()
+
+
+def _server_timing(header: str | None) -> dict[str, float]:
+    """``{"steps": 1.2, "worker": 1.4}`` (ms) from ``Server-Timing: steps;dur=1.2, worker;dur=1.4``."""
+    timing = {}
+    for item in (header or "").split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        try:
+            timing[name] = float(dur)
+        except ValueError:
+            continue
+    return timing
 
 
 def error_from(status: int, body: Any, where: str | None = None, session: str | None = None) -> RemoteError:

@@ -21,7 +21,7 @@ def reencode(outcome: Outcome, as_json: bool) -> Outcome:
                     msg[key] = encode_tensor(decode_tensor(msg[key]), as_json=as_json)
             r = {**r, "tensor": msg}
         results.append(r)
-    return Outcome(outcome.status, {**outcome.body, "results": results})
+    return Outcome(outcome.status, {**outcome.body, "results": results}, outcome.seconds)
 
 
 def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
@@ -52,8 +52,10 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     if sum(v["data"].nbytes for v in views) > _KEEP_FETCHED_BYTES:
         err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
                             "fetched data to keep for a retry: fetch the tensors again")
-        return Outcome(err.status, {"id": program_id, "error": err.to_wire(), "results": []})
-    return Outcome(outcome.status, _copy_views(outcome.body))
+        return Outcome(err.status, {"id": program_id, "error": err.to_wire(), "results": []}, outcome.seconds)
+    body = dict(outcome.body)
+    body["results"] = [_copy_views(r) if r and r.get("tensor") else r for r in results]
+    return Outcome(outcome.status, body, outcome.seconds)
 
 
 def _copy_views(value: Any) -> Any:

@@ -52,7 +52,8 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
             f"program has {len(program.steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
         )
     results: list[Any] = []
-    token = set_current(RunContext(session.generator, session.device))
+    token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
+    began = perf_counter()
     try:
         for index, step in enumerate(program.steps):
             start = perf_counter()
@@ -60,12 +61,13 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
                 results.append(_HANDLERS[type(step)](session, step, settings, as_json))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
-                return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results})
+                return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results},
+                               perf_counter() - began)
             if observe is not None:
                 observe(_step_op(step), perf_counter() - start)
     finally:
         reset(token)
-    return Outcome(200, {"id": program.id, "results": results})
+    return Outcome(200, {"id": program.id, "results": results}, perf_counter() - began)
 
 
 def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:

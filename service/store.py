@@ -108,6 +108,7 @@ class Outcome:
 
     status: int
     body: dict
+    seconds: float = 0.0  # spent in the program's steps (the Server-Timing header reports it)
 
 
 class SessionStore:

@@ -264,3 +264,13 @@ def test_idle_sessions_expire_and_are_freed_without_a_call():
                 (x * 2).tolist()
             assert lost.value.status == 410 and sdk.id in str(lost.value) and lost.value.session_id == sdk.id
             sdk._closed = True  # nothing left to delete
+
+
+def test_a_factory_over_the_element_limit_is_refused_before_allocating(limited: str):
+    import client
+
+    with client.connect(limited) as sess:
+        with pytest.raises(client.RemoteError) as info:
+            sess.zeros(10**12).item()
+        assert info.value.status == 413 and "max_tensor_elements" in str(info.value)
+        assert sess.ones(3).tolist() == [1.0, 1.0, 1.0]  # the session goes on

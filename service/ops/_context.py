@@ -16,6 +16,7 @@ import torch
 class RunContext:
     generator: torch.Generator
     device: torch.device
+    max_elements: int | None = None  # the session's max_tensor_elements: factories check it first
 
 
 _CURRENT: ContextVar[RunContext | None] = ContextVar("remote_autograd_run_context", default=None)

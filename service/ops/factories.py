@@ -9,7 +9,11 @@ Random ``*_like`` ops fill ``empty_like(input)`` in place, exactly as ATen's do.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from proto import ErrorCode, ProtocolError
 
 from ._context import current
 from ._registry import op
@@ -17,7 +21,26 @@ from ._samples import S, T
 
 
 def _factory(name: str, samples, reference):
-    return op(name, torch_names=(), samples=samples, reference=reference, differentiable=False, shape_rule="meta")
+    """Register a factory whose output size is checked against the session's limit before
+    anything is allocated (the same torch factory on the meta device says the size)."""
+    register = op(name, torch_names=(), samples=samples, reference=reference, differentiable=False,
+                  shape_rule="meta")
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def bounded(*args, **kwargs):
+            limit = current().max_elements
+            if limit is not None:
+                plain = {k: v for k, v in kwargs.items() if k not in ("device", "requires_grad")}
+                numel = reference(*args, **plain, device="meta").numel()
+                if numel > limit:
+                    raise ProtocolError(ErrorCode.TOO_LARGE, f"{name}: {numel} elements, over the limit "
+                                        f"max_tensor_elements={limit}")
+            return fn(*args, **kwargs)
+
+        return register(bounded)
+
+    return decorate
 
 
 def _made(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
