@@ -19,6 +19,9 @@ from proto import ErrorCode, ProtocolError
 from .settings import Settings
 
 
+_BIG_BODY = 1 << 20
+
+
 def _uninitialised(nbytes: int) -> memoryview:
     """A writable buffer of ``nbytes`` not zero-filled first (``bytearray(n)`` would touch every page
     twice: once to zero, once to fill); it is overwritten completely or refused."""
@@ -38,8 +41,10 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | mem
     expected = int(declared) if declared is not None and declared.isdigit() else None
     # With a declared length the body lands in one buffer as it arrives: no joining copy,
     # and a framed body's tensors can then be views of it (``decode_tensor(copy=False)``).
-    buf, view = (_uninitialised(expected), None) if expected is not None else (bytearray(), None)
-    if expected is not None:
+    if expected is None:
+        buf, view = bytearray(), None
+    else:  # a small body: a plain bytearray is cheaper than a torch-backed buffer
+        buf = _uninitialised(expected) if expected >= _BIG_BODY else bytearray(expected)
         view = memoryview(buf)
     size = 0
     loop = asyncio.get_running_loop()
