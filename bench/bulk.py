@@ -42,6 +42,14 @@ def _raw_socket_mb_s(nbytes: int) -> float:
     return nbytes / elapsed / 1e6
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def run(url: str, repeat: int = 5) -> None:
     print(f"\n[bulk] {SIZE >> 20} MiB float32, {repeat} runs each way (one connection, loopback)")
     t = torch.randn(SIZE // 4)
@@ -50,6 +58,8 @@ def run(url: str, repeat: int = 5) -> None:
     client_before = peak_rss_bytes()
     server_pid = SERVER_PIDS.get(url)
     with client.connect(url) as sess:
+        sess.tensor(0.0).item()  # the server has loaded everything it needs: its baseline
+        server_before = _rss_bytes(server_pid) if server_pid else 0
         ups, downs = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -61,6 +71,7 @@ def run(url: str, repeat: int = 5) -> None:
             downs.append(SIZE / (time.perf_counter() - t0) / 1e6)
             assert back.shape == t.shape
             del x, back
+            sess.sync()  # free it now: each run starts from the same server memory
         for label, figures in (("upload (sess.tensor + sync)", ups), ("download (x.cpu())", downs)):
             ordered = sorted(figures)
             print(f"  {label:<48} median {ordered[len(ordered) // 2]:9.0f} MB/s   worst {ordered[0]:7.0f} MB/s"
@@ -68,5 +79,6 @@ def run(url: str, repeat: int = 5) -> None:
     client_peak = peak_rss_bytes()
     print(f"  {'client peak RSS growth / payload':<48} {(client_peak - client_before) / SIZE:9.2f}x")
     if server_pid:
-        print(f"  {'server peak RSS / payload':<48} {peak_rss_bytes(server_pid) / SIZE:9.2f}x   (target <= 2.2x; "
-              "includes the server's own ~0.3 GiB of torch)")
+        grown = peak_rss_bytes(server_pid) - server_before
+        print(f"  {'server peak RSS growth / payload':<48} {grown / SIZE:9.2f}x   (target <= 2.2x; over a baseline "
+              f"of {server_before / 2**20:.0f} MiB, the server's own torch)")

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
 import httpx
+import torch
 
 from ._errors import RemoteError
 
@@ -73,7 +74,7 @@ class UploadStream(httpx.SyncByteStream):
                 bar.update(len(piece))
 
 
-def read_body(response: httpx.Response) -> bytearray | bytes:
+def read_body(response: httpx.Response) -> memoryview | bytes:
     """The whole answer body: into one preallocated buffer when its length is known (no joining
     copy, and framed tensors can view it), with a progress bar when it is big and someone watches."""
     size = response.headers.get("content-length", "")
@@ -81,8 +82,9 @@ def read_body(response: httpx.Response) -> bytearray | bytes:
     show = total > THRESHOLD and bars_enabled()
     if total < _CHUNK and not show:
         return response.read()
-    buf = bytearray(total)
-    view = memoryview(buf)
+    # not zero-filled first: every byte is overwritten (or the answer is refused below)
+    buf = memoryview(torch.empty(total, dtype=torch.uint8).numpy()).cast("B")
+    view = buf
     pos = 0
     bar = _bar(total, "download") if show else None
     try:

@@ -15,6 +15,8 @@ import torch
 from proto import decode_tensor, encode_tensor
 from proto.frames import FRAME_MIN_BYTES
 
+SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
+
 from ._local import LOCAL_HANDLERS
 from ._dispatch import apply_route, not_in_table, where
 from ._session import Session, _Origin
@@ -54,7 +56,10 @@ class RemoteTensor(torch.Tensor):
             raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
         tid = session.new_id()
         nbytes = t.numel() * t.element_size()
-        if nbytes >= FRAME_MIN_BYTES:  # one private copy whose bytes go out as a frame as they are
+        send_now = nbytes >= SEND_NOW_BYTES and t.is_contiguous() and t.device.type == "cpu"
+        if send_now:  # sent before we return: the caller's own bytes go out, no copy to protect them
+            value = encode_tensor(t, as_view=True)
+        elif nbytes >= FRAME_MIN_BYTES:  # one private copy whose bytes go out as a frame as they are
             value = encode_tensor(t.detach().clone(memory_format=torch.contiguous_format), as_view=True)
         else:
             value = encode_tensor(t)
@@ -64,6 +69,8 @@ class RemoteTensor(torch.Tensor):
         r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
         r._has_grad = grad is not None
         session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), nbytes)
+        if send_now and session.pipeline:
+            session.flush()
         return r
 
     # -- the seed's boundary: from_torch / to_torch ----------------------------------------
