@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from proto import encode_tensor
@@ -40,7 +38,5 @@ def run(url: str | None = None) -> None:
     row("torch.add itself (no autograd Function)", raw)
     print(f"  {'runner overhead per op':<48} {r - d:9.1f} us   (target <= 20 us)")
     body = {"id": "q", "steps": steps}
-    t0 = time.perf_counter()
-    for _ in range(20):
-        validate_program(body)
-    print(f"  {'validating the program (per step)':<48} {(time.perf_counter() - t0) / 20 / len(steps) * 1e6:9.1f} us")
+    row("validating the program, per step", measure(lambda: validate_program(body), repeat=50, warmup=5,
+                                                    per=len(steps)))
