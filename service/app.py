@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from time import perf_counter
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # on different threads could sum gradients in another order (eager != pipelined bitwise).
     executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"remote-autograd-{i}")
                  for i in range(settings.workers)]
+    next_worker = itertools.count()
     slots = ProgramSlots(settings.max_concurrent_programs)
     metrics = Metrics(store, in_flight=lambda: slots.busy)
     store.on_step = metrics.observe_step
@@ -94,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     async def run(session, fn, *args) -> Any:
         """``fn(*args)`` on ``session``'s worker thread, with this request's context (its id reaches the logs)."""
-        executor = executors[zlib.crc32(session.id.encode()) % len(executors)]
+        executor = executors[session.worker]
         return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, fn, *args)
 
     @app.exception_handler(ProtocolError)
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/sessions", status_code=201, **route_doc(201, "SessionCreated"))
     async def create_session(request: Request) -> Response:
         session = store.create(check_v1(request))
+        session.worker = next(next_worker) % len(executors)  # round robin: new sessions spread out
         body = {
             "session_id": session.id,
             "protocol": PROTOCOL_VERSION,

@@ -69,6 +69,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
     programs: OrderedDict = field(default_factory=OrderedDict)
+    worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
     def tensor(self, tid: str) -> CustomTensor:
