@@ -233,6 +233,9 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
         metas = _infer.elementwise(operands, to_float=rule == "elementwise_float")
         if metas is not None:
             return metas, None
+    if (rule == "like_input" and args and isinstance(args[0], torch.Tensor)
+            and not any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values()))):
+        return [(tuple(args[0].shape), args[0].dtype)], None
     if rule == "linear" and len(args) >= 2 and not kwargs:
         metas = _infer.linear(args[0], args[1], args[2] if len(args) > 2 else None)
         if metas is not None:

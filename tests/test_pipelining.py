@@ -157,3 +157,14 @@ def test_metadata_of_every_routed_call_matches_torch(sess):
         want, got = fn(x), fn(r)
         assert (got.shape, got.dtype) == (want.shape, want.dtype)
         torch.testing.assert_close(got.to_torch(), want)
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3), (3,)], [(2, 1), (1, 4)], [(), (2, 2)], [(0, 3), (3,)], [(3, 1, 2), (4, 1)],
+                                    [(2, 3), (4,)], [(0,), (2,)], [(5,)], [(1,), (0,)], [(2, 1, 3), (2, 4, 3), (4, 1)]],
+                         ids=str)
+def test_hand_written_broadcast_agrees_with_torch(shapes):
+    try:
+        want = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        want = None
+    assert _infer.broadcast(shapes) == want

@@ -16,11 +16,12 @@ from ._samples import Sample
 # How the client infers result metadata without asking the server:
 #   elementwise:       broadcast shapes, torch's type promotion
 #   elementwise_float: the same, but integer results become the default float dtype (sqrt, exp, ...)
+#   like_input:        the first argument's shape and dtype (normalisations, softmax without dtype=)
 #   linear:            input[..., in] x weight[out, in] -> [..., out] (meta for anything unusual)
 #   loss:              a 0-d tensor of the input's dtype unless reduction='none' (then meta)
 #   meta:              run the torch function on the meta device
 #   none:              ask the server (the client flushes and waits)
-SHAPE_RULES = ("elementwise", "elementwise_float", "linear", "loss", "meta", "none")
+SHAPE_RULES = ("elementwise", "elementwise_float", "like_input", "linear", "loss", "meta", "none")
 
 
 @dataclass(frozen=True)

@@ -261,15 +261,17 @@ _SOFTMAX = (S(T((2, 3)), 1), S(T((2, 3)), 0), S(T((2, 3, 4)), -1), S(T((3, 2), n
             S(T(()), 0), S(T((0, 3)), 1), S(T((2, 3)), 1, dtype=torch.float64), S(T((2, 1, 2, 3)), dim=2))
 
 
-@op("softmax", torch_names=("torch.softmax", "torch.Tensor.softmax", "torch.special.softmax", _F + "softmax"),
+@op("softmax", shape_rule="like_input",
+    torch_names=("torch.softmax", "torch.Tensor.softmax", "torch.special.softmax", _F + "softmax"),
     samples=_SOFTMAX, reference=F.softmax)
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     """exp(input) / sum(exp(input)) along dim"""
     return Softmax.apply(input, *_softmax_args("softmax", input, dim, _stacklevel, dtype))
 
 
-@op("log_softmax", torch_names=("torch.log_softmax", "torch.Tensor.log_softmax", "torch.special.log_softmax",
-                                _F + "log_softmax"), samples=_SOFTMAX, reference=F.log_softmax)
+@op("log_softmax", shape_rule="like_input",
+    torch_names=("torch.log_softmax", "torch.Tensor.log_softmax", "torch.special.log_softmax", _F + "log_softmax"),
+    samples=_SOFTMAX, reference=F.log_softmax)
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     """log(softmax(input, dim))"""
     return LogSoftmax.apply(input, *_softmax_args("log_softmax", input, dim, _stacklevel, dtype))

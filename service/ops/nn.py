@@ -145,7 +145,7 @@ class LayerNorm(Function):
         return gx, None, gw, sum_to(g, b) if needs(ctx, 3) else None, None
 
 
-@op("layer_norm", torch_names=("torch.nn.functional.layer_norm",),
+@op("layer_norm", shape_rule="like_input", torch_names=("torch.nn.functional.layer_norm",),
     samples=(S(T((2, 4)), (4,), T((4,)), T((4,))), S(T((2, 3, 4)), (3, 4)), S(T((3,)), [3], T((3,)), None, 1e-3),
              S(T((2, 4, 3), noncontiguous=True), (3,), None, T((3,)))),
     reference=F.layer_norm)
@@ -184,7 +184,7 @@ class GroupNorm(Function):
         return gx, None, gw, _channel_sum(g) if needs(ctx, 3) else None, None
 
 
-@op("group_norm", torch_names=("torch.nn.functional.group_norm",),
+@op("group_norm", shape_rule="like_input", torch_names=("torch.nn.functional.group_norm",),
     samples=(S(T((2, 4, 3)), 2, T((4,)), T((4,))), S(T((2, 6)), 2), S(T((1, 4, 2, 3)), 4, T((4,)), None, 1e-3),
              # torch's own backward fails for weight=None with a bias that requires grad; ours does not
              S(T((2, 4, 3), noncontiguous=True), 1, None, T((4,), requires_grad=False))),
@@ -220,7 +220,7 @@ class BatchNorm(Function):
 _STATS = (T((3,), requires_grad=False), T((3,), low=0.5, requires_grad=False))
 
 
-@op("batch_norm", torch_names=("torch.nn.functional.batch_norm",),
+@op("batch_norm", shape_rule="like_input", torch_names=("torch.nn.functional.batch_norm",),
     samples=(S(T((4, 3)), *_STATS, T((3,)), T((3,)), True), S(T((2, 3, 4)), *_STATS, training=True, momentum=0.3),
              S(T((2, 3, 2, 2)), *_STATS, T((3,)), T((3,))), S(T((2, 3, 2, 2)), None, None, T((3,)), None, True),
              S(T((2, 3, 4), noncontiguous=True), *_STATS, None, T((3,)), False, eps=1e-3)),
