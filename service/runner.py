@@ -185,6 +185,9 @@ def _run_inplace(entry, name: str, args: list, kwargs: dict) -> torch.Tensor | N
         raise ProtocolError(ErrorCode.OP_ERROR,
                             "a leaf Variable that requires grad is being used in an in-place operation.")
     kwargs.pop("inplace", None)
+    if not recording and entry.native_inplace is not None:  # no graph: torch's own kernel, same result
+        entry.native_inplace(target, *args[1:], **kwargs)
+        return None
     value = entry.fn(target.clone() if recording else target, *args[1:], **kwargs)
     if isinstance(value, (tuple, list)):
         value = value[0]

@@ -39,6 +39,9 @@ class OpEntry:
     shape_rule: str = "meta"
     inplace: bool = False
     no_grad_args: tuple[int | str, ...] = ()  # tensor args never differentiated (positions or names)
+    # torch's own in-place kernel (``torch.Tensor.add_``), used for ``op_`` when no graph is
+    # recorded (optimizer updates): same result, without an out-of-place value and a copy
+    native_inplace: Callable[..., Any] | None = None
     doc: str = ""
     signature: inspect.Signature = field(init=False, compare=False)
 
@@ -108,6 +111,7 @@ def op(
     shape_rule: str = "meta",
     inplace: bool = False,
     no_grad_args: tuple[int | str, ...] = (),
+    native_inplace: Callable[..., Any] | None = None,
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -127,6 +131,7 @@ def op(
                 shape_rule=shape_rule,
                 inplace=inplace,
                 no_grad_args=tuple(no_grad_args),
+                native_inplace=native_inplace,
                 doc=doc.split("\n", 1)[0],
             )
         )

@@ -43,7 +43,7 @@ class Add(Function):
         return ga, gb, None
 
 
-@op("add", torch_names=("torch.add", "torch.Tensor.add", "torch.Tensor.__add__", "torch.Tensor.__radd__",
+@op("add", native_inplace=torch.Tensor.add_, torch_names=("torch.add", "torch.Tensor.add", "torch.Tensor.__add__", "torch.Tensor.__radd__",
                         "torch.Tensor.add_", "torch.Tensor.__iadd__"),
     samples=_BINARY_SAMPLES + (S(T((2, 3)), T((3,)), alpha=2.5),), reference=torch.add, shape_rule="elementwise")
 def add(input, other, *, alpha=1):
@@ -66,7 +66,7 @@ class Sub(Function):
         return ga, gb, None
 
 
-@op("sub", torch_names=("torch.sub", "torch.subtract", "torch.Tensor.sub", "torch.Tensor.__sub__",
+@op("sub", native_inplace=torch.Tensor.sub_, torch_names=("torch.sub", "torch.subtract", "torch.Tensor.sub", "torch.Tensor.__sub__",
                         "torch.Tensor.__rsub__", "torch.Tensor.sub_", "torch.Tensor.__isub__"),
     samples=_BINARY_SAMPLES + (S(1.5, T((2, 3))), S(T((2, 3)), T((3,)), alpha=-0.5)),
     reference=lambda a, b, alpha=1: torch.rsub(b, a, alpha=alpha) if not isinstance(a, torch.Tensor)
@@ -95,7 +95,7 @@ class Mul(Function):
         return ga, gb
 
 
-@op("mul", torch_names=("torch.mul", "torch.multiply", "torch.Tensor.mul", "torch.Tensor.__mul__",
+@op("mul", native_inplace=torch.Tensor.mul_, torch_names=("torch.mul", "torch.multiply", "torch.Tensor.mul", "torch.Tensor.__mul__",
                         "torch.Tensor.__rmul__", "torch.Tensor.mul_", "torch.Tensor.__imul__"),
     samples=_BINARY_SAMPLES + (S(2.0, T((3,))),), reference=lambda a, b: torch.mul(b, a)
     if not isinstance(a, torch.Tensor) else torch.mul(a, b), shape_rule="elementwise")
@@ -138,7 +138,7 @@ def _div_reference(a, b, rounding_mode=None):
     return torch.div(a, b, rounding_mode=rounding_mode)
 
 
-@op("div", torch_names=("torch.div", "torch.divide", "torch.true_divide", "torch.Tensor.div", "torch.Tensor.divide",
+@op("div", native_inplace=torch.Tensor.div_, torch_names=("torch.div", "torch.divide", "torch.true_divide", "torch.Tensor.div", "torch.Tensor.divide",
                         "torch.Tensor.true_divide", "torch.Tensor.__truediv__", "torch.Tensor.__rtruediv__",
                         "torch.Tensor.__div__", "torch.Tensor.__rdiv__", "torch.Tensor.div_", "torch.Tensor.__itruediv__"),
     samples=(S(T((2, 3)), T((2, 3), low=0.5, high=2.0)), S(T((2, 3)), T((3,), low=0.5, high=2.0)),
@@ -325,7 +325,7 @@ class Lerp(Function):
         return gs, ge, gw
 
 
-@op("lerp", torch_names=("torch.lerp", "torch.Tensor.lerp", "torch.Tensor.lerp_"),
+@op("lerp", native_inplace=torch.Tensor.lerp_, torch_names=("torch.lerp", "torch.Tensor.lerp", "torch.Tensor.lerp_"),
     samples=(S(T((2, 3)), T((2, 3)), 0.3), S(T((2, 3)), T((3,)), T((2, 3), low=0.0, high=1.0)),
              S(T((2, 1)), T((1, 3)), T(())), S(T((3, 2), noncontiguous=True), T((3, 2)), 0.7),
              S(T((0, 3)), T((3,)), 0.5)),
@@ -364,7 +364,7 @@ def _bounds(lo, hi, **kw):
     return T((3,), low=lo, high=hi, **kw)
 
 
-@op("clamp", torch_names=("torch.clamp", "torch.clamp_", "torch.clip", "torch.clip_", "torch.Tensor.clamp",
+@op("clamp", native_inplace=torch.Tensor.clamp_, torch_names=("torch.clamp", "torch.clamp_", "torch.clip", "torch.clip_", "torch.Tensor.clamp",
                           "torch.Tensor.clamp_", "torch.Tensor.clip", "torch.Tensor.clip_"),
     samples=(S(T((2, 3)), -0.5, 0.5), S(T((2, 3)), min=-0.5), S(T((2, 3)), max=0.3),
              S(T((2, 3)), _bounds(-1.0, 0.0), _bounds(0.1, 1.0)), S(T((2, 3)), T((2, 3), low=-1.0, high=0.0)),

@@ -28,7 +28,7 @@ class Fill(Function):
         return (g * 0 if needs(ctx, 0) else None), gv
 
 
-@op("fill_", torch_names=("torch.Tensor.fill_",), inplace=True,
+@op("fill_", native_inplace=torch.Tensor.fill_, torch_names=("torch.Tensor.fill_",), inplace=True,
     samples=(S(T((2, 3)), 1.5), S(T((2, 3)), T(())), S(T((0,)), 2.0)),
     reference=lambda target, value: target.clone().fill_(value), shape_rule="none")
 def fill_(input, value):
@@ -36,7 +36,7 @@ def fill_(input, value):
     return Fill.apply(input, value)
 
 
-@op("zero_", torch_names=("torch.Tensor.zero_",), inplace=True, samples=(S(T((2, 3))), S(T(()))),
+@op("zero_", native_inplace=torch.Tensor.zero_, torch_names=("torch.Tensor.zero_",), inplace=True, samples=(S(T((2, 3))), S(T(()))),
     reference=lambda target: target.clone().zero_(), shape_rule="none")
 def zero_(input):
     """every element set to zero"""
@@ -56,7 +56,7 @@ class Copy(Function):
         return (g * 0 if needs(ctx, 0) else None), gs
 
 
-@op("copy_", torch_names=("torch.Tensor.copy_",), inplace=True,
+@op("copy_", native_inplace=torch.Tensor.copy_, torch_names=("torch.Tensor.copy_",), inplace=True,
     samples=(S(T((2, 3)), T((2, 3))), S(T((2, 3)), T((3,))), S(T((2, 3)), T((2, 3), noncontiguous=True))),
     reference=lambda target, src: target.clone().copy_(src), shape_rule="none")
 def copy_(input, src, non_blocking=False):

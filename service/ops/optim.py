@@ -32,7 +32,7 @@ class AddCMul(Function):
         return gx, g1, g2, None
 
 
-@op("addcmul", torch_names=("torch.addcmul", "torch.Tensor.addcmul", "torch.Tensor.addcmul_"), samples=_SAMPLES,
+@op("addcmul", native_inplace=torch.Tensor.addcmul_, torch_names=("torch.addcmul", "torch.Tensor.addcmul", "torch.Tensor.addcmul_"), samples=_SAMPLES,
     reference=torch.addcmul)
 def addcmul(input, tensor1, tensor2, *, value=1):
     """input + value * tensor1 * tensor2"""
@@ -55,7 +55,7 @@ class AddCDiv(Function):
         return gx, g1, g2, None
 
 
-@op("addcdiv", torch_names=("torch.addcdiv", "torch.Tensor.addcdiv", "torch.Tensor.addcdiv_"), samples=_SAMPLES,
+@op("addcdiv", native_inplace=torch.Tensor.addcdiv_, torch_names=("torch.addcdiv", "torch.Tensor.addcdiv", "torch.Tensor.addcdiv_"), samples=_SAMPLES,
     reference=torch.addcdiv)
 def addcdiv(input, tensor1, tensor2, *, value=1):
     """input + value * tensor1 / tensor2"""
