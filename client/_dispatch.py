@@ -246,19 +246,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
         return [((), args[0].dtype)], None
     if func is None or rule == "none":
         return None, None
-    meta_args = tuple(_to_meta(a) for a in args)
-    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-    try:
-        with torch.no_grad():
-            out = func(*meta_args, **meta_kwargs)
-    except Exception:
-        return None, None
-    if isinstance(out, torch.Tensor):
-        return [(tuple(out.shape), out.dtype)], None
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        container = type(out) if type(out) not in (list,) else list
-        return [(tuple(o.shape), o.dtype) for o in out], container
-    return None, None
+    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()})
 
 
 def _to_meta(v: Any) -> Any:

@@ -87,14 +87,17 @@ def linear(x: Any, w: Any, b: Any) -> list[Meta] | None:
     return [(tuple(x.shape[:-1]) + (w.shape[0],), x.dtype)]
 
 
-def on_meta(func: Callable, args: tuple, kwargs: dict) -> list[Meta] | None:
-    """Run ``func`` on meta tensors (args already converted); None if meta can't tell."""
+def on_meta(func: Callable, args: tuple, kwargs: dict) -> tuple[list[Meta] | None, type | None]:
+    """Run ``func`` on meta tensors (args already converted): the outputs' metadata and, for
+    several outputs, the sequence type to rebuild (a tuple, or torch's named ``return_types``).
+    ``(None, None)`` when meta cannot tell (value-dependent shapes, an error torch will report)."""
     try:
         with torch.no_grad():
             out = func(*args, **kwargs)
     except Exception:
-        return None
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    if not all(isinstance(o, torch.Tensor) for o in outs):
-        return None
-    return [(tuple(o.shape), o.dtype) for o in outs]
+        return None, None
+    if isinstance(out, torch.Tensor):
+        return [(tuple(out.shape), out.dtype)], None
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return [(tuple(o.shape), o.dtype) for o in out], type(out)
+    return None, None
