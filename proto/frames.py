@@ -98,19 +98,21 @@ def _resolve(value: Any, slices: list[memoryview]) -> Any:
 def extract_frames(message: Any, min_bytes: int) -> tuple[Any, list[memoryview]]:
     """``message`` with every bytes-like ``data`` of at least ``min_bytes`` moved out into frames."""
     frames: list[memoryview] = []
+    return _extract(message, min_bytes, frames), frames
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, dict):
-            data = value.get("data")
-            if "dtype" in value and isinstance(data, (bytes, bytearray, memoryview)) and len(data) >= min_bytes:
-                frames.append(memoryview(data).cast("B"))
-                return {**value, "data": {"frame": len(frames) - 1}}
-            return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        return value
 
-    return walk(message), frames
+def _extract(value: Any, min_bytes: int, frames: list[memoryview]) -> Any:
+    # A module-level function, not a recursive closure: a closure referring to itself is a
+    # reference cycle, and it would keep the frames (whole tensors) alive until a GC pass.
+    if isinstance(value, dict):
+        data = value.get("data")
+        if "dtype" in value and isinstance(data, (bytes, bytearray, memoryview)) and len(data) >= min_bytes:
+            frames.append(memoryview(data).cast("B"))
+            return {**value, "data": {"frame": len(frames) - 1}}
+        return {k: _extract(v, min_bytes, frames) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_extract(v, min_bytes, frames) for v in value]
+    return value
 
 
 def iter_parts(parts: list[bytes | memoryview], chunk: int = 1 << 20) -> Iterator[bytes | memoryview]:

@@ -46,3 +46,20 @@ def test_a_frame_past_the_end_is_400():
     body = _body(parts)[:-70]
     with pytest.raises(ProtocolError, match="does not fit"):
         unpack_frames(body)
+
+
+def test_framing_keeps_no_reference_cycles():
+    """Frames are whole tensors: a cycle would keep them alive until a GC pass (a server leak)."""
+    import gc
+    import weakref
+
+    t = torch.randn(1 << 16)
+    gone = weakref.ref(t)
+    gc.disable()
+    try:
+        header, frames = extract_frames({"steps": [{"value": encode_tensor(t, as_view=True)}]}, min_bytes=1)
+        parts, _ = pack_frames(header, frames)
+        del t, header, frames, parts
+        assert gone() is None, "something still holds the framed tensor (a reference cycle?)"
+    finally:
+        gc.enable()
