@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from proto import decode_tensor, dtype_from_name, encode_tensor
+from proto import decode_tensor, dtype_from_name
 from proto.frames import FRAME_MIN_BYTES
 
 from . import _progress
@@ -142,7 +142,7 @@ class Session:
             self._queue.append(step)  # even an eager session sends these together: reads only
             self._origins.append(_Origin("fetch", None))
         results = self.flush()[start:start + len(tensors)]
-        return [decode(r["tensor"]["grad" if t._grad_owner is not None else "value"])
+        return [decode_tensor(r["tensor"]["grad" if t._grad_owner is not None else "value"], copy=False)
                 for t, r in zip(tensors, results)]
 
     def manual_seed(self, seed: int) -> None:
@@ -261,14 +261,6 @@ class Session:
         index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
         message = self.take_result(index)["tensor"]
         return message
-
-
-def decode(message: dict | None) -> torch.Tensor | None:
-    return None if message is None else decode_tensor(message)
-
-
-def encode(t: torch.Tensor) -> dict:
-    return encode_tensor(t)
 
 
 def _route_table(transport: Transport) -> RouteTable:
