@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # nodes of a backward by per-thread sequence numbers, so a session whose programs ran
     # on different threads could sum gradients in another order (eager != pipelined bitwise).
     executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"remote-autograd-{i}")
-                 for i in range(settings.workers)]
+                 for i in range(settings.resolved_workers())]
     next_worker = itertools.count()
     slots = ProgramSlots(settings.max_concurrent_programs)
     metrics = Metrics(store, in_flight=lambda: slots.busy)
