@@ -53,9 +53,18 @@ SERVER_PIDS: dict[str, int] = {}  # url -> pid, for figures read from /proc (pea
 
 def peak_rss_bytes(pid: int | None = None) -> int:
     """VmHWM (peak resident set) of a process, in bytes; this process by default."""
+    return _status_bytes(pid, "VmHWM")
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """VmRSS (resident set now) of a process, in bytes; this process by default."""
+    return _status_bytes(pid, "VmRSS")
+
+
+def _status_bytes(pid: int | None, key: str) -> int:
     with open(f"/proc/{pid or 'self'}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 

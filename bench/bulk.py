@@ -10,7 +10,7 @@ import torch
 
 import client
 
-from ._util import SERVER_PIDS, peak_rss_bytes
+from ._util import SERVER_PIDS, peak_rss_bytes, rss_bytes
 
 SIZE = 256 << 20
 
@@ -42,14 +42,6 @@ def _raw_socket_mb_s(nbytes: int) -> float:
     return nbytes / elapsed / 1e6
 
 
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def run(url: str, repeat: int = 5) -> None:
     print(f"\n[bulk] {SIZE >> 20} MiB float32, {repeat} runs each way (one connection, loopback)")
     t = torch.randn(SIZE // 4)
@@ -59,7 +51,7 @@ def run(url: str, repeat: int = 5) -> None:
     server_pid = SERVER_PIDS.get(url)
     with client.connect(url) as sess:
         sess.tensor(0.0).item()  # the server has loaded everything it needs: its baseline
-        server_before = _rss_bytes(server_pid) if server_pid else 0
+        server_before = rss_bytes(server_pid) if server_pid else 0
         ups, downs = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()

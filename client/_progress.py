@@ -14,7 +14,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
 import httpx
-import torch
+
+from proto.frames import uninitialised_buffer
 
 from ._errors import RemoteError
 
@@ -82,9 +83,7 @@ def read_body(response: httpx.Response) -> memoryview | bytes:
     show = total > THRESHOLD and bars_enabled()
     if total < _CHUNK and not show:
         return response.read()
-    # not zero-filled first: every byte is overwritten (or the answer is refused below)
-    buf = memoryview(torch.empty(total, dtype=torch.uint8).numpy()).cast("B")
-    view = buf
+    buf = view = uninitialised_buffer(total)  # every byte is overwritten, or the answer refused below
     pos = 0
     bar = _bar(total, "download") if show else None
     try:

@@ -31,6 +31,14 @@ def _pad(n: int) -> int:
     return (-n) % ALIGN
 
 
+def uninitialised_buffer(nbytes: int) -> memoryview:
+    """A writable buffer of ``nbytes`` that is not zero-filled first (``bytearray(n)`` would touch
+    every page twice: once to zero, once to fill). Callers overwrite all of it or discard it."""
+    import torch
+
+    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+
+
 def pack_frames(message: Any, frames: list[memoryview]) -> tuple[list[bytes | memoryview], int]:
     """The parts of a framed body and its total length; ``message`` refers to frames as ``{"frame": i}``."""
     header = msgpack.packb({**message, "frames": [f.nbytes for f in frames]}, use_bin_type=True)

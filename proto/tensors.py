@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .dtypes import DTYPES, ITEMSIZES, dtype_from_name, dtype_name
+from .dtypes import ITEMSIZES, dtype_from_name, dtype_name
 from .errors import ErrorCode, ProtocolError, bad_request
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian hosts in sight
@@ -174,7 +174,3 @@ def _value_check(dtype: torch.dtype):
         return lambda v: isinstance(v, bool) or (type(v) in (int, float) and abs(v) <= top and math.isfinite(v))
     info = torch.iinfo(dtype)
     return lambda v: (type(v) is int and info.min <= v <= info.max) or isinstance(v, bool)
-
-
-def known_dtypes() -> list[str]:
-    return list(DTYPES)

@@ -68,10 +68,7 @@ class CustomTensor:
 
     @property
     def nbytes(self) -> int:
-        n = self._custom_data.numel() * self._custom_data.element_size()
-        if self._custom_grad is not None:
-            n += self._custom_grad.numel() * self._custom_grad.element_size()
-        return n
+        return self._custom_data.nbytes + (0 if self._custom_grad is None else self._custom_grad.nbytes)
 
     def __repr__(self) -> str:
         return f"CustomTensor(shape={list(self.shape)}, dtype={self.dtype}, requires_grad={self.requires_grad})"

@@ -10,22 +10,15 @@ import asyncio
 import math
 from typing import Any
 
-import torch
-
 from fastapi import Request
 
 from proto import ErrorCode, ProtocolError
+from proto.frames import uninitialised_buffer
 
 from .settings import Settings
 
 
 _BIG_BODY = 1 << 20
-
-
-def _uninitialised(nbytes: int) -> memoryview:
-    """A writable buffer of ``nbytes`` not zero-filled first (``bytearray(n)`` would touch every page
-    twice: once to zero, once to fill); it is overwritten completely or refused."""
-    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes | memoryview:
@@ -44,7 +37,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | mem
     if expected is None:
         buf, view = bytearray(), None
     else:  # a small body: a plain bytearray is cheaper than a torch-backed buffer
-        buf = _uninitialised(expected) if expected >= _BIG_BODY else bytearray(expected)
+        buf = uninitialised_buffer(expected) if expected >= _BIG_BODY else bytearray(expected)
         view = memoryview(buf)
     size = 0
     loop = asyncio.get_running_loop()

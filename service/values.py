@@ -77,11 +77,11 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
 
 def data_bytes(ct: CustomTensor) -> int:
     """The bytes of ``ct``'s value, which are also the bytes its grad takes once it has one."""
-    return ct._custom_data.numel() * ct._custom_data.element_size()
+    return ct._custom_data.nbytes
 
 
 def grad_bytes(grad: torch.Tensor | None) -> int:
-    return 0 if grad is None else grad.numel() * grad.element_size()
+    return 0 if grad is None else grad.nbytes
 
 
 def check_new_ids(session: Session, ids: list[str]) -> None:
