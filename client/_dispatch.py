@@ -175,9 +175,7 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         if not isinstance(target, RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
-        step["out"] = []
-        session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
-        target._after_inplace(rg, leaves)
+        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)
         return None if func is _SETITEM else target
 
     rule = route.op.shape_rule
@@ -188,19 +186,37 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
     metas, container = _infer_outputs(rule, func, args, kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+    return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
+                          new_leaves=kwargs.get("requires_grad") is True)
+
+
+def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
+                   nbytes: int) -> None:
+    """Queue an in-place step (no new ids) and update the target's local history."""
+    step["out"] = []
+    session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    target._after_inplace(rg, leaves)
+
+
+def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas: list, container, rg: bool,
+                   leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
+    """Give the outputs ids and local handles, queue the step, return what torch would return.
+
+    ``new_leaves``: the op makes leaves that require grad (``zeros_like(x, requires_grad=True)``).
+    """
+    from ._tensor import RemoteTensor
+
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
     outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
                               leaves=leaves if rg else frozenset(), is_leaf=not rg)
             for tid, (shape, dtype) in zip(ids, metas)]
-    if kwargs.get("requires_grad") is True:  # factories like zeros_like(x, requires_grad=True) make leaves
+    if new_leaves:
         for o in outs:
             o._rg, o._is_leaf, o._leaves = True, True, frozenset({o._id})
             session._grad_tracked[o._id] = o
-    session.enqueue(step, _Origin(step["op"], origin_where, [weakref.ref(o) for o in outs]), enc.nbytes)
-    if container is None:
-        return outs[0]
-    return container(outs)
+    session.enqueue(step, _Origin(step["op"], origin_where, [weakref.ref(o) for o in outs]), nbytes)
+    return outs[0] if container is None else container(outs)
 
 
 def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
@@ -304,39 +320,26 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
     if not grad_on:
         step["grad_enabled"] = False
-    if n_out == 0 or name.endswith("_") or (spec is not None and spec.inplace):  # nothing new: a session op, or an in-place op returning its target
+    rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
+    leaves = _union_leaves(enc.inputs) if rg else frozenset()
+    inplace = name.endswith("_") or (spec is not None and spec.inplace)
+    if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
+        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
+            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
+            return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
-        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
-            target = args[0]
-            rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
-            target._after_inplace(rg, _union_leaves(enc.inputs) if rg else frozenset())
-            return target
         return None
-    differentiable = spec.differentiable if spec else False
-    rg = grad_on and differentiable and any(t._rg for t in enc.inputs)
-    if name in _FACTORIES:
-        rg = bool(kwargs.get("requires_grad"))
-    leaves = _union_leaves(enc.inputs) if rg else frozenset()
-    rule = spec.shape_rule if spec else "none"
     factory = _FACTORIES.get(name)
     if factory is not None:
         metas, container = _infer_outputs("meta", factory, tuple(args), {**kwargs, "device": "meta"})
     else:
-        metas, container = _infer_outputs("elementwise" if rule == "elementwise" else "none", None, tuple(args), kwargs)
+        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" else "none"
+        metas, container = _infer_outputs(rule, None, tuple(args), kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
-    ids = [session.new_id() for _ in metas]
-    step["out"] = ids
-    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
-                              leaves=leaves, is_leaf=not rg or name in _FACTORIES)
-            for tid, (shape, dtype) in zip(ids, metas)]
-    if name in _FACTORIES and rg:
-        for o in outs:
-            o._leaves = frozenset({o._id})
-            session._grad_tracked[o._id] = o
-    session.enqueue(step, _Origin(name, origin_where, [weakref.ref(o) for o in outs]), enc.nbytes)
-    return outs[0] if container is None else container(outs)
+    return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
+                          new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
 
 
 def not_in_table(func: Callable) -> NotImplementedError:
