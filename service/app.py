@@ -9,11 +9,10 @@ task frees idle sessions.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -40,12 +39,14 @@ from .auth import Tokens
 from .guards import ProgramSlots, check_limits, read_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
-from .middleware import Gatekeeper, wants_msgpack
+from .middleware import Gatekeeper, header_text, wants_msgpack
 from .openapi import install as install_openapi
 from .openapi import route_doc
+from .raw_route import RawRoute
 from .ops import OP_TABLE, load_op_modules
 from .settings import Settings
 from .store import SessionStore
+from .workers import WorkerThreads
 
 log = logging.getLogger("service")
 
@@ -57,11 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.test_ops:
         from . import testing_ops  # noqa: F401  (registers test-only ops)
     store = SessionStore(settings)
-    # One thread per worker, and each session always on the same one: autograd orders the
-    # nodes of a backward by per-thread sequence numbers, so a session whose programs ran
-    # on different threads could sum gradients in another order (eager != pipelined bitwise).
-    executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"remote-autograd-{i}")
-                 for i in range(settings.resolved_workers())]
+    workers = WorkerThreads(settings.resolved_workers())  # each session always on the same one
     next_worker = itertools.count()
     slots = ProgramSlots(settings.max_concurrent_programs)
     metrics = Metrics(store, in_flight=lambda: slots.busy)
@@ -74,29 +71,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:  # uvicorn has let running requests finish by now: their programs are done
             sweeper.cancel()
-            for executor in executors:
-                executor.shutdown(wait=True)
+            workers.shutdown()
 
-    app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs", lifespan=lifespan)
+    # FastAPI's native OpenTelemetry looks up the global providers on every request; the
+    # service exports Prometheus metrics instead, so it is off (see service.metrics).
+    app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs", lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     install_openapi(app)  # the protocol's message schemas in /docs
     app.state.settings, app.state.store, app.state.metrics = settings, store, metrics
     app.add_middleware(Gatekeeper, tokens=Tokens(settings.tokens), metrics=metrics, routes=app.router.routes)
 
     def check_v1(request: Request) -> str | None:
         """The caller (its token, as the Gatekeeper found it) once the protocol header matches."""
-        version = request.headers.get(PROTOCOL_HEADER)
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(
-                ErrorCode.PROTOCOL_MISMATCH,
-                f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
-                f"server speaks {PROTOCOL_VERSION}; upgrade the older side",
-            )
-        return request.scope.get("state", {}).get("owner")
+        return _caller(request.scope, request.headers.get(PROTOCOL_HEADER))
 
     async def run(session, fn, *args) -> Any:
         """``fn(*args)`` on ``session``'s worker thread, with this request's context (its id reaches the logs)."""
-        executor = executors[session.worker]
-        return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, fn, *args)
+        return await workers.run(session.worker, fn, *args)
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(request: Request, exc: ProtocolError) -> Response:
@@ -138,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/sessions", status_code=201, **route_doc(201, "SessionCreated"))
     async def create_session(request: Request) -> Response:
         session = store.create(check_v1(request))
-        session.worker = next(next_worker) % len(executors)  # round robin: new sessions spread out
+        session.worker = next(next_worker) % len(workers)  # round robin: new sessions spread out
         body = {
             "session_id": session.id,
             "protocol": PROTOCOL_VERSION,
@@ -162,28 +153,48 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run(store.get(sid, owner), store.delete, sid, owner)
         return Response(status_code=204)
 
-    @app.post("/v1/sessions/{sid}/programs",
-              **route_doc(200, "ProgramResult", body="Program", extra={507: "ErrorResponse"}))
-    async def run_program(sid: str, request: Request) -> Response:
-        owner = check_v1(request)
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
-        session = store.get(sid, owner)
-        ctype = request.headers.get("content-type")
+    async def run_program(scope: dict, receive, send) -> None:
+        """POST /v1/sessions/{sid}/programs, in plain ASGI: the hot path of every op (see ``RawRoute``)."""
+        headers = dict(scope["headers"])
+        owner = _caller(scope, header_text(headers.get(_PROTOCOL_KEY)))
+        body = await read_body(receive, header_text(headers.get(b"content-length")), settings.max_body_bytes,
+                               settings.body_timeout_seconds)
+        session = store.get(scope["path_params"]["sid"], owner)
+        ctype, accept = header_text(headers.get(b"content-type")), header_text(headers.get(b"accept"))
         framed = is_frames(ctype)
         decoded = unpack_frames(body) if framed else decode_body(body, ctype)
         check_limits(decoded, settings)
         program = validate_program(decoded)
         key = header_of(body) if framed else body  # idempotency: a framed body is known by its header
+        as_msgpack = wants_msgpack(accept, ctype)
         with slots:
             async with session.gate:  # this session's programs queue here, not in the workers
                 start = perf_counter()
-                outcome = await run(session, store.run_program, session, program, key, not _wants_msgpack(request))
+                outcome = await run(session, store.run_program, session, program, key, not as_msgpack)
                 worker = perf_counter() - start
                 metrics.program_seconds.observe(worker)
-        response = _reply(request, outcome.body, outcome.status)
+        media_type, parts, total = _encode(outcome.body, as_msgpack, accept)
         # where the time went, for clients and benchmarks: steps inside the worker, and the worker hop
-        response.headers["server-timing"] = f"steps;dur={outcome.seconds * 1e3:.3f}, worker;dur={worker * 1e3:.3f}"
-        return response
+        timing = f"steps;dur={outcome.seconds * 1e3:.3f}, worker;dur={worker * 1e3:.3f}"
+        await send({"type": "http.response.start", "status": outcome.status, "headers": [
+            (b"content-type", media_type.encode()), (b"content-length", str(total).encode()),
+            (b"server-timing", timing.encode())]})
+        if len(parts) == 1 and total < _STREAM_BYTES:
+            await send({"type": "http.response.body", "body": parts[0]})
+            return
+        for piece in iter_parts(parts):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _program_doc(sid: str) -> None:
+        """Run a program: its steps in order against the session (SPEC.md §5)."""
+
+    app.router.add_api_route(
+        "/v1/sessions/{sid}/programs", _program_doc, methods=["POST"], name="run_program",
+        route_class_override=partial(RawRoute, asgi=run_program),
+        **route_doc(200, "ProgramResult", body="Program", extra={507: "ErrorResponse"}))
+    routes = app.router.routes  # the router tries routes in order: the busiest goes first
+    routes.insert(0, routes.pop())
 
     @app.get("/v1/sessions/{sid}/tensors/{tid}", **route_doc(200, "TensorMessage"))
     async def read_tensor(sid: str, tid: str, request: Request, value: bool = True, grad: bool = True) -> Response:
@@ -204,6 +215,21 @@ async def _sweep_forever(store: SessionStore, interval: float) -> None:
             log.exception("session sweep failed")
 
 
+_PROTOCOL_KEY = PROTOCOL_HEADER.lower().encode()
+_STREAM_BYTES = 1 << 20  # answers this big go out in pieces (see proto.frames.iter_parts)
+
+
+def _caller(scope: dict, version: str | None) -> str | None:
+    """The caller (its token, as the Gatekeeper found it) once the protocol header ``version`` matches."""
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.PROTOCOL_MISMATCH,
+            f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
+            f"server speaks {PROTOCOL_VERSION}; upgrade the older side",
+        )
+    return scope.get("state", {}).get("owner")
+
+
 def _fetched(body: dict) -> bool:
     """Whether an answer holds fetched tensors (only those can be worth framing)."""
     return any(r and "tensor" in r for r in body.get("results", ())) or "value" in body
@@ -218,16 +244,21 @@ def _wants_msgpack(request: Request) -> bool:
     return wants_msgpack(request.headers.get("accept"), request.headers.get("content-type"))
 
 
-def _reply(request: Request, body: dict, status: int = 200) -> Response:
-    as_msgpack = _wants_msgpack(request)
-    if as_msgpack and _fetched(body) and FRAMES in (request.headers.get("accept") or ""):
+def _encode(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
+    """(media type, body parts, total length) of an answer: framed when it carries big tensors and
+    the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
+    if as_msgpack and _fetched(body) and FRAMES in (accept or ""):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
-        if frames:  # big tensors stream out of their own memory, never packed into one buffer
+        if frames:
             parts, total = pack_frames(header, frames)
-            return StreamingResponse(_aiter(parts), status_code=status, media_type=FRAMES,
-                                     headers={"content-length": str(total)})
-    return Response(
-        encode_body(body, as_msgpack),
-        status_code=status,
-        media_type=MSGPACK if as_msgpack else "application/json",
-    )
+            return FRAMES, parts, total
+    data = encode_body(body, as_msgpack)
+    return (MSGPACK if as_msgpack else "application/json"), [data], len(data)
+
+
+def _reply(request: Request, body: dict, status: int = 200) -> Response:
+    media_type, parts, total = _encode(body, _wants_msgpack(request), request.headers.get("accept"))
+    if media_type == FRAMES:
+        return StreamingResponse(_aiter(parts), status_code=status, media_type=FRAMES,
+                                 headers={"content-length": str(total)})
+    return Response(parts[0], status_code=status, media_type=media_type)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
-
-from fastapi import Request
+from typing import Any, Callable
 
 from proto import ErrorCode, ProtocolError
 from proto.frames import uninitialised_buffer
@@ -21,33 +19,33 @@ from .settings import Settings
 _BIG_BODY = 1 << 20
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytes | memoryview:
-    """The request body; 413 as soon as it passes ``limit`` bytes, 400 if it stalls for ``timeout`` s.
+async def read_body(receive: Callable, declared: str | None, limit: int, timeout: float) -> bytes | bytearray | memoryview:
+    """The request body from ASGI ``receive``; 413 as soon as it passes ``limit`` bytes (or its
+    Content-Length ``declared`` does), 400 if it stalls for ``timeout`` s.
 
     The timeout is on silence, not on the whole body: a big upload over a slow link
     may take as long as it needs while bytes keep coming, and a client that stops
     mid-body holds only its own connection, and only for ``timeout`` seconds.
     """
-    declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
     expected = int(declared) if declared is not None and declared.isdigit() else None
-    # With a declared length the body lands in one buffer as it arrives: no joining copy,
-    # and a framed body's tensors can then be views of it (``decode_tensor(copy=False)``).
-    if expected is None:
-        buf, view = bytearray(), None
-    else:  # a small body: a plain bytearray is cheaper than a torch-backed buffer
-        buf = uninitialised_buffer(expected) if expected >= _BIG_BODY else bytearray(expected)
-        view = memoryview(buf)
-    size = 0
+    size, buf, view = 0, None, None
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout) as deadline:
-            async for chunk in request.stream():
-                deadline.reschedule(loop.time() + timeout)
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"client disconnected after {size} bytes of the body")
+                chunk, more = message.get("body", b""), message.get("more_body", False)
                 end = size + len(chunk)
                 if end > limit:
                     raise ProtocolError(ErrorCode.TOO_LARGE, f"body over the limit max_body_bytes={limit}")
+                if buf is None:
+                    if not more and (expected is None or end == expected):
+                        return chunk  # the whole body in one message (every small one): no copy
+                    buf, view = _body_buffer(expected)
                 if view is None:
                     buf += chunk
                 elif end > expected:
@@ -55,6 +53,9 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | mem
                 else:
                     view[size:end] = chunk
                 size = end
+                if not more:
+                    break
+                deadline.reschedule(loop.time() + timeout)
     except TimeoutError:
         raise ProtocolError(
             ErrorCode.BAD_REQUEST,
@@ -63,6 +64,16 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | mem
     if expected is not None and size != expected:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {size} bytes, but Content-Length said {expected}")
     return buf
+
+
+def _body_buffer(expected: int | None) -> tuple[bytearray | memoryview, memoryview | None]:
+    """Where a body of several messages lands: with a declared length, one buffer filled in place
+    (no joining copy, and a framed body's tensors can then be views of it); else a growing bytearray."""
+    if expected is None:
+        return bytearray(), None
+    # a small body: a plain bytearray is cheaper than a torch-backed buffer
+    buf = uninitialised_buffer(expected) if expected >= _BIG_BODY else bytearray(expected)
+    return buf, memoryview(buf)
 
 
 class ProgramSlots:

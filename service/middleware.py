@@ -74,7 +74,7 @@ class Gatekeeper:
             self._observe(scope, status, perf_counter() - start, rid)
 
     async def _refuse(self, err: ProtocolError, headers: dict, send: Callable) -> None:
-        as_msgpack = wants_msgpack(_text(headers.get(b"accept")), _text(headers.get(b"content-type")))
+        as_msgpack = wants_msgpack(header_text(headers.get(b"accept")), header_text(headers.get(b"content-type")))
         body, media_type = error_response(err, as_msgpack)
         await send({"type": "http.response.start", "status": err.status,
                     "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode()),
@@ -103,5 +103,6 @@ def _fields(scope: dict, route: str, status: int, seconds: float, rid: str) -> d
             "session": scope.get("path_params", {}).get("sid")}
 
 
-def _text(raw: bytes | None) -> str | None:
+def header_text(raw: bytes | None) -> str | None:
+    """A raw ASGI header value as text (None stays None)."""
     return raw.decode("latin-1") if raw is not None else None

@@ -1,0 +1,79 @@
+"""``WorkerThreads``: the threads that run torch work, each fed by its own queue.
+
+A session's programs always run on the same thread: autograd orders the nodes of a
+backward by per-thread sequence numbers, so a session whose programs ran on
+different threads could sum gradients in another order (eager != pipelined bitwise).
+A queue and a future per hop: ``run_in_executor`` over one-thread ``ThreadPoolExecutor``s, with two
+layers of futures and callbacks, cost more per hop here, and an eager op pays one hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import queue
+import threading
+from typing import Any, Callable
+
+_STOP = None
+
+
+class WorkerThreads:
+    """``await workers.run(i, fn, *args)`` calls ``fn(*args)`` on thread ``i``, with the caller's context."""
+
+    def __init__(self, count: int, name: str = "remote-autograd") -> None:
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
+        self._threads = [threading.Thread(target=_serve, args=(q,), name=f"{name}-{i}", daemon=True)
+                         for i, q in enumerate(self._queues)]
+        for thread in self._threads:
+            thread.start()
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    async def run(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """The result of ``fn(*args)`` run on thread ``index`` (its exception is raised here)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queues[index].put((loop, future, contextvars.copy_context(), fn, args))
+        return await future
+
+    def shutdown(self) -> None:
+        """Let each thread finish what it was given, then stop it."""
+        for q in self._queues:
+            q.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not _STOP:
+        _run_job(*job)
+        job = None  # the wait for the next job must not keep this one's objects alive
+
+
+def _run_job(loop: asyncio.AbstractEventLoop, future: asyncio.Future, context: contextvars.Context,
+             fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        result = context.run(fn, *args)
+    except BaseException as exc:  # handed to the awaiting coroutine, which raises it
+        _settle(loop, future, _set_exception, exc)
+    else:
+        _settle(loop, future, _set_result, result)
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, setter: Callable, value: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # the loop closed while the job ran: nobody waits for it any more
+        pass
+
+
+def _set_result(future: asyncio.Future, result: Any) -> None:
+    if not future.cancelled():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.cancelled():
+        future.set_exception(exc)
