@@ -1,7 +1,8 @@
 """HTTP for the SDK: one long-lived httpx transport and prebuilt requests.
 
-Going through ``httpx.HTTPTransport.handle_request`` directly skips the
-``httpx.Client`` layer, which costs ~150 µs per request here (perf-notes.md).
+Going through the transport's ``handle_request`` directly skips the ``httpx.Client``
+layer, which costs ~150 µs per request here (perf-notes.md); the transport is
+httpx's own over a tuned socket layer (``_http``).
 Bodies are msgpack both ways; a body carrying big tensors goes framed
 (``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
 land in one preallocated buffer that the decoded tensors then view in place.
@@ -19,6 +20,7 @@ from proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encod
 from proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
 from . import _progress
+from ._http import TunedTransport
 from ._errors import RemoteError, SessionLost
 
 
@@ -27,7 +29,7 @@ class Transport:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3) -> None:
         self.base_url = base_url.rstrip("/")
-        self._transport = httpx.HTTPTransport(retries=0)
+        self._transport = TunedTransport()
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
         self._headers = [
             (b"content-type", MSGPACK.encode()),
