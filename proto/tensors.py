@@ -43,7 +43,7 @@ def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = Fal
     """
     name = dtype_name(t.dtype)
     t = t.detach()
-    if t.device.type != "cpu":
+    if not t.is_cpu:  # not ``t.device.type``: building a device object costs more than the whole small copy
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()  # a conj/neg view's storage holds the unflipped values
     shape = list(t.shape)
@@ -65,7 +65,14 @@ def _list_is_exact(t: torch.Tensor, name: str) -> bool:
     return True
 
 
+# dtypes numpy has: their bytes come straight from ``numpy()``, without the uint8 view below
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128, torch.int8,
+                           torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
+
+
 def _raw_bytes(t: torch.Tensor) -> bytes:
+    if t.dtype in _NUMPY_DTYPES:
+        return t.numpy().tobytes()
     return _raw_view(t).tobytes()
 
 

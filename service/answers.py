@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from proto import ErrorCode, ProtocolError, decode_tensor, encode_tensor
+from proto.frames import FRAME_MIN_BYTES
 
 from .custom_tensor import CustomTensor
 from .store import Outcome
@@ -25,16 +26,21 @@ def reencode(outcome: Outcome, as_json: bool) -> Outcome:
 
 
 def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
-    """A fetched tensor. Binary data is a view of the tensor's bytes (no copy); it is encoded
-    (msgpack) or streamed (frames) right after the program, before this session runs another."""
-    view = not as_json
+    """A fetched tensor. Binary data big enough to travel as a frame is a view of the tensor's
+    bytes (no copy); it is encoded (msgpack) or streamed (frames) right after the program, before
+    this session runs another. Smaller data is copied to bytes at once: msgpack copies it into the
+    body anyway, and the retry cache (``keepable``) then has no view to copy out."""
+    grad_tensor = ct._custom_grad if grad else None
     return {
         "id": tid,
-        "value": encode_tensor(ct._custom_data, as_json=as_json, as_view=view) if value else None,
-        "grad": (encode_tensor(ct._custom_grad, as_json=as_json, as_view=view)
-                 if grad and ct._custom_grad is not None else None),
+        "value": _encoded(ct._custom_data, as_json) if value else None,
+        "grad": _encoded(grad_tensor, as_json) if grad_tensor is not None else None,
         "requires_grad": ct.requires_grad,
     }
+
+
+def _encoded(t, as_json: bool) -> dict:
+    return encode_tensor(t, as_json=as_json, as_view=not as_json and t.nbytes >= FRAME_MIN_BYTES)
 
 
 _KEEP_FETCHED_BYTES = 1 << 20
@@ -42,17 +48,21 @@ _KEEP_FETCHED_BYTES = 1 << 20
 
 def keepable(outcome: Outcome, program_id: str) -> Outcome:
     """What the retry cache may hold: fetched values are copied out of the live tensors,
-    and an answer with more than 1 MiB of them is replaced by a 409 (fetch again)."""
+    and an answer with more than 1 MiB of them is replaced by a 409 (fetch again).
+
+    Binary data is a view (copied here) or, for small tensors, bytes already; both count.
+    """
     results = outcome.body.get("results", [])
-    fetched = [r["tensor"] for r in results if r and r.get("tensor")]
-    views = [m[k] for m in fetched for k in ("value", "grad")
-             if m.get(k) is not None and isinstance(m[k].get("data"), memoryview)]
-    if not views:
+    data = [m[k]["data"] for r in results if r and r.get("tensor") for m in (r["tensor"],)
+            for k in ("value", "grad") if m.get(k) is not None and isinstance(m[k].get("data"), (bytes, memoryview))]
+    if not data:
         return outcome
-    if sum(v["data"].nbytes for v in views) > _KEEP_FETCHED_BYTES:
+    if sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
         err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
                             "fetched data to keep for a retry: fetch the tensors again")
         return Outcome(err.status, {"id": program_id, "error": err.to_wire(), "results": []}, outcome.seconds)
+    if not any(isinstance(d, memoryview) for d in data):
+        return outcome
     body = dict(outcome.body)
     body["results"] = [_copy_views(r) if r and r.get("tensor") else r for r in results]
     return Outcome(outcome.status, body, outcome.seconds)
