@@ -7,6 +7,7 @@ no trace while earlier steps stay done, as in eager torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from time import perf_counter
 from typing import Any, Callable
@@ -128,20 +129,18 @@ def _lookup(name: str):
 def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -> dict:
     entry, inplace = _lookup(step.op)
     args = [resolve_value(a, session) for a in step.args]
-    kwargs = {k: resolve_value(v, session) for k, v in step.kwargs.items()}
-    if not inplace:
-        check_new_ids(session, step.out)
-    with torch.set_grad_enabled(step.grad_enabled):
-        if inplace:
-            rebound = _run_inplace(entry, step.op, args, kwargs)
-            first = step.args[0] if step.args else None
-            if rebound is not None and isinstance(first, dict) and "ref" in first:
-                session.tensor(first["ref"])._custom_data = rebound
-            return {"tensors": []}
-        result = entry.fn(*args, **kwargs)
+    kwargs = {k: resolve_value(v, session) for k, v in step.kwargs.items()} if step.kwargs else {}
+    if inplace:
+        rebound = _run_inplace(entry, step, args, kwargs)
+        first = step.args[0] if step.args else None
+        if rebound is not None and isinstance(first, dict) and "ref" in first:
+            session.tensor(first["ref"])._custom_data = rebound
+        return {"tensors": []}
+    check_new_ids(session, step.out)
+    result = _apply(entry, step.grad_enabled, args, kwargs)
     is_tuple = isinstance(result, (tuple, list))
     outputs = tuple(result) if is_tuple else (result,)
-    outputs = _no_aliases(outputs, args, kwargs)
+    outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args)
     ids = step.out
     if step.out_many:
         if len(step.out) != 1:
@@ -155,39 +154,78 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
 
-def _no_aliases(outputs: tuple, args: list, kwargs: dict) -> tuple:
+def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
+    """``entry.fn(*args, **kwargs)`` in the step's grad mode, or the same call to its ``native`` kernel
+    when the first argument is a tensor and no graph is recorded: the Function's forward computes
+    exactly that, and skipping the Function saves most of what an optimizer's small out-of-place
+    steps (``sqrt``, ``div``) cost."""
+    if entry.native is not None and args and isinstance(args[0], torch.Tensor):
+        needs_grad = _requires_grad(args, kwargs)
+        if not (grad_enabled and needs_grad):
+            with _grad_mode(grad_enabled) if needs_grad else _SAME_MODE:  # as in _run_inplace
+                return entry.native(*args, **kwargs)
+    with _grad_mode(grad_enabled):
+        return entry.fn(*args, **kwargs)
+
+
+def _requires_grad(args: list, kwargs: dict) -> bool:
+    """Whether a tensor argument requires grad: only then can an op record a graph."""
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
+_SAME_MODE = contextlib.nullcontext()
+
+
+def _grad_mode(enabled: bool):
+    """``torch.set_grad_enabled(enabled)`` as a context, or a no-op one when the mode already is ``enabled``
+    (most steps: switching and restoring costs more than many small ops)."""
+    return _SAME_MODE if torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
+
+
+def _no_aliases(outputs: tuple, inputs) -> tuple:
     """Outputs that are an input object itself (``contiguous()``, ``dropout(training=False)``) become views.
 
     Two ids must never share one tensor object: leaves are found by object identity
     in backward, and the client already treats the result as a new non-leaf.
     """
-    inputs = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
-    if not any(id(o) in inputs for o in outputs):
+    if len(outputs) == 1 and not any(outputs[0] is a for a in inputs):  # the usual case, without a set
         return outputs
-    return tuple(o.view_as(o) if id(o) in inputs else o for o in outputs)
+    tensors = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
+    if not any(id(o) in tensors for o in outputs):
+        return outputs
+    return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
 
 
-def _run_inplace(entry, name: str, args: list, kwargs: dict) -> torch.Tensor | None:
-    """``x.op_(...)``: compute out of place, check it fits ``x``, then write it in with ``copy_``.
+def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tensor | None:
+    """``x.op_(...)``: torch's own in-place kernel when no graph is recorded (optimizer updates: the
+    same result, without an out-of-place value and a copy); else ``_inplace_by_copy``."""
+    if not args or not isinstance(args[0], torch.Tensor):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
+    target = args[0]
+    needs_grad = _requires_grad(args, kwargs)
+    recording = step.grad_enabled and needs_grad
+    if recording and target.is_leaf and target.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            "a leaf Variable that requires grad is being used in an in-place operation.")
+    kwargs.pop("inplace", None)
+    if not recording and entry.native_inplace is not None:
+        # autograd looks at the grad mode only when a tensor requires grad: only then switch it
+        with _grad_mode(step.grad_enabled) if needs_grad else _SAME_MODE:
+            entry.native_inplace(target, *args[1:], **kwargs)
+        return None
+    with _grad_mode(step.grad_enabled):
+        return _inplace_by_copy(entry, args, kwargs, recording)
+
+
+def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> torch.Tensor | None:
+    """Compute out of place, check it fits ``x``, then write it in with ``copy_``.
 
     Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
     the old ``x`` fails with torch's own error, as it would after a native in-place op.
     When a graph is recorded we compute from a clone, so our own Function never holds
     the tensor we are about to overwrite.
     """
-    if not args or not isinstance(args[0], torch.Tensor):
-        raise ProtocolError(ErrorCode.OP_ERROR, f"{name}: the first argument must be a tensor")
     target = args[0]
-    recording = torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())
-    )
-    if recording and target.is_leaf and target.requires_grad:
-        raise ProtocolError(ErrorCode.OP_ERROR,
-                            "a leaf Variable that requires grad is being used in an in-place operation.")
-    kwargs.pop("inplace", None)
-    if not recording and entry.native_inplace is not None:  # no graph: torch's own kernel, same result
-        entry.native_inplace(target, *args[1:], **kwargs)
-        return None
     value = entry.fn(target.clone() if recording else target, *args[1:], **kwargs)
     if isinstance(value, (tuple, list)):
         value = value[0]

@@ -20,30 +20,35 @@ _MAX_VALUE_DEPTH = 8
 
 def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
     """A wire value as an op argument: refs become tensors, tagged objects their Python values."""
+    if isinstance(value, dict) and len(value) == 1 and depth <= _MAX_VALUE_DEPTH:
+        (tag, payload), = value.items()
+        if tag == "ref":  # by far the most common argument: first
+            return session.tensor(payload)._custom_data
+        return _resolve_tagged(tag, payload, value, session)
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
     if depth > _MAX_VALUE_DEPTH:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"argument nested deeper than {_MAX_VALUE_DEPTH} levels")
     if isinstance(value, list):
         return [resolve_value(v, session, depth + 1) for v in value]
-    if isinstance(value, dict) and len(value) == 1:
-        (tag, payload), = value.items()
-        if tag == "ref":
-            return session.tensor(payload)._custom_data
-        if tag == "grad_of":
-            grad = session.tensor(payload)._custom_grad
-            if grad is None:
-                raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
-            return grad
-        if tag == "dtype":
-            return dtype_from_name(payload, "argument dtype")
-        if tag == "slice":
-            if not (isinstance(payload, list) and len(payload) == 3
-                    and all(p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in payload)):
-                raise ProtocolError(ErrorCode.BAD_REQUEST, "slice: expected [start, stop, step] of integers or null")
-            return slice(*payload)
-        if tag == "ellipsis":
-            return Ellipsis
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
+
+
+def _resolve_tagged(tag: str, payload: Any, value: dict, session: Session) -> Any:
+    if tag == "grad_of":
+        grad = session.tensor(payload)._custom_grad
+        if grad is None:
+            raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
+        return grad
+    if tag == "dtype":
+        return dtype_from_name(payload, "argument dtype")
+    if tag == "slice":
+        if not (isinstance(payload, list) and len(payload) == 3
+                and all(p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in payload)):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "slice: expected [start, stop, step] of integers or null")
+        return slice(*payload)
+    if tag == "ellipsis":
+        return Ellipsis
     raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
 
 
@@ -85,8 +90,9 @@ def grad_bytes(grad: torch.Tensor | None) -> int:
 
 
 def check_new_ids(session: Session, ids: list[str]) -> None:
+    tensors = session.tensors
     for tid in ids:
-        if tid in session.tensors:
+        if tid in tensors:
             raise ProtocolError(ErrorCode.CONFLICT, f"tensor id {tid!r} is already used in this session")
-    if len(set(ids)) != len(ids):
+    if len(ids) > 1 and len(set(ids)) != len(ids):
         raise ProtocolError(ErrorCode.CONFLICT, f"output ids repeat: {ids}")

@@ -42,6 +42,10 @@ class OpEntry:
     # torch's own in-place kernel (``torch.Tensor.add_``), used for ``op_`` when no graph is
     # recorded (optimizer updates): same result, without an out-of-place value and a copy
     native_inplace: Callable[..., Any] | None = None
+    # torch's own kernel with ``fn``'s signature (``torch.sqrt``), used instead of ``fn`` when its
+    # first argument is a tensor and no graph is recorded (an optimizer's ``sqrt``/``div``): the
+    # Function's forward calls exactly this, so the value is the same, without the Function's cost
+    native: Callable[..., Any] | None = None
     doc: str = ""
     signature: inspect.Signature = field(init=False, compare=False)
 
@@ -112,6 +116,7 @@ def op(
     inplace: bool = False,
     no_grad_args: tuple[int | str, ...] = (),
     native_inplace: Callable[..., Any] | None = None,
+    native: Callable[..., Any] | None = None,
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -132,6 +137,7 @@ def op(
                 inplace=inplace,
                 no_grad_args=tuple(no_grad_args),
                 native_inplace=native_inplace,
+                native=native,
                 doc=doc.split("\n", 1)[0],
             )
         )

@@ -43,9 +43,10 @@ class Add(Function):
         return ga, gb, None
 
 
-@op("add", native_inplace=torch.Tensor.add_, torch_names=("torch.add", "torch.Tensor.add", "torch.Tensor.__add__", "torch.Tensor.__radd__",
+@op("add", torch_names=("torch.add", "torch.Tensor.add", "torch.Tensor.__add__", "torch.Tensor.__radd__",
                         "torch.Tensor.add_", "torch.Tensor.__iadd__"),
-    samples=_BINARY_SAMPLES + (S(T((2, 3)), T((3,)), alpha=2.5),), reference=torch.add, shape_rule="elementwise")
+    samples=_BINARY_SAMPLES + (S(T((2, 3)), T((3,)), alpha=2.5),), reference=torch.add, shape_rule="elementwise",
+    native=torch.add, native_inplace=torch.Tensor.add_)
 def add(input, other, *, alpha=1):
     """input + alpha * other"""
     return Add.apply(input, other, alpha)
@@ -66,12 +67,13 @@ class Sub(Function):
         return ga, gb, None
 
 
-@op("sub", native_inplace=torch.Tensor.sub_, torch_names=("torch.sub", "torch.subtract", "torch.Tensor.sub", "torch.Tensor.__sub__",
+@op("sub", torch_names=("torch.sub", "torch.subtract", "torch.Tensor.sub", "torch.Tensor.__sub__",
                         "torch.Tensor.__rsub__", "torch.Tensor.sub_", "torch.Tensor.__isub__"),
     samples=_BINARY_SAMPLES + (S(1.5, T((2, 3))), S(T((2, 3)), T((3,)), alpha=-0.5)),
     reference=lambda a, b, alpha=1: torch.rsub(b, a, alpha=alpha) if not isinstance(a, torch.Tensor)
     else torch.sub(a, b, alpha=alpha),
-    shape_rule="elementwise")
+    shape_rule="elementwise",
+    native=torch.sub, native_inplace=torch.Tensor.sub_)
 def sub(input, other, *, alpha=1):
     """input - alpha * other"""
     return Sub.apply(input, other, alpha)
@@ -95,10 +97,11 @@ class Mul(Function):
         return ga, gb
 
 
-@op("mul", native_inplace=torch.Tensor.mul_, torch_names=("torch.mul", "torch.multiply", "torch.Tensor.mul", "torch.Tensor.__mul__",
+@op("mul", torch_names=("torch.mul", "torch.multiply", "torch.Tensor.mul", "torch.Tensor.__mul__",
                         "torch.Tensor.__rmul__", "torch.Tensor.mul_", "torch.Tensor.__imul__"),
     samples=_BINARY_SAMPLES + (S(2.0, T((3,))),), reference=lambda a, b: torch.mul(b, a)
-    if not isinstance(a, torch.Tensor) else torch.mul(a, b), shape_rule="elementwise")
+    if not isinstance(a, torch.Tensor) else torch.mul(a, b), shape_rule="elementwise",
+    native=torch.mul, native_inplace=torch.Tensor.mul_)
 def mul(input, other):
     """input * other"""
     return Mul.apply(input, other)
@@ -138,13 +141,14 @@ def _div_reference(a, b, rounding_mode=None):
     return torch.div(a, b, rounding_mode=rounding_mode)
 
 
-@op("div", native_inplace=torch.Tensor.div_, torch_names=("torch.div", "torch.divide", "torch.true_divide", "torch.Tensor.div", "torch.Tensor.divide",
+@op("div", torch_names=("torch.div", "torch.divide", "torch.true_divide", "torch.Tensor.div", "torch.Tensor.divide",
                         "torch.Tensor.true_divide", "torch.Tensor.__truediv__", "torch.Tensor.__rtruediv__",
                         "torch.Tensor.__div__", "torch.Tensor.__rdiv__", "torch.Tensor.div_", "torch.Tensor.__itruediv__"),
     samples=(S(T((2, 3)), T((2, 3), low=0.5, high=2.0)), S(T((2, 3)), T((3,), low=0.5, high=2.0)),
              S(T((2, 3)), 1.5), S(2.0, T((3,), low=0.5, high=2.0)),
              S(T((2, 3)), T((3,), low=0.5, high=2.0), rounding_mode="floor")),
-    reference=_div_reference, shape_rule="elementwise")
+    reference=_div_reference, shape_rule="elementwise",
+    native=torch.div, native_inplace=torch.Tensor.div_)
 def div(input, other, *, rounding_mode=None):
     """input / other, optionally rounded ('trunc' or 'floor', zero gradient)"""
     return Div.apply(input, other, rounding_mode)
@@ -325,11 +329,12 @@ class Lerp(Function):
         return gs, ge, gw
 
 
-@op("lerp", native_inplace=torch.Tensor.lerp_, torch_names=("torch.lerp", "torch.Tensor.lerp", "torch.Tensor.lerp_"),
+@op("lerp", torch_names=("torch.lerp", "torch.Tensor.lerp", "torch.Tensor.lerp_"),
     samples=(S(T((2, 3)), T((2, 3)), 0.3), S(T((2, 3)), T((3,)), T((2, 3), low=0.0, high=1.0)),
              S(T((2, 1)), T((1, 3)), T(())), S(T((3, 2), noncontiguous=True), T((3, 2)), 0.7),
              S(T((0, 3)), T((3,)), 0.5)),
-    reference=torch.lerp, shape_rule="elementwise")
+    reference=torch.lerp, shape_rule="elementwise",
+    native_inplace=torch.Tensor.lerp_)
 def lerp(input, end, weight):
     """input + weight * (end - input) (weight a number or tensor)"""
     return Lerp.apply(input, end, weight)
@@ -364,14 +369,15 @@ def _bounds(lo, hi, **kw):
     return T((3,), low=lo, high=hi, **kw)
 
 
-@op("clamp", native_inplace=torch.Tensor.clamp_, torch_names=("torch.clamp", "torch.clamp_", "torch.clip", "torch.clip_", "torch.Tensor.clamp",
+@op("clamp", torch_names=("torch.clamp", "torch.clamp_", "torch.clip", "torch.clip_", "torch.Tensor.clamp",
                           "torch.Tensor.clamp_", "torch.Tensor.clip", "torch.Tensor.clip_"),
     samples=(S(T((2, 3)), -0.5, 0.5), S(T((2, 3)), min=-0.5), S(T((2, 3)), max=0.3),
              S(T((2, 3)), _bounds(-1.0, 0.0), _bounds(0.1, 1.0)), S(T((2, 3)), T((2, 3), low=-1.0, high=0.0)),
              S(T((2, 3)), None, _bounds(-1.0, 1.0)), S(T((2, 3)), _bounds(0.5, 1.0), _bounds(-1.0, 0.0)),
              S(T((3, 2), noncontiguous=True), -1.0, 1.0), S(T(()), -0.5, 0.5), S(T((0, 3)), 0.0, 1.0),
              S(T((2, 3), dtype="int64", requires_grad=False), 0.5), S(T((2, 3)), _bounds(-1.0, 0.0, dtype="float64"))),
-    reference=torch.clamp, shape_rule="elementwise")
+    reference=torch.clamp, shape_rule="elementwise",
+    native_inplace=torch.Tensor.clamp_)
 def clamp(input, min=None, max=None):
     """input limited to [min, max] (numbers or tensors; one may be None)"""
     return Clamp.apply(input, min, max)

@@ -44,15 +44,20 @@ def unary_function(name, forward, backward, *, save="input"):
     return Unary
 
 
-def _unary(name, forward, backward, *, torch_names, samples, save="input", shape_rule="elementwise_float", doc=""):
-    """Build and register a one-input op: ``backward(g, x_or_out)`` gives the input's grad."""
+def _unary(name, forward, backward, *, torch_names, samples, save="input", shape_rule="elementwise_float", doc="",
+           native=False):
+    """Build and register a one-input op: ``backward(g, x_or_out)`` gives the input's grad.
+
+    ``native``: ``forward`` itself runs when no graph is recorded (see ``OpEntry.native``).
+    """
     function = unary_function(name.capitalize(), forward, backward, save=save)
 
     def fn(input):
         return function.apply(input)
 
     fn.__name__, fn.__doc__ = name, doc or name
-    op(name, torch_names=torch_names, samples=samples, reference=forward, shape_rule=shape_rule)(fn)
+    op(name, torch_names=torch_names, samples=samples, reference=forward, shape_rule=shape_rule,
+       native=forward if native else None)(fn)
     return function
 
 
@@ -92,7 +97,7 @@ Log1p = _unary("log1p", torch.log1p, lambda g, x: g / (x + 1).conj(),
                samples=_POS + (S(T((2, 3), low=-0.8, high=2.0)),),
                torch_names=_names("log1p", special=("log1p",)), doc="log(1 + input)")
 Sqrt = _unary("sqrt", torch.sqrt, lambda g, out: g / (2 * out.conj()), save="output", samples=_POS,
-              torch_names=_names("sqrt"), doc="square root")
+              torch_names=_names("sqrt"), doc="square root", native=True)  # Adam's, RMSprop's denominators
 Rsqrt = _unary("rsqrt", torch.rsqrt, lambda g, out: -0.5 * g * out.pow(3).conj(), save="output", samples=_POS,
                torch_names=_names("rsqrt"), doc="1 / sqrt(input)")
 
