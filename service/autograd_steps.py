@@ -23,9 +23,11 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
     retained: list[CustomTensor] = []
     for ct in session.tensors.values():
         data = ct._custom_data
+        if not data.requires_grad:  # most tensors (inputs, optimizer state): the cheapest test first
+            continue
         # Views are never leaves; asking a stale view (its base changed in place) for
         # is_leaf would make autograd raise, so skip them before looking further.
-        if (data._base is not None and data._base.requires_grad and not ct.retains_grad) or not data.requires_grad:
+        if data._base is not None and data._base.requires_grad and not ct.retains_grad:
             continue
         if data.is_leaf:
             leaves[id(data)] = ct
@@ -43,13 +45,23 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
         if node is None or node in seen:
             continue
         seen.add(node)
-        var = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
-        if var is not None and id(var) in leaves:
-            found[id(var)] = leaves[id(var)]
+        if type(node) is _ACCUMULATE_GRAD:  # these nodes hold their leaf
+            var = node.variable
+            if id(var) in leaves:
+                found[id(var)] = leaves[id(var)]
         stack.extend(n for n, _ in node.next_functions)
     targets = list(found.values())
     targets.extend(ct for ct in retained if ct._custom_data.grad_fn in seen)
     return targets
+
+
+def _accumulate_grad_type() -> type:
+    """The class of torch's AccumulateGrad nodes (it has no public name)."""
+    leaf = torch.zeros((), requires_grad=True)
+    return type(leaf.view_as(leaf).grad_fn.next_functions[0][0])
+
+
+_ACCUMULATE_GRAD = _accumulate_grad_type()
 
 
 def _grad_outputs(values, session: Session) -> list | None:
@@ -105,7 +117,7 @@ def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool) -> None:
     # A fresh grad is cloned: autograd may hand the same tensor to several inputs (add's
     # backward returns its grad twice) or an expanded one, and in-place ops on one .grad
     # must never show up in another.
-    if not create_graph:
+    if not create_graph and g.requires_grad:  # without create_graph, grads normally have no graph already
         g = g.detach()
     if ct._custom_grad is None:
         ct._custom_grad = g.clone(memory_format=torch.contiguous_format)

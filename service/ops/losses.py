@@ -230,13 +230,21 @@ def _class_dim(input) -> int:
     return 0 if input.dim() == 1 else 1
 
 
-def _picked(target, weight, ignore_index, n_classes, like):
-    """Per target: its class (0 where ignored) and whether it is kept; the class weights; each target's
-    weight (0 where ignored)."""
+def _picked(target, weight, ignore_index, dtype):
+    """Per target: its class (0 where ignored), whether it is kept, and its weight (0 where ignored)."""
     kept = target != ignore_index
     index = torch.where(kept, target, 0)
-    w = weight if weight is not None else like.new_ones(n_classes)
-    return index, kept, w, torch.where(kept, w[index], 0)
+    if weight is None:  # every class weighs 1: the same values as below, in one op instead of three
+        return index, kept, kept.to(dtype)
+    return index, kept, torch.where(kept, weight[index], 0)
+
+
+def _class_weights(weight, n_classes, like):
+    return weight if weight is not None else like.new_ones(n_classes)
+
+
+def _classes_last(t, cdim):
+    return t if cdim == t.dim() - 1 else t.movedim(cdim, -1)
 
 
 class ClassNLL(Function):
@@ -246,30 +254,34 @@ class ClassNLL(Function):
     @staticmethod
     def forward(ctx, logp, target, weight, reduction, ignore_index, smoothing):
         cdim = _class_dim(logp)
-        lp = logp.movedim(cdim, -1)  # classes last: (..., C), target (...)
+        lp = _classes_last(logp, cdim)  # (..., C), target (...)
         if lp.shape[:-1] != target.shape:
             raise ValueError(f"Expected target of shape {tuple(lp.shape[:-1])}, got {tuple(target.shape)}")
-        index, kept, w, wt = _picked(target, weight, ignore_index, lp.shape[-1], logp)
+        index, kept, wt = _picked(target, weight, ignore_index, logp.dtype)
         loss = -lp.gather(-1, index.unsqueeze(-1)).squeeze(-1) * wt
         if smoothing:
+            w = _class_weights(weight, lp.shape[-1], logp)
             loss = (1 - smoothing) * loss - (smoothing / lp.shape[-1]) * (lp * w).sum(-1) * kept
         ctx.save_for_backward(target, weight)
         ctx.args, ctx.cdim, ctx.shape = (reduction, ignore_index, smoothing), cdim, lp.shape
-        return _reduce(loss, reduction, wt.sum())
+        # Without class weights the picks depend on the target alone (never differentiated): backward
+        # reuses them. With weights it recomputes them, so that double backward sees ``weight``.
+        ctx.picked = (index, kept, wt) if weight is None else None
+        return _reduce(loss, reduction, wt.sum() if reduction == "mean" else None)
 
     @staticmethod
     def backward(ctx, g):
         if not needs(ctx, 0):
             return None, None, None, None, None, None
-        target, weight = ctx.saved_tensors
+        target, weight = ctx.saved_tensors  # also torch's check that target was not changed in place
         (reduction, ignore_index, smoothing), n_classes = ctx.args, ctx.shape[-1]
-        index, kept, w, wt = _picked(target, weight, ignore_index, n_classes, g)
-        gl = _spread(g, target.shape, reduction, wt.sum())  # the gradient of each target's loss
+        index, kept, wt = ctx.picked or _picked(target, weight, ignore_index, g.dtype)
+        gl = _spread(g, target.shape, reduction, wt.sum() if reduction == "mean" else None)  # each target's
         picked = (-(1 - smoothing) * gl * wt).unsqueeze(-1)
         glp = g.new_zeros(ctx.shape).scatter(-1, index.unsqueeze(-1), picked)
         if smoothing:
-            glp = glp - (smoothing / n_classes) * (gl * kept).unsqueeze(-1) * w
-        return glp.movedim(-1, ctx.cdim), None, None, None, None, None
+            glp = glp - (smoothing / n_classes) * (gl * kept).unsqueeze(-1) * _class_weights(weight, n_classes, g)
+        return glp if ctx.cdim == glp.dim() - 1 else glp.movedim(-1, ctx.cdim), None, None, None, None, None
 
 
 class SoftTargetCE(Function):

@@ -1,0 +1,173 @@
+"""Fast paths of the server give what the slow paths give, bit for bit.
+
+- ``OpEntry.native`` (an op's own torch kernel when no graph is recorded) against the
+  op's Function, and ``native_inplace`` against computing out of place and copying in;
+- programs run in process: optimizer-style steps with grad off against the same steps
+  recorded in a graph, in-place writes under ``no_grad`` on views and parameters;
+- the step-time histogram against prometheus_client's own ``Histogram``;
+- fetched small tensors travel as bytes, and still count against the retry cache's limit.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from proto import encode_tensor
+from proto.messages import validate_program
+from service.answers import keepable
+from service.metrics import _OP_BUCKETS, _StepSeconds
+from service.ops import OP_TABLE
+from service.runner import run_program
+from service.settings import Settings
+from service.store import SessionStore
+
+NATIVE = [(e, i) for e in OP_TABLE if e.native is not None for i in range(len(e.samples))]
+NATIVE_INPLACE = [(e, i) for e in OP_TABLE if e.native_inplace is not None for i in range(len(e.samples))]
+
+
+def _id(case) -> str:
+    entry, i = case
+    return f"{entry.name}-{i}"
+
+
+def _plain(args, kwargs):
+    """Sample arguments with every tensor detached: no graph can be recorded."""
+    strip = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return [strip(a) for a in args], {k: strip(v) for k, v in kwargs.items()}
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    assert got.requires_grad == want.requires_grad
+    as_bytes = lambda t: t.detach().reshape(-1).view(torch.uint8)  # noqa: E731  (NaNs compare too)
+    assert torch.equal(as_bytes(got), as_bytes(want))
+
+
+@pytest.mark.parametrize("case", NATIVE, ids=_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_native_kernel_gives_the_functions_value(case, dtype):
+    entry, i = case
+    args, kwargs = _plain(*entry.samples[i].materialise(dtype, seed=i))
+    if not isinstance(args[0], torch.Tensor):
+        pytest.skip("the runner takes the native kernel only when the first argument is a tensor")
+    assert_same_bits(entry.native(*args, **kwargs), entry.fn(*args, **kwargs))
+
+
+@pytest.mark.parametrize("case", NATIVE_INPLACE, ids=_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_native_inplace_kernel_gives_the_copied_value(case, dtype):
+    entry, i = case
+    args, kwargs = _plain(*entry.samples[i].materialise(dtype, seed=i))
+    target = args[0]
+    if not isinstance(target, torch.Tensor):
+        pytest.skip("in place needs a tensor first")
+    value = entry.fn(target, *args[1:], **kwargs)
+    if value.shape != target.shape or not torch.can_cast(value.dtype, target.dtype):
+        pytest.skip("torch refuses this one in place")
+    copied, native = target.clone(), target.clone()
+    copied.copy_(value)
+    entry.native_inplace(native, *args[1:], **kwargs)
+    assert_same_bits(native, copied)
+
+
+# -- programs in process --------------------------------------------------------------------------
+
+def _session():
+    settings = Settings()
+    store = SessionStore(settings)
+    return store, store.create(), settings
+
+
+def _run(session, settings, steps, pid):
+    outcome = run_program(session, validate_program({"id": pid, "steps": steps}), settings)
+    assert outcome.status == 200, outcome.body
+    return outcome
+
+
+def _put(tid, t, requires_grad=False):
+    return {"kind": "put", "id": tid, "value": encode_tensor(t), "requires_grad": requires_grad}
+
+
+def _adam_like(p, grad_enabled):
+    """Adam's update of parameter ``p`` (state m, v; grad g) as the SDK sends it."""
+    call = lambda op, args, out=(), **kwargs: {"kind": "call", "op": op, "args": args, "kwargs": kwargs,  # noqa: E731
+                                                "out": list(out), "grad_enabled": grad_enabled}
+    ref = lambda t: {"ref": t}  # noqa: E731
+    return [
+        call("lerp_", [ref("m"), ref("g"), 0.1]),
+        call("mul_", [ref("v"), 0.999]),
+        call("addcmul_", [ref("v"), ref("g"), ref("g")], value=0.001),
+        call("sqrt", [ref("v")], out=["s"]),
+        call("div", [ref("s"), 0.05], out=["d"]),
+        call("add_", [ref("d"), 1e-8]),
+        call("addcdiv_", [ref(p), ref("m"), ref("d")], value=-0.004),
+        call("mul", [ref("d"), ref("g")], out=["e"]),
+        call("sub", [ref("e"), ref("m")], out=["f"], alpha=0.5),
+        call("addcmul", [ref("f"), ref("m"), ref("v")], out=["h"], value=2.0),
+    ]
+
+
+def test_optimizer_steps_with_grad_off_match_the_graph_recording_functions():
+    gen = torch.Generator().manual_seed(0)
+    values = {k: torch.randn(5, 3, generator=gen) for k in ("p", "m", "g")}
+    values["v"] = torch.rand(5, 3, generator=gen)
+    finals = []
+    for grad_enabled in (False, True):
+        store, session, settings = _session()
+        # with grad on, "p" is a non-leaf that requires grad, so every op records a graph
+        _run(session, settings, [_put(k, t, requires_grad=k == "w") for k, t in values.items()]
+             + [_put("w", torch.zeros(5, 3), requires_grad=True),
+                {"kind": "call", "op": "add", "args": [{"ref": "p"}, {"ref": "w"}], "out": ["q"]}], "setup")
+        _run(session, settings, _adam_like("q", grad_enabled), "step")
+        finals.append({k: session.tensors[k]._custom_data.detach() for k in ("q", "m", "v", "s", "d", "e", "f", "h")})
+    for k in finals[0]:
+        assert_same_bits(finals[0][k], finals[1][k])
+
+
+def test_in_place_under_no_grad_on_views_and_parameters():
+    store, session, settings = _session()
+    _run(session, settings, [_put("w", torch.arange(6.0).reshape(2, 3), requires_grad=True),
+                             _put("z", torch.ones(3), requires_grad=True)], "setup")
+    no_grad = {"grad_enabled": False, "out": []}
+    _run(session, settings, [
+        {"kind": "call", "op": "getitem", "args": [{"ref": "w"}, 0], "grad_enabled": False, "out": ["row"]},
+        {"kind": "call", "op": "mul_", "args": [{"ref": "row"}, 2.0], **no_grad},  # a view made under no_grad
+        {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], **no_grad},  # a leaf that requires grad
+        {"kind": "call", "op": "add_", "args": [{"ref": "row"}, {"ref": "z"}], **no_grad},  # reads one
+    ], "update")
+    torch.testing.assert_close(session.tensors["w"]._custom_data.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
+    bad = run_program(session, validate_program({"id": "bad", "steps": [
+        {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], "out": []}]}), settings)
+    assert bad.status == 422 and "leaf Variable that requires grad" in bad.body["error"]["message"]
+
+
+# -- metrics and answers --------------------------------------------------------------------------
+
+def test_step_histogram_renders_like_prometheus_histogram():
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    mine = _StepSeconds("op_seconds", "doc", _OP_BUCKETS)
+    ours.register(mine)
+    reference = Histogram("op_seconds", "doc", ("op",), buckets=_OP_BUCKETS, registry=theirs)
+    for op, seconds in [("add", 3e-6), ("add", 1e-5), ("add", 0.002), ("backward", 0.3), ("x", 100.0), ("add", 5.0)]:
+        mine.observe(op, seconds)
+        reference.labels(op).observe(seconds)
+    created = re.compile(r"(_created\{.*\}) .*")
+    assert created.sub(r"\1", generate_latest(ours).decode()) == created.sub(r"\1", generate_latest(theirs).decode())
+
+
+def test_small_fetches_are_bytes_and_count_against_the_retry_cache():
+    store, session, settings = _session()
+    _run(session, settings, [_put("small", torch.ones(4)), _put("big", torch.ones(1 << 15))], "setup")
+    fetch = lambda tid: {"kind": "fetch", "id": tid, "value": True, "grad": False}  # noqa: E731
+    outcome = _run(session, settings, [fetch("small"), fetch("big")], "f")
+    small, big = (r["tensor"]["value"]["data"] for r in outcome.body["results"])
+    assert isinstance(small, bytes) and isinstance(big, memoryview)
+    assert keepable(outcome, "f").body["results"][1]["tensor"]["value"]["data"] == bytes(big)
+    _run(session, settings, [_put("mid", torch.ones(15000))], "setup2")  # 60 kB: below a frame, sent as bytes
+    many = _run(session, settings, [fetch("mid")] * 20, "many")
+    assert all(isinstance(r["tensor"]["value"]["data"], bytes) for r in many.body["results"])
+    assert keepable(many, "many").status == 409  # 1.2 MB of fetched data is too much to keep for a retry
