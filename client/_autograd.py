@@ -51,11 +51,9 @@ def _requires_grad_(t, requires_grad=True):
 
 @_local(T.detach)
 def _detach(t):
-    from ._tensor import RemoteTensor
-
     t._check_usable()
     tid = t._session.new_id()
-    out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
+    out = _tensor.RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
                        _Origin("detach", where(), [weakref.ref(out)]))
     return out
@@ -85,8 +83,6 @@ def _grad_get(t):
 
 @_local(T.grad.__set__, T._grad.__set__)
 def _grad_set(t, value):
-    from ._tensor import RemoteTensor
-
     if value is None:
         ref = None
     else:
@@ -94,7 +90,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data of a different size")
         if value.dtype != t._dtype:
             raise RuntimeError("assigned grad has data of a different type")
-        ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
+        ref = Encoder(t._session).value(value if isinstance(value, (_tensor.RemoteTensor, torch.Tensor)) else value)
     t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
     t._has_grad = value is not None
     t._grad_cache = None
@@ -124,12 +120,10 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
 
 def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool, inputs) -> None:
     """Queue a backward step and predict which leaves get a ``.grad`` from it."""
-    from ._tensor import RemoteTensor
-
     session = tensors[0]._session
     enc = Encoder(session)
     for t in tensors:
-        if not isinstance(t, RemoteTensor):
+        if not isinstance(t, _tensor.RemoteTensor):
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
@@ -172,8 +166,6 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
 @_local(torch.autograd.grad)
 def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
                    allow_unused=None, is_grads_batched=False, materialize_grads=False):
-    from ._tensor import RemoteTensor
-
     single_input = isinstance(inputs, torch.Tensor)
     outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     inputs = [inputs] if single_input else list(inputs)
@@ -205,10 +197,14 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
             if m is None:
                 grads.append(torch.zeros_like(inp) if materialize_grads else None)
             else:
-                grads.append(RemoteTensor._new(session, m[0], m[1], m[2], requires_grad=m[3],
+                grads.append(_tensor.RemoteTensor._new(session, m[0], m[1], m[2], requires_grad=m[3],
                                                leaves=leaves if m[3] else frozenset(), is_leaf=not m[3]))
         return tuple(grads)
-    grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
+    grads = tuple(_tensor.RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
                                     leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
     session.enqueue(step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes)
     return grads
+
+
+# Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
+from . import _tensor  # noqa: E402

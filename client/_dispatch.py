@@ -40,11 +40,20 @@ def where() -> str | None:
     """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
     f = sys._getframe(2)
     while f is not None:
-        name = f.f_code.co_filename
-        if not (name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)):
-            return f"{name}:{f.f_lineno}"
+        code = f.f_code
+        internal = _INTERNAL_CODE.get(code)
+        if internal is None:  # once per code object: optimizer steps walk a dozen torch frames per op
+            if len(_INTERNAL_CODE) > 50_000:
+                _INTERNAL_CODE.clear()
+            name = code.co_filename
+            internal = _INTERNAL_CODE[code] = name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)
+        if not internal:
+            return f"{code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return None
+
+
+_INTERNAL_CODE: dict = {}  # code object -> whether it is torch's or ours
 
 
 def refuse_custom_function(func: Callable) -> None:
@@ -78,9 +87,7 @@ class Encoder:
         self.nbytes = 0
 
     def value(self, v: Any) -> Any:
-        from ._tensor import RemoteTensor
-
-        if isinstance(v, RemoteTensor):
+        if isinstance(v, _tensor.RemoteTensor):
             if v._session is not self.session:
                 raise RuntimeError("RemoteTensors of different sessions cannot be mixed in one op")
             v._check_usable()
@@ -104,9 +111,7 @@ class Encoder:
 
     def upload(self, t: torch.Tensor) -> dict:
         """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
-        from ._tensor import RemoteTensor
-
-        remote = RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
+        remote = _tensor.RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
         self.nbytes += t.numel() * t.element_size()
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
 
@@ -143,8 +148,6 @@ def _value_dependent_index(idx: Any) -> bool:
 
 def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
-    from ._tensor import RemoteTensor
-
     origin_where = where()
     grad_on = torch.is_grad_enabled()
     if not grad_on:
@@ -172,7 +175,7 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
 
     if inplace:
         target = wire_args_src[0]
-        if not isinstance(target, RemoteTensor):
+        if not isinstance(target, _tensor.RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)
@@ -204,11 +207,9 @@ def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas
 
     ``new_leaves``: the op makes leaves that require grad (``zeros_like(x, requires_grad=True)``).
     """
-    from ._tensor import RemoteTensor
-
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
-    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
+    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
                               leaves=leaves if rg else frozenset(), is_leaf=not rg)
             for tid, (shape, dtype) in zip(ids, metas)]
     if new_leaves:
@@ -222,12 +223,10 @@ def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas
 def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
                    nbytes: int) -> Any:
     """An op whose output metadata only the server knows: send now and read it from the result."""
-    from ._tensor import RemoteTensor
-
     step["out"], step["out_many"] = [session.new_id()], True
     index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     result = session.take_result(index)
-    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
+    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)
             for (tid, shape, dtype, req) in meta_from_result(result)]
     return tuple(outs) if result.get("tuple") else outs[0]
@@ -235,40 +234,40 @@ def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: b
 
 def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
     """(metas, container type or None) for an op's outputs, or (None, None) to ask the server."""
-    from ._tensor import RemoteTensor
-
     if rule in ("elementwise", "elementwise_float"):
-        operands = []
-        for a in args:
-            if isinstance(a, RemoteTensor):
-                operands.append((a._shape, a._dtype))
-            elif isinstance(a, torch.Tensor):
-                operands.append((tuple(a.shape), a.dtype))
-            elif isinstance(a, (bool, int, float)):
-                operands.append(a)
-        metas = _infer.elementwise(operands, to_float=rule == "elementwise_float")
-        if metas is not None:
-            return metas, None
-    if (rule == "like_input" and args and isinstance(args[0], torch.Tensor)
-            and not any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values()))):
-        return [(tuple(args[0].shape), args[0].dtype)], None
-    if rule == "linear" and len(args) >= 2 and not kwargs:
-        metas = _infer.linear(args[0], args[1], args[2] if len(args) > 2 else None)
+        operands = [a if isinstance(a, (bool, int, float)) else _shape_dtype(a) for a in args]
+        if None not in operands:
+            metas = _infer.elementwise(operands, to_float=rule == "elementwise_float")
+            if metas is not None:
+                return metas, None
+    first = _shape_dtype(args[0]) if args else None
+    if rule == "like_input" and first and not any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values())):
+        return [first], None
+    if rule == "linear" and 2 <= len(args) <= 3 and not kwargs:
+        bias = args[2] if len(args) > 2 else None
+        x, w, b = first, _shape_dtype(args[1]), _shape_dtype(bias)
+        metas = _infer.linear(x, w, b) if x and w and (bias is None or b) else None
         if metas is not None:
             return metas, None
     if (rule == "loss" and len(args) <= 3 and kwargs.get("reduction", "mean") != "none"
-            and kwargs.get("reduce") is None and kwargs.get("size_average") is None
-            and isinstance(args[0], torch.Tensor)):
-        return [((), args[0].dtype)], None
+            and kwargs.get("reduce") is None and kwargs.get("size_average") is None and first):
+        return [((), first[1])], None
     if func is None or rule == "none":
         return None, None
     return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()})
 
 
-def _to_meta(v: Any) -> Any:
-    from ._tensor import RemoteTensor
+def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
+    """``(shape, dtype)`` of a tensor argument, read without a ``__torch_function__`` call; None for others."""
+    if isinstance(v, _tensor.RemoteTensor):
+        return v._shape, v._dtype
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape), v.dtype
+    return None
 
-    if isinstance(v, RemoteTensor):
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, _tensor.RemoteTensor):
         return v._meta()
     if isinstance(v, torch.Tensor):
         return v.detach().to("meta")
@@ -307,8 +306,6 @@ def _differentiable_dtype(dtype: torch.dtype) -> bool:
 
 def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
     """Call a table op by name (``sess.ops.name(...)``, factories); metadata as its shape rule allows."""
-    from ._tensor import RemoteTensor
-
     spec = session._routes.ops.get(name)
     if spec is None and name != "manual_seed":
         raise NotImplementedError(f"the server's op table has no op {name!r} (GET /v1/ops lists the table)")
@@ -324,7 +321,7 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
     inplace = name.endswith("_") or (spec is not None and spec.inplace)
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
-        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
+        if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
             _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
             return args[0]
         step["out"] = []
@@ -347,3 +344,7 @@ def not_in_table(func: Callable) -> NotImplementedError:
         f"{torch_name(func)} is not supported on RemoteTensor: the server's op table has no entry for it "
         f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
     )
+
+
+# Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
+from . import _tensor  # noqa: E402

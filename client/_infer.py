@@ -75,16 +75,14 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def linear(x: Any, w: Any, b: Any) -> list[Meta] | None:
-    """``F.linear`` for the common case: 2-d weight, last dim matching, same floating dtypes."""
-    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or w.dim() != 2 or x.dim() < 1:
+def linear(x: Meta, w: Meta, b: Meta | None) -> list[Meta] | None:
+    """``F.linear`` for the common case: 2-d weight, last dim matching, same floating dtypes (``b``: None, no bias)."""
+    (x_shape, x_dtype), (w_shape, w_dtype) = x, w
+    if len(w_shape) != 2 or not x_shape or x_dtype != w_dtype or not x_dtype.is_floating_point:
         return None
-    dtypes = {x.dtype, w.dtype} | ({b.dtype} if isinstance(b, torch.Tensor) else set())
-    if len(dtypes) != 1 or not x.dtype.is_floating_point or x.shape[-1] != w.shape[1]:
+    if x_shape[-1] != w_shape[1] or (b is not None and (b[1] != x_dtype or tuple(b[0]) not in ((w_shape[0],), (), (1,)))):
         return None
-    if b is not None and not (isinstance(b, torch.Tensor) and tuple(b.shape) in ((w.shape[0],), (), (1,))):
-        return None
-    return [(tuple(x.shape[:-1]) + (w.shape[0],), x.dtype)]
+    return [(tuple(x_shape[:-1]) + (w_shape[0],), x_dtype)]
 
 
 def on_meta(func: Callable, args: tuple, kwargs: dict) -> tuple[list[Meta] | None, type | None]:
