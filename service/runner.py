@@ -35,7 +35,7 @@ from .settings import Settings
 from .answers import tensor_message
 from .autograd_steps import backward_step, grad_step
 from .store import Outcome, Session
-from .values import check_new_ids, grad_bytes, meta_of, resolve_value, store_tensors
+from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_value, store_tensors
 
 log = logging.getLogger("service.runner")
 OP_TABLE = _ops.OP_TABLE
@@ -116,19 +116,15 @@ def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> 
 
 def _lookup(name: str):
     """The entry for ``name`` and whether the call is in place (``add_`` runs ``add`` then writes)."""
-    entry = OP_TABLE.get(name)
-    if entry is not None:
-        return entry, entry.inplace
-    if name.endswith("_") and not name.startswith("_"):
-        entry = OP_TABLE.get(name[:-1])
-        if entry is not None and entry.shape_rule != "none":
-            return entry, True
-    raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
+    found = OP_TABLE.resolve(name)
+    if found is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
+    return found
 
 
 def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -> dict:
     entry, inplace = _lookup(step.op)
-    args = [resolve_value(a, session) for a in step.args]
+    args = resolve_args(step.args, session)
     kwargs = {k: resolve_value(v, session) for k, v in step.kwargs.items()} if step.kwargs else {}
     if inplace:
         rebound = _run_inplace(entry, step, args, kwargs)
@@ -170,7 +166,10 @@ def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
 
 def _requires_grad(args: list, kwargs: dict) -> bool:
     """Whether a tensor argument requires grad: only then can an op record a graph."""
-    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 _SAME_MODE = contextlib.nullcontext()

@@ -34,6 +34,25 @@ def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
     raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
 
 
+def resolve_args(values: list, session: Session) -> list:
+    """``resolve_value`` of each value; refs (most arguments) and plain values without a call each."""
+    tensors = session.tensors
+    out = []
+    for v in values:
+        ref = v.get("ref") if type(v) is dict and len(v) == 1 else None
+        ct = tensors.get(ref) if type(ref) is str else None
+        if ct is not None:
+            out.append(ct._custom_data)
+        elif type(v) in _PLAIN:
+            out.append(v)
+        else:
+            out.append(resolve_value(v, session))
+    return out
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def _resolve_tagged(tag: str, payload: Any, value: dict, session: Session) -> Any:
     if tag == "grad_of":
         grad = session.tensor(payload)._custom_grad
@@ -69,6 +88,7 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
             f"session would hold {len(session.tensors) + len(pairs)} tensors: "
             f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
+    nbytes = 0
     for tid, ct in pairs:
         numel = ct._custom_data.numel()
         if numel > settings.max_tensor_elements:
@@ -76,7 +96,8 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
                 ErrorCode.TOO_LARGE,
                 f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
             )
-    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+        nbytes += ct.nbytes
+    session.charge(nbytes, settings.max_session_bytes)
     session.tensors.update(pairs)
 
 

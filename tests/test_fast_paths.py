@@ -20,7 +20,7 @@ from proto import encode_tensor
 from proto.messages import validate_program
 from service.answers import keepable
 from service.metrics import _OP_BUCKETS, _StepSeconds
-from service.ops import OP_TABLE
+from service.ops import OP_TABLE, OpTable, S, T, op
 from service.runner import run_program
 from service.settings import Settings
 from service.store import SessionStore
@@ -171,3 +171,18 @@ def test_small_fetches_are_bytes_and_count_against_the_retry_cache():
     many = _run(session, settings, [fetch("mid")] * 20, "many")
     assert all(isinstance(r["tensor"]["value"]["data"], bytes) for r in many.body["results"])
     assert keepable(many, "many").status == 409  # 1.2 MB of fetched data is too much to keep for a retry
+
+
+def test_op_table_resolution_follows_the_table():
+    table = OpTable()
+    assert table.resolve("double") is None and table.resolve("double_") is None
+
+    @op("double", samples=(S(T((2,))),), reference=None, shape_rule="elementwise", table=table)
+    def double(input):
+        """2 * input"""
+        return input * 2
+
+    entry = table.get("double")
+    assert table.resolve("double") == (entry, False) and table.resolve("double_") == (entry, True)
+    table.remove("double")
+    assert table.resolve("double") is None and table.resolve("double_") is None

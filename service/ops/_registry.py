@@ -74,18 +74,42 @@ class OpTable:
 
     def __init__(self) -> None:
         self._entries: dict[str, OpEntry] = {}
+        self._calls: dict[str, tuple[OpEntry, bool]] = {}  # resolve()'s answers for known names
 
     def add(self, entry: OpEntry) -> OpEntry:
         if entry.name in self._entries:
             raise ValueError(f"op {entry.name!r} is registered twice")
         self._entries[entry.name] = entry
+        self._calls.clear()
         return entry
 
     def remove(self, name: str) -> None:
         self._entries.pop(name, None)
+        self._calls.clear()
 
     def get(self, name: str) -> OpEntry | None:
         return self._entries.get(name)
+
+    def resolve(self, name: str) -> tuple[OpEntry, bool] | None:
+        """The entry a call of ``name`` runs, and whether in place: ``add_`` runs ``add``, then writes
+        (any entry whose result has a known shape); None for an unknown name.
+
+        Remembered per known name (the runner asks once per step); unknown names come from the
+        wire and are not remembered, so the memo stays as small as the table.
+        """
+        found = self._calls.get(name)
+        if found is not None:
+            return found
+        entry = self._entries.get(name)
+        if entry is not None:
+            found = entry, entry.inplace
+        elif name.endswith("_") and not name.startswith("_"):
+            entry = self._entries.get(name[:-1])
+            if entry is not None and entry.shape_rule != "none":
+                found = entry, True
+        if found is not None:
+            self._calls[name] = found
+        return found
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -123,7 +147,7 @@ def op(
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = inspect.getdoc(fn) or ""
-        (table or OP_TABLE).add(
+        (OP_TABLE if table is None else table).add(  # not `table or`: an empty table is falsy
             OpEntry(
                 name=name,
                 fn=fn,

@@ -239,6 +239,12 @@ def _picked(target, weight, ignore_index, dtype):
     return index, kept, torch.where(kept, weight[index], 0)
 
 
+def _picks_again(target, weight, ignore_index, dtype, reduction):
+    """What forward kept in ``ctx.picked``, computed again (from ``weight``, for double backward)."""
+    index, kept, wt = _picked(target, weight, ignore_index, dtype)
+    return index.unsqueeze(-1), kept, wt, wt.sum() if reduction == "mean" else None
+
+
 def _class_weights(weight, n_classes, like):
     return weight if weight is not None else like.new_ones(n_classes)
 
@@ -258,16 +264,18 @@ class ClassNLL(Function):
         if lp.shape[:-1] != target.shape:
             raise ValueError(f"Expected target of shape {tuple(lp.shape[:-1])}, got {tuple(target.shape)}")
         index, kept, wt = _picked(target, weight, ignore_index, logp.dtype)
-        loss = -lp.gather(-1, index.unsqueeze(-1)).squeeze(-1) * wt
+        index = index.unsqueeze(-1)
+        loss = -lp.gather(-1, index).squeeze(-1) * wt
         if smoothing:
             w = _class_weights(weight, lp.shape[-1], logp)
             loss = (1 - smoothing) * loss - (smoothing / lp.shape[-1]) * (lp * w).sum(-1) * kept
         ctx.save_for_backward(target, weight)
         ctx.args, ctx.cdim, ctx.shape = (reduction, ignore_index, smoothing), cdim, lp.shape
+        count = wt.sum() if reduction == "mean" else None
         # Without class weights the picks depend on the target alone (never differentiated): backward
         # reuses them. With weights it recomputes them, so that double backward sees ``weight``.
-        ctx.picked = (index, kept, wt) if weight is None else None
-        return _reduce(loss, reduction, wt.sum() if reduction == "mean" else None)
+        ctx.picked = (index, kept, wt, count) if weight is None else None
+        return _reduce(loss, reduction, count)
 
     @staticmethod
     def backward(ctx, g):
@@ -275,10 +283,10 @@ class ClassNLL(Function):
             return None, None, None, None, None, None
         target, weight = ctx.saved_tensors  # also torch's check that target was not changed in place
         (reduction, ignore_index, smoothing), n_classes = ctx.args, ctx.shape[-1]
-        index, kept, wt = ctx.picked or _picked(target, weight, ignore_index, g.dtype)
-        gl = _spread(g, target.shape, reduction, wt.sum() if reduction == "mean" else None)  # each target's
+        index, kept, wt, count = ctx.picked or _picks_again(target, weight, ignore_index, g.dtype, reduction)
+        gl = _spread(g, target.shape, reduction, count)  # the gradient of each target's loss
         picked = (-(1 - smoothing) * gl * wt).unsqueeze(-1)
-        glp = g.new_zeros(ctx.shape).scatter(-1, index.unsqueeze(-1), picked)
+        glp = g.new_zeros(ctx.shape).scatter(-1, index, picked)
         if smoothing:
             glp = glp - (smoothing / n_classes) * (gl * kept).unsqueeze(-1) * _class_weights(weight, n_classes, g)
         return glp if ctx.cdim == glp.dim() - 1 else glp.movedim(-1, ctx.cdim), None, None, None, None, None

@@ -38,9 +38,21 @@ class Linear(Function):
         if w.dim() == 1:  # a 1-d weight is one output feature, squeezed away
             w, g = w.unsqueeze(0), g.unsqueeze(-1)
         gx = g @ w if needs(ctx, 0) else None
-        gw = (g.reshape(-1, w.shape[0]).mT @ x.reshape(-1, x.shape[-1])).view(ctx.w.shape) if needs(ctx, 1) else None
-        gb = sum_to(g.view(ctx.out_shape), ctx.b) if needs(ctx, 2) else None
+        gw = _linear_weight_grad(g, x, w, ctx.w.shape) if needs(ctx, 1) else None
+        gb = sum_to(_viewed(g, ctx.out_shape), ctx.b) if needs(ctx, 2) else None
         return gx, gw, gb
+
+
+def _linear_weight_grad(g, x, w, shape):
+    """g^T x summed over every leading dim, shaped like the weight."""
+    if g.dim() != 2 or x.dim() != 2:  # a batch of vectors needs no reshape: the very same operands
+        g, x = g.reshape(-1, w.shape[0]), x.reshape(-1, x.shape[-1])
+    return _viewed(g.mT @ x, shape)
+
+
+def _viewed(t, shape):
+    """``t.view(shape)``, or ``t`` itself when it has that shape already (one op less, the same values)."""
+    return t if t.shape == shape else t.view(shape)
 
 
 @op("linear", torch_names=("torch.nn.functional.linear",), shape_rule="linear",
