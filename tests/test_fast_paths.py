@@ -186,3 +186,39 @@ def test_op_table_resolution_follows_the_table():
     assert table.resolve("double") == (entry, False) and table.resolve("double_") == (entry, True)
     table.remove("double")
     assert table.resolve("double") is None and table.resolve("double_") is None
+
+
+# -- grads taken over without a copy --------------------------------------------------------------
+
+def _grad(session, tid):
+    return session.tensors[tid]._custom_grad
+
+
+def test_grads_taken_over_never_alias_another_tensor():
+    store, session, settings = _session()
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(8, 300, generator=gen), torch.randn(200, 300, generator=gen), torch.randn(200, generator=gen)
+    a, c, t = torch.randn(3, generator=gen), torch.randn(3, generator=gen), torch.randn(3, generator=gen)
+    _run(session, settings, [_put("x", x), _put("w", w, True), _put("b", b, True), _put("a", a, True),
+                             _put("c", c, True), _put("t", t)], "setup")
+    ref = lambda t: {"ref": t}  # noqa: E731
+    _run(session, settings, [
+        {"kind": "call", "op": "linear", "args": [ref("x"), ref("w"), ref("b")], "out": ["h"]},
+        {"kind": "call", "op": "sum", "args": [ref("h")], "out": ["l"]},
+        {"kind": "backward", "tensors": ["l"], "retain_graph": True},
+        {"kind": "backward", "tensors": ["l"]},  # accumulates into the grads of the first one
+        {"kind": "call", "op": "add", "args": [ref("a"), ref("c")], "out": ["s"]},  # one grad for both
+        {"kind": "backward", "tensors": ["s"], "grad_tensors": [ref("t")]},  # which is the gradient sent
+    ], "backward")
+    lw, lb = w.clone().requires_grad_(), b.clone().requires_grad_()
+    torch.nn.functional.linear(x, lw, lb).sum().backward()
+    assert_same_bits(_grad(session, "w"), lw.grad * 2)
+    assert_same_bits(_grad(session, "b"), lb.grad * 2)
+    _grad(session, "a").mul_(3)
+    assert torch.equal(_grad(session, "c"), t) and torch.equal(_grad(session, "a"), 3 * t)
+    assert torch.equal(session.tensors["t"]._custom_data, t)
+    # a leaf as its own root: its new grad is the gradient sent, which stays the client's own tensor
+    _run(session, settings, [{"kind": "set_grad", "id": "c", "grad": None},
+                             {"kind": "backward", "tensors": ["c"], "grad_tensors": [ref("t")]}], "leaf")
+    _grad(session, "c").zero_()
+    assert torch.equal(session.tensors["t"]._custom_data, t)
