@@ -19,9 +19,9 @@ from .store import Session
 from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_tensors
 
 
-def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTensor]:
-    """The session's leaves (and retained non-leaves) that a backward from ``roots`` reaches."""
-    leaves: dict[int, CustomTensor] = {}
+def _candidates(session: Session) -> list[CustomTensor]:
+    """The session's tensors a backward may fill: leaves that require grad, and retained non-leaves."""
+    leaves: dict[int, CustomTensor] = {}  # by tensor object: one entry per value
     retained: list[CustomTensor] = []
     for ct in session.tensors.values():
         data = ct._custom_data
@@ -35,6 +35,12 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
             leaves[id(data)] = ct
         elif ct.retains_grad:
             retained.append(ct)
+    return [*leaves.values(), *retained]
+
+
+def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[CustomTensor]:
+    """Those of ``candidates`` that a backward from ``roots`` reaches (a walk of the graph's nodes)."""
+    leaves = {id(ct._custom_data): ct for ct in candidates if ct._custom_data.is_leaf}
     found: dict[int, CustomTensor] = {}
     seen: set = set()
     stack = []
@@ -52,9 +58,7 @@ def _grad_targets(session: Session, roots: list[torch.Tensor]) -> list[CustomTen
             if id(var) in leaves:
                 found[id(var)] = leaves[id(var)]
         stack.extend(n for n, _ in node.next_functions)
-    targets = list(found.values())
-    targets.extend(ct for ct in retained if ct._custom_data.grad_fn in seen)
-    return targets
+    return [ct for ct in candidates if id(ct._custom_data) in found or ct._custom_data.grad_fn in seen]
 
 
 def _accumulate_grad_type() -> type:
@@ -75,18 +79,17 @@ def _grad_outputs(values, session: Session) -> list | None:
 def backward_step(session: Session, step: BackwardStep, settings: Settings, as_json: bool) -> dict:
     roots = [session.tensor(t)._custom_data for t in step.tensors]
     grad_tensors = _grad_outputs(step.grad_tensors, session)
-    if step.inputs is not None:
-        targets = [session.tensor(t) for t in step.inputs]
-    else:
-        targets = _grad_targets(session, roots)
+    # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
+    # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
+    implicit = step.inputs is None
+    targets = _candidates(session) if implicit else [session.tensor(t) for t in step.inputs]
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
         return {"tensors": []}
     # Room for the new grads first (a 413 leaves the graph intact for a retry), then
     # temporaries, then commit: a failing backward leaves every .grad untouched.
-    reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
-    session.charge(reserved, settings.max_session_bytes)
+    targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
     try:
         grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
                                     retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
@@ -100,17 +103,37 @@ def backward_step(session: Session, step: BackwardStep, settings: Settings, as_j
             used += data_bytes(ct) if ct._custom_grad is None else 0
             _accumulate(ct, g, step.create_graph, own)
     session.release(reserved - used)
-    missing = _still_without_grad(session, targets)
+    without = [ct for ct in targets if ct._custom_grad is None]
+    missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
     return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
 
 
-def _still_without_grad(session: Session, targets: list[CustomTensor]) -> list[str]:
-    """Ids of reached tensors that still have no grad (their inputs' gradients were None).
+def _reserve(session: Session, settings: Settings, targets: list[CustomTensor],
+             roots: list[torch.Tensor] | None) -> tuple[list[CustomTensor], int]:
+    """Charge the bytes of the grads ``targets`` may get; (targets, bytes charged).
+
+    With ``roots`` the targets are candidates: when their room is refused, the ones the
+    graph reaches are charged instead (so the limit applies to those alone, as it must).
+    """
+    reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
+    try:
+        session.charge(reserved, settings.max_session_bytes)
+    except ProtocolError:
+        if roots is None:
+            raise
+        targets = _reached(targets, roots)
+        reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
+        session.charge(reserved, settings.max_session_bytes)
+    return targets, reserved
+
+
+def _still_without_grad(session: Session, without: list[CustomTensor]) -> list[str]:
+    """Ids of ``without``: reached tensors that still have no grad (their inputs' gradients were None).
 
     The client predicts ``.grad is not None`` for every leaf a backward reaches; this
     corrects that prediction where an op gave no gradient (e.g. ``vector_norm(x, 0)``).
     """
-    missing = {id(ct) for ct in targets if ct._custom_grad is None}
+    missing = {id(ct) for ct in without}
     if not missing:
         return []
     return [tid for tid, ct in session.tensors.items() if id(ct) in missing]

@@ -222,3 +222,24 @@ def test_grads_taken_over_never_alias_another_tensor():
                              {"kind": "backward", "tensors": ["c"], "grad_tensors": [ref("t")]}], "leaf")
     _grad(session, "c").zero_()
     assert torch.equal(session.tensors["t"]._custom_data, t)
+
+
+def test_backward_reports_and_charges_only_the_leaves_it_reaches():
+    settings = Settings(max_session_bytes=3000)
+    store = SessionStore(settings)
+    session = store.create()
+    ref = lambda t: {"ref": t}  # noqa: E731
+    # u: reached, but its op gives it no gradient; far: a big leaf the graph never reaches
+    _run(session, settings, [_put("x", torch.randn(4), True), _put("u", torch.randn(4), True),
+                             _put("far", torch.randn(400), True)], "setup")
+    outcome = _run(session, settings, [
+        {"kind": "call", "op": "vector_norm", "args": [ref("u"), 0], "out": ["n"]},
+        {"kind": "call", "op": "sum", "args": [ref("x")], "out": ["s"]},
+        {"kind": "call", "op": "add", "args": [ref("s"), ref("n")], "out": ["l"]},
+        {"kind": "backward", "tensors": ["l"]},
+    ], "backward")
+    # all three grads would not fit (1600 bytes for "far" alone); the two reached ones do
+    assert outcome.body["results"][-1] == {"tensors": [], "no_grad": ["u"]}
+    assert _grad(session, "far") is None and _grad(session, "u") is None
+    assert torch.equal(_grad(session, "x"), torch.ones(4))
+    assert session.bytes_held == 16 + 16 + 1600 + 4 + 4 + 4 + 16  # values, then x's grad
