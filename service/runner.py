@@ -35,7 +35,7 @@ from .settings import Settings
 from .answers import tensor_message
 from .autograd_steps import backward_step, grad_step
 from .store import Outcome, Session
-from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_value, store_tensors
+from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_tensors
 
 log = logging.getLogger("service.runner")
 OP_TABLE = _ops.OP_TABLE
@@ -125,7 +125,7 @@ def _lookup(name: str):
 def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -> dict:
     entry, inplace = _lookup(step.op)
     args = resolve_args(step.args, session)
-    kwargs = {k: resolve_value(v, session) for k, v in step.kwargs.items()} if step.kwargs else {}
+    kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
     if inplace:
         rebound = _run_inplace(entry, step, args, kwargs)
         first = step.args[0] if step.args else None
@@ -166,7 +166,10 @@ def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
 
 def _requires_grad(args: list, kwargs: dict) -> bool:
     """Whether a tensor argument requires grad: only then can an op record a graph."""
-    for a in (*args, *kwargs.values()) if kwargs else args:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    for a in kwargs.values():
         if isinstance(a, torch.Tensor) and a.requires_grad:
             return True
     return False
@@ -206,14 +209,17 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
     if recording and target.is_leaf and target.requires_grad:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             "a leaf Variable that requires grad is being used in an in-place operation.")
-    kwargs.pop("inplace", None)
-    if not recording and entry.native_inplace is not None:
-        # autograd looks at the grad mode only when a tensor requires grad: only then switch it
-        with _grad_mode(step.grad_enabled) if needs_grad else _SAME_MODE:
-            entry.native_inplace(target, *args[1:], **kwargs)
-        return None
-    with _grad_mode(step.grad_enabled):
-        return _inplace_by_copy(entry, args, kwargs, recording)
+    if "inplace" in kwargs:
+        del kwargs["inplace"]
+    if recording or entry.native_inplace is None:
+        with _grad_mode(step.grad_enabled):
+            return _inplace_by_copy(entry, args, kwargs, recording)
+    if needs_grad and torch.is_grad_enabled():  # autograd looks at the grad mode only then
+        with torch.set_grad_enabled(False):
+            entry.native_inplace(*args, **kwargs)
+    else:
+        entry.native_inplace(*args, **kwargs)
+    return None
 
 
 def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> torch.Tensor | None:

@@ -50,6 +50,11 @@ def resolve_args(values: list, session: Session) -> list:
     return out
 
 
+def resolve_kwargs(values: dict, session: Session) -> dict:
+    """``resolve_value`` of each value (mostly plain numbers and flags, returned as they are)."""
+    return {k: v if type(v) in _PLAIN else resolve_value(v, session) for k, v in values.items()}
+
+
 _PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
