@@ -155,13 +155,17 @@ def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
     when the first argument is a tensor and no graph is recorded: the Function's forward computes
     exactly that, and skipping the Function saves most of what an optimizer's small out-of-place
     steps (``sqrt``, ``div``) cost."""
+    fn = entry.fn
     if entry.native is not None and args and isinstance(args[0], torch.Tensor):
         needs_grad = _requires_grad(args, kwargs)
         if not (grad_enabled and needs_grad):
-            with _grad_mode(grad_enabled) if needs_grad else _SAME_MODE:  # as in _run_inplace
-                return entry.native(*args, **kwargs)
-    with _grad_mode(grad_enabled):
-        return entry.fn(*args, **kwargs)
+            fn = entry.native
+            if not needs_grad:  # autograd looks at the grad mode only when a tensor requires grad
+                return fn(*args, **kwargs)
+    if torch.is_grad_enabled() == grad_enabled:  # most steps: no switching back and forth
+        return fn(*args, **kwargs)
+    with torch.set_grad_enabled(grad_enabled):
+        return fn(*args, **kwargs)
 
 
 def _requires_grad(args: list, kwargs: dict) -> bool:
@@ -214,7 +218,7 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
     if recording or entry.native_inplace is None:
         with _grad_mode(step.grad_enabled):
             return _inplace_by_copy(entry, args, kwargs, recording)
-    if needs_grad and torch.is_grad_enabled():  # autograd looks at the grad mode only then
+    if needs_grad and torch.is_grad_enabled():  # as in _apply: the grad mode matters only then
         with torch.set_grad_enabled(False):
             entry.native_inplace(*args, **kwargs)
     else:
@@ -288,10 +292,9 @@ def _retain_grad(session: Session, step: RetainGradStep, settings: Settings, as_
 
 
 def _free(session: Session, step: FreeStep, settings: Settings, as_json: bool) -> None:
-    for tid in step.ids:
-        ct = session.tensors.pop(tid, None)
-        if ct is not None:
-            session.release(ct.nbytes)
+    freed = [ct for ct in (session.tensors.pop(tid, None) for tid in step.ids) if ct is not None]
+    if freed:
+        session.release(sum(ct.nbytes for ct in freed))  # one release: it takes the store's lock
     return None
 
 
