@@ -72,8 +72,7 @@ class Sub(Function):
     samples=_BINARY_SAMPLES + (S(1.5, T((2, 3))), S(T((2, 3)), T((3,)), alpha=-0.5)),
     reference=lambda a, b, alpha=1: torch.rsub(b, a, alpha=alpha) if not isinstance(a, torch.Tensor)
     else torch.sub(a, b, alpha=alpha),
-    shape_rule="elementwise",
-    native=torch.sub, native_inplace=torch.Tensor.sub_)
+    shape_rule="elementwise", native=torch.sub, native_inplace=torch.Tensor.sub_)
 def sub(input, other, *, alpha=1):
     """input - alpha * other"""
     return Sub.apply(input, other, alpha)
@@ -147,8 +146,7 @@ def _div_reference(a, b, rounding_mode=None):
     samples=(S(T((2, 3)), T((2, 3), low=0.5, high=2.0)), S(T((2, 3)), T((3,), low=0.5, high=2.0)),
              S(T((2, 3)), 1.5), S(2.0, T((3,), low=0.5, high=2.0)),
              S(T((2, 3)), T((3,), low=0.5, high=2.0), rounding_mode="floor")),
-    reference=_div_reference, shape_rule="elementwise",
-    native=torch.div, native_inplace=torch.Tensor.div_)
+    reference=_div_reference, shape_rule="elementwise", native=torch.div, native_inplace=torch.Tensor.div_)
 def div(input, other, *, rounding_mode=None):
     """input / other, optionally rounded ('trunc' or 'floor', zero gradient)"""
     return Div.apply(input, other, rounding_mode)
@@ -333,8 +331,7 @@ class Lerp(Function):
     samples=(S(T((2, 3)), T((2, 3)), 0.3), S(T((2, 3)), T((3,)), T((2, 3), low=0.0, high=1.0)),
              S(T((2, 1)), T((1, 3)), T(())), S(T((3, 2), noncontiguous=True), T((3, 2)), 0.7),
              S(T((0, 3)), T((3,)), 0.5)),
-    reference=torch.lerp, shape_rule="elementwise",
-    native_inplace=torch.Tensor.lerp_)
+    reference=torch.lerp, shape_rule="elementwise", native_inplace=torch.Tensor.lerp_)
 def lerp(input, end, weight):
     """input + weight * (end - input) (weight a number or tensor)"""
     return Lerp.apply(input, end, weight)
@@ -376,8 +373,7 @@ def _bounds(lo, hi, **kw):
              S(T((2, 3)), None, _bounds(-1.0, 1.0)), S(T((2, 3)), _bounds(0.5, 1.0), _bounds(-1.0, 0.0)),
              S(T((3, 2), noncontiguous=True), -1.0, 1.0), S(T(()), -0.5, 0.5), S(T((0, 3)), 0.0, 1.0),
              S(T((2, 3), dtype="int64", requires_grad=False), 0.5), S(T((2, 3)), _bounds(-1.0, 0.0, dtype="float64"))),
-    reference=torch.clamp, shape_rule="elementwise",
-    native_inplace=torch.Tensor.clamp_)
+    reference=torch.clamp, shape_rule="elementwise", native_inplace=torch.Tensor.clamp_)
 def clamp(input, min=None, max=None):
     """input limited to [min, max] (numbers or tensors; one may be None)"""
     return Clamp.apply(input, min, max)

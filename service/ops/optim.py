@@ -33,8 +33,7 @@ class AddCMul(Function):
 
 
 @op("addcmul", torch_names=("torch.addcmul", "torch.Tensor.addcmul", "torch.Tensor.addcmul_"), samples=_SAMPLES,
-    reference=torch.addcmul,
-    native=torch.addcmul, native_inplace=torch.Tensor.addcmul_)
+    reference=torch.addcmul, native=torch.addcmul, native_inplace=torch.Tensor.addcmul_)
 def addcmul(input, tensor1, tensor2, *, value=1):
     """input + value * tensor1 * tensor2"""
     return AddCMul.apply(input, tensor1, tensor2, value)
@@ -57,8 +56,7 @@ class AddCDiv(Function):
 
 
 @op("addcdiv", torch_names=("torch.addcdiv", "torch.Tensor.addcdiv", "torch.Tensor.addcdiv_"), samples=_SAMPLES,
-    reference=torch.addcdiv,
-    native=torch.addcdiv, native_inplace=torch.Tensor.addcdiv_)
+    reference=torch.addcdiv, native=torch.addcdiv, native_inplace=torch.Tensor.addcdiv_)
 def addcdiv(input, tensor1, tensor2, *, value=1):
     """input + value * tensor1 / tensor2"""
     return AddCDiv.apply(input, tensor1, tensor2, value)
