@@ -9,7 +9,6 @@ task frees idle sessions.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from contextlib import asynccontextmanager
 from functools import partial
@@ -59,7 +58,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         from . import testing_ops  # noqa: F401  (registers test-only ops)
     store = SessionStore(settings)
     workers = WorkerThreads(settings.resolved_workers())  # each session always on the same one
-    next_worker = itertools.count()
     slots = ProgramSlots(settings.max_concurrent_programs)
     metrics = Metrics(store, in_flight=lambda: slots.busy)
     store.on_step = metrics.observe_step
@@ -129,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/sessions", status_code=201, **route_doc(201, "SessionCreated"))
     async def create_session(request: Request) -> Response:
         session = store.create(check_v1(request))
-        session.worker = next(next_worker) % len(workers)  # round robin: new sessions spread out
+        session.worker = workers.least_loaded(s.worker for s in store.sessions() if s is not session)
         body = {
             "session_id": session.id,
             "protocol": PROTOCOL_VERSION,
@@ -230,9 +228,18 @@ def _caller(scope: dict, version: str | None) -> str | None:
     return scope.get("state", {}).get("owner")
 
 
-def _fetched(body: dict) -> bool:
-    """Whether an answer holds fetched tensors (only those can be worth framing)."""
-    return any(r and "tensor" in r for r in body.get("results", ())) or "value" in body
+def _framable(body: dict) -> bool:
+    """Whether an answer holds a fetched tensor big enough to travel as a frame (looked up
+    directly: ``extract_frames`` copies the whole answer while it searches)."""
+    messages = [r["tensor"] for r in body.get("results", ()) if r and "tensor" in r]
+    if "value" in body:  # GET /tensors answers one tensor message
+        messages.append(body)
+    return any(_big(m.get(k)) for m in messages if isinstance(m, dict) for k in ("value", "grad"))
+
+
+def _big(encoded: Any) -> bool:
+    data = encoded.get("data") if isinstance(encoded, dict) else None
+    return isinstance(data, (bytes, bytearray, memoryview)) and memoryview(data).nbytes >= FRAME_MIN_BYTES
 
 
 async def _aiter(parts):
@@ -247,7 +254,7 @@ def _wants_msgpack(request: Request) -> bool:
 def _encode(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
     """(media type, body parts, total length) of an answer: framed when it carries big tensors and
     the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
-    if as_msgpack and _fetched(body) and FRAMES in (accept or ""):
+    if as_msgpack and FRAMES in (accept or "") and _framable(body):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
         if frames:
             parts, total = pack_frames(header, frames)

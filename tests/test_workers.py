@@ -84,3 +84,15 @@ def test_read_body_refuses_what_does_not_fit(declared, messages, status, words):
     with pytest.raises(ProtocolError) as info:
         asyncio.run(read_body(_receiver(*messages), declared, 100, 5.0))
     assert info.value.status == status and words in str(info.value)
+
+
+def test_sessions_go_to_the_least_loaded_thread_lowest_first():
+    workers = WorkerThreads(3)
+    try:
+        assert workers.least_loaded([]) == 0
+        assert workers.least_loaded([0]) == 1
+        assert workers.least_loaded([0, 1]) == 2
+        assert workers.least_loaded([0, 1, 2, 0]) == 1
+        assert workers.least_loaded([1, 2]) == 0  # the session on 0 closed: the next one takes its place
+    finally:
+        workers.shutdown()
