@@ -159,9 +159,12 @@ def _owned(grads: tuple, i: int) -> bool:
     if grads[i] is None or sys.getrefcount(grads[i]) != _HELD_BY_TUPLE_ALONE:
         return False
     g = grads[i]
-    return (g._base is None and g.is_contiguous() and not g.requires_grad
-            and g._use_count() == 1  # no other tensor object (nor a saved variable) shares it
-            and torch._C._storage_Use_Count(g.untyped_storage()._cdata) == 2)  # g's and this storage object's
+    try:
+        return (g._base is None and g.is_contiguous() and not g.requires_grad
+                and g._use_count() == 1  # no other tensor object (nor a saved variable) shares it
+                and torch._C._storage_Use_Count(g.untyped_storage()._cdata) == 2)  # g's and this storage object's
+    except (AttributeError, RuntimeError):  # private torch calls: should an upgrade drop them, copy
+        return False
 
 
 def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bool) -> None:
