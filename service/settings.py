@@ -74,7 +74,7 @@ class Settings:
         return {name: getattr(self, name) for name in ADVERTISED_LIMITS}
 
     def resolved_workers(self) -> int:
-        """Worker threads running programs (sessions are spread over them round robin).
+        """Worker threads running programs (a new session goes to the one with fewest live sessions).
 
         On a GPU, 8. On the CPU, one per two cores and at least 2 (two sessions always run
         concurrently): each thread's torch ops open their own OpenMP team, and idle teams

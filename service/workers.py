@@ -3,8 +3,8 @@
 A session's programs always run on the same thread: autograd orders the nodes of a
 backward by per-thread sequence numbers, so a session whose programs ran on
 different threads could sum gradients in another order (eager != pipelined bitwise).
-A queue and a future per hop: ``run_in_executor`` over one-thread ``ThreadPoolExecutor``s, with two
-layers of futures and callbacks, cost more per hop here, and an eager op pays one hop.
+One queue and one future per hop (``run_in_executor`` over one-thread executors adds a
+second future and its callbacks), and an eager op pays a hop.
 """
 
 from __future__ import annotations
