@@ -1,7 +1,8 @@
 """Losses. Pointwise losses share one Function shape (loss per element, then the
 reduction); class losses are log_softmax followed by a negative log-likelihood, as in
-torch. Optional per-element ``weight``s compose with the ``mul``/``sum``/``div`` entries,
-as torch composes them (so ``weight`` gets a gradient where torch gives one).
+torch (cross_entropy's common case runs both in one node, ``CrossEntropy``). Optional
+per-element ``weight``s compose with the ``mul``/``sum``/``div`` entries, as torch
+composes them (so ``weight`` gets a gradient where torch gives one).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from ._samples import S, T
 from .elementwise import div, mul
 from .reductions import mean as _mean, sum as _sum
 
+aten = torch.ops.aten
 _REDUCTIONS = ("none", "mean", "sum")
+_REDUCTION_ENUM = {"none": 0, "mean": 1, "sum": 2}  # aten's ``int reduction``
 
 
 def _reduction(size_average, reduce, reduction, allowed=_REDUCTIONS):
@@ -317,6 +320,41 @@ class SoftTargetCE(Function):
         return glp, gt, gw, None, None
 
 
+class CrossEntropy(Function):
+    """cross_entropy of class indices on (C,) or (N, C) input, without label smoothing, in one node.
+
+    The hot path of every classifier's training step: half the cost of LogSoftmax + ClassNLL. Forward
+    and backward call the kernels torch's autograd runs for F.cross_entropy, so values and gradients
+    are torch's bit for bit. logp is a second output, saved as torch's log_softmax saves its result:
+    under create_graph, backward's result reaches the input through it (double backward).
+    """
+
+    @staticmethod
+    def forward(ctx, x, target, weight, reduction, ignore_index):
+        dim = _class_dim(x)
+        logp = torch.log_softmax(x, dim)
+        loss, total_weight = aten.nll_loss_forward(logp, target, weight, reduction, ignore_index)
+        ctx.save_for_backward(logp, target, weight, total_weight)
+        ctx.args = dim, reduction, ignore_index
+        ctx.set_materialize_grads(False)  # a plain backward gets None, not zeros, for the unused logp
+        return loss, logp
+
+    @staticmethod
+    def backward(ctx, g, g_logp):
+        logp, target, weight, total_weight = ctx.saved_tensors
+        dim, reduction, ignore_index = ctx.args
+        if g is not None:
+            g_nll = aten.nll_loss_backward(g, logp, target, weight, reduction, ignore_index, total_weight)
+            g_logp = g_nll if g_logp is None else g_logp + g_nll
+        if g_logp is None or not needs(ctx, 0):
+            return None, None, None, None, None
+        # no gradient for the class weights: torch's nll_loss is not differentiable in them
+        return aten._log_softmax_backward_data(g_logp, logp, dim, logp.dtype), None, None, None, None
+
+
+_NLL_TARGETS = (torch.int64, torch.uint8)  # the target dtypes aten's nll_loss takes
+
+
 def _check_classes(input):
     if input.dim() == 0:
         raise ValueError("Expected input with at least 1 dimension (the classes), got a 0-d tensor")
@@ -326,6 +364,7 @@ _LOGITS = T((4, 3))
 _CLS = T((4,), dtype="int64", low=0, high=3, requires_grad=False)
 _CLS_2D = T((2, 3, 2), dtype="int64", low=0, high=4, requires_grad=False)
 _CLS_0D = T((), dtype="int64", low=0, high=3, requires_grad=False)
+_CLS_OF_4 = T((3,), dtype="int64", low=0, high=4, requires_grad=False)
 
 
 @op("cross_entropy", torch_names=("torch.nn.functional.cross_entropy",), shape_rule="loss",
@@ -335,7 +374,10 @@ _CLS_0D = T((), dtype="int64", low=0, high=3, requires_grad=False)
              S(T((2, 4, 3, 2)), _CLS_2D, label_smoothing=0.1), S(T((3,)), _CLS_0D),
              S(T((3, 4), noncontiguous=True), T((3, 4), low=0.0, high=1.0)),
              S(T((2, 3, 2)), T((2, 3, 2), low=0.0, high=1.0), T((3,), low=0.2), reduction="sum", label_smoothing=0.3),
-             S(_LOGITS, T((4, 3), low=0.0, high=1.0, requires_grad=False), reduction="none")),
+             S(_LOGITS, T((4, 3), low=0.0, high=1.0, requires_grad=False), reduction="none"),
+             S(T((3, 4), noncontiguous=True), _CLS_OF_4, T((4,), low=0.2, requires_grad=False), reduction="sum",
+               ignore_index=1),
+             S(T((3,)), _CLS_0D, _CLASS_WEIGHT, reduction="none")),
     reference=F.cross_entropy)
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
@@ -344,6 +386,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_classes(input)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if target.shape != input.shape and target.dtype in _NLL_TARGETS and input.dim() <= 2 and not label_smoothing:
+        return CrossEntropy.apply(input, target, weight, _REDUCTION_ENUM[reduction], ignore_index)[0]  # one node
     logp = LogSoftmax.apply(input, _class_dim(input))
     if target.shape == input.shape:  # class probabilities
         if not target.dtype.is_floating_point:
@@ -356,8 +400,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     samples=(S(_LOGITS, _CLS), S(_LOGITS, _CLS, reduction="sum"), S(_LOGITS, _CLS, ignore_index=1, reduction="none"),
              S(_LOGITS, _CLS, _CLASS_WEIGHT, ignore_index=0),
              S(T((2, 4, 3, 2)), _CLS_2D, T((4,), low=0.2, requires_grad=False)),
-             S(T((3, 4), noncontiguous=True), T((3,), dtype="int64", low=0, high=4, requires_grad=False),
-               None, None, -100, None, "none"),
+             S(T((3, 4), noncontiguous=True), _CLS_OF_4, None, None, -100, None, "none"),
              S(T((3,)), _CLS_0D)),
     reference=F.nll_loss)
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
