@@ -13,7 +13,12 @@ view it in place (``torch.frombuffer``) without copying or misalignment.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import struct
+import sys
+import threading
 from typing import Any, Iterator
 
 import msgpack
@@ -33,10 +38,53 @@ def _pad(n: int) -> int:
 
 def uninitialised_buffer(nbytes: int) -> memoryview:
     """A writable buffer of ``nbytes`` that is not zero-filled first (``bytearray(n)`` would touch
-    every page twice: once to zero, once to fill). Callers overwrite all of it or discard it."""
+    every page twice: once to zero, once to fill). Callers overwrite all of it or discard it.
+
+    A big one has its pages mapped by a thread of its own while the caller fills it: copying
+    pieces into fresh memory takes a page fault per 4 KiB (2.1 GB/s here, 11 GB/s once mapped).
+    """
     import torch
 
-    return memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes >= _POPULATE_MIN_BYTES:
+        _populate_in_background(t)
+    return memoryview(t.numpy()).cast("B")
+
+
+_POPULATE_MIN_BYTES = 8 << 20
+_POPULATE_STEP = 8 << 20
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: map pages writable without writing to them
+
+
+def _populate_in_background(t: Any) -> None:
+    """Map the pages of tensor ``t`` ahead of its writer, front to back; a no-op where the kernel
+    cannot (other systems, older Linux). The contents are never touched, so racing the writer is safe."""
+    madvise = _madvise()
+    if madvise is not None:
+        threading.Thread(target=_populate, args=(madvise, t), name="remote-autograd-populate", daemon=True).start()
+
+
+def _populate(madvise: Any, t: Any) -> None:
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.nbytes
+    first = (start + page - 1) // page * page  # madvise wants page-aligned ranges
+    for offset in range(first, end // page * page, _POPULATE_STEP):
+        if madvise(offset, min(_POPULATE_STEP, end // page * page - offset), _MADV_POPULATE_WRITE) != 0:
+            return  # not supported here: the writer's own page faults do it
+    # ``t`` (an argument of this thread) keeps the memory alive until the last call returned
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise() -> Any:
+    """libc's ``madvise`` through ctypes (which lets other threads run during the call), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 def pack_frames(message: Any, frames: list[memoryview]) -> tuple[list[bytes | memoryview], int]:

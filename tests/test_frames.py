@@ -68,3 +68,20 @@ def test_framing_keeps_no_reference_cycles():
         assert gone() is None, "something still holds the framed data (a reference cycle?)"
     finally:
         gc.enable()
+
+
+def test_a_big_buffer_keeps_what_is_written_while_its_pages_are_mapped_behind():
+    import threading
+    import time
+
+    from proto import frames
+
+    size = frames._POPULATE_MIN_BYTES * 2
+    buf = frames.uninitialised_buffer(size)
+    pattern = bytes(range(256)) * 4096  # 1 MiB
+    for start in range(0, size, len(pattern)):  # written while the populating thread runs
+        buf[start:start + len(pattern)] = pattern
+    deadline = time.monotonic() + 10
+    while any(t.name == "remote-autograd-populate" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(buf[start:start + len(pattern)] == pattern for start in range(0, size, len(pattern)))
