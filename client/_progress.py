@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import httpx
 
-from proto.frames import uninitialised_buffer
+from proto.frames import FillBuffer
 
 from ._errors import RemoteError
 
@@ -83,23 +83,21 @@ def read_body(response: httpx.Response) -> memoryview | bytes:
     show = total > THRESHOLD and bars_enabled()
     if total < _CHUNK and not show:
         return response.read()
-    buf = view = uninitialised_buffer(total)  # every byte is overwritten, or the answer refused below
-    pos = 0
+    buf = FillBuffer(total)  # every byte is overwritten, or the answer refused below
     bar = _bar(total, "download") if show else None
     try:
         for piece in response.iter_raw():
-            if pos + len(piece) > total:
+            if buf.filled + len(piece) > total:
                 raise httpx.RemoteProtocolError(f"answer longer than its Content-Length {total}")
-            view[pos:pos + len(piece)] = piece
-            pos += len(piece)
+            buf.append(piece)
             if bar is not None:
                 bar.update(len(piece))
     finally:
         if bar is not None:
             bar.close()
-    if pos != total:
-        raise httpx.RemoteProtocolError(f"answer of {pos} bytes, but Content-Length said {total}")
-    return buf
+    if buf.filled != total:
+        raise httpx.RemoteProtocolError(f"answer of {buf.filled} bytes, but Content-Length said {total}")
+    return buf.view
 
 
 def summary(info: dict[str, Any], url: str) -> str:

@@ -11,12 +11,10 @@ import math
 from typing import Any, Callable
 
 from proto import ErrorCode, ProtocolError
-from proto.frames import uninitialised_buffer
+from proto.frames import FillBuffer
 
 from .settings import Settings
 
-
-_BIG_BODY = 1 << 20
 
 
 async def read_body(receive: Callable, declared: str | None, limit: int, timeout: float) -> bytes | bytearray | memoryview:
@@ -30,7 +28,7 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"body of {declared} bytes: limit max_body_bytes={limit}")
     expected = int(declared) if declared is not None and declared.isdigit() else None
-    size, buf, view = 0, None, None
+    size, buf = 0, None
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout) as deadline:
@@ -45,13 +43,15 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
                 if buf is None:
                     if not more and (expected is None or end == expected):
                         return chunk  # the whole body in one message (every small one): no copy
-                    buf, view = _body_buffer(expected)
-                if view is None:
+                    # With a declared length the body lands in one buffer as it arrives: no joining
+                    # copy, and a framed body's tensors can then be views of it.
+                    buf = bytearray() if expected is None else FillBuffer(expected)
+                if expected is None:
                     buf += chunk
                 elif end > expected:
                     raise ProtocolError(ErrorCode.BAD_REQUEST, f"body longer than its Content-Length {expected}")
                 else:
-                    view[size:end] = chunk
+                    buf.append(chunk)
                 size = end
                 if not more:
                     break
@@ -63,17 +63,7 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
         ) from None
     if expected is not None and size != expected:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {size} bytes, but Content-Length said {expected}")
-    return buf
-
-
-def _body_buffer(expected: int | None) -> tuple[bytearray | memoryview, memoryview | None]:
-    """Where a body of several messages lands: with a declared length, one buffer filled in place
-    (no joining copy, and a framed body's tensors can then be views of it); else a growing bytearray."""
-    if expected is None:
-        return bytearray(), None
-    # a small body: a plain bytearray is cheaper than a torch-backed buffer
-    buf = uninitialised_buffer(expected) if expected >= _BIG_BODY else bytearray(expected)
-    return buf, memoryview(buf)
+    return buf if expected is None else buf.view
 
 
 class ProgramSlots:

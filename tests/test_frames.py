@@ -70,18 +70,39 @@ def test_framing_keeps_no_reference_cycles():
         gc.enable()
 
 
-def test_a_big_buffer_keeps_what_is_written_while_its_pages_are_mapped_behind():
+def test_a_big_buffer_keeps_what_is_written_while_its_pages_are_mapped_ahead():
     import threading
     import time
 
     from proto import frames
 
-    size = frames._POPULATE_MIN_BYTES * 2
-    buf = frames.uninitialised_buffer(size)
+    size = frames._POPULATE_AHEAD * 2
+    buf = frames.FillBuffer(size)
     pattern = bytes(range(256)) * 4096  # 1 MiB
-    for start in range(0, size, len(pattern)):  # written while the populating thread runs
-        buf[start:start + len(pattern)] = pattern
+    for _ in range(size // len(pattern)):  # written while the populating thread runs
+        buf.append(pattern)
     deadline = time.monotonic() + 10
     while any(t.name == "remote-autograd-populate" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert all(buf[start:start + len(pattern)] == pattern for start in range(0, size, len(pattern)))
+    assert buf.filled == size
+    assert all(buf.view[start:start + len(pattern)] == pattern for start in range(0, size, len(pattern)))
+
+
+def test_the_pages_of_a_stalled_buffer_are_not_all_mapped_and_the_helper_stops_with_it():
+    import threading
+    import time
+
+    from proto import frames
+
+    if frames._madvise() is None:
+        pytest.skip("no madvise here")
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * frames.mmap.PAGESIZE  # noqa: E731
+    before = rss()
+    buf = frames.FillBuffer(frames._POPULATE_AHEAD * 4)  # nothing is ever appended
+    time.sleep(0.3)
+    assert rss() - before <= frames._POPULATE_AHEAD + frames._POPULATE_STEP
+    del buf
+    deadline = time.monotonic() + 5
+    while any(t.name == "remote-autograd-populate" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "remote-autograd-populate" for t in threading.enumerate())
