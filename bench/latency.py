@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 import client
@@ -26,8 +28,14 @@ def run(url: str) -> None:
     with client.connect(url, pipeline=False) as sess:
         x, y = sess.tensor(a), sess.tensor(b)
         sess.sync()
+        ids = itertools.count()
+        path = sess._path + "/programs"
+        empty = row("  an empty program (same transport)", measure(
+            lambda: sess._transport.request("POST", path, {"id": f"empty-{next(ids)}", "steps": []}, big=False)), local)
         eager = row("SDK eager: x + y (one request each)", measure(lambda: x + y), local)
         print(f"  {'':<48} eager / floor = {eager / floor:.2f}x   (target <= 1.3x; torch RPC over TCP: 297 us)")
+        print(f"  {'':<48} over the floor: {empty - floor:.0f} us the program route and worker hop, "
+              f"{eager - empty:.0f} us the op and the SDK")
 
     with client.connect(url) as sess:
         x, y = sess.tensor(a), sess.tensor(b)
