@@ -81,8 +81,8 @@ def read_body(response: httpx.Response) -> memoryview | bytes:
     size = response.headers.get("content-length", "")
     total = int(size) if size.isdigit() else 0
     show = total > THRESHOLD and bars_enabled()
-    if total < _CHUNK and not show:
-        return response.read()
+    if total < _CHUNK and not show:  # the raw bytes: our server never encodes an answer (gzip...)
+        return b"".join(response.iter_raw())
     buf = FillBuffer(total)  # every byte is overwritten, or the answer refused below
     bar = _bar(total, "download") if show else None
     try:

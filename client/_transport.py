@@ -41,6 +41,7 @@ class Transport:
         if token:
             self._headers.append((b"authorization", f"Bearer {token}".encode()))
         self._headers = httpx.Headers(self._headers)
+        self._raw_headers = list(self._headers.raw)  # a Request made from a list and a stream skips ~6 us of parsing
         self._extensions = {"timeout": self._timeout}
         self._urls: dict[str, httpx.URL] = {}
         self._retries = retries
@@ -65,7 +66,8 @@ class Transport:
                                 extensions=self._extensions)
         else:
             content = encode_body(body, True) if body is not None else b""
-            req = httpx.Request(method, url, headers=self._headers, content=content, extensions=self._extensions)
+            headers = [*self._raw_headers, (b"content-length", str(len(content)).encode())] if content else self._raw_headers
+            req = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
             if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
                 req.stream = _progress.UploadStream([content], len(content), f"{method} {path}")
         delay = 0.05
