@@ -24,12 +24,17 @@ _READ_MIN, _READ_MAX = 64 << 10, 256 << 10
 
 
 class TunedTransport(httpx.HTTPTransport):
-    """``httpx.HTTPTransport`` (its request mapping and exception types) over ``_TunedBackend``."""
+    """``httpx.HTTPTransport`` (its request mapping and exception types) over ``_TunedBackend``,
+    with the pool httpx would build by default: its TLS context (certifi, ``SSL_CERT_FILE``) and limits."""
 
     def __init__(self) -> None:
         super().__init__(retries=0)
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
         # HTTPTransport keeps its connection pool in ``_pool``; tests check the swap took.
-        self._pool = httpcore.ConnectionPool(network_backend=_TunedBackend(), retries=0)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            retries=0, network_backend=_TunedBackend())
 
 
 class _TunedBackend(httpcore.NetworkBackend):

@@ -6,6 +6,7 @@ import httpcore
 
 from client import _http
 from client._http import TunedTransport, _TunedStream
+from client._errors import RemoteError
 from client._transport import Transport
 
 
@@ -67,3 +68,58 @@ def test_the_sdk_transport_uses_the_tuned_streams(server_url):
         assert all(isinstance(c._connection._network_stream, _TunedStream) for c in pool.connections)
     finally:
         transport.close()
+
+
+def test_the_sdk_transport_speaks_tls(tmp_path, monkeypatch):
+    """Through a TLS proxy (README): the tuned streams wrap the TLS stream, verified against SSL_CERT_FILE."""
+    import http.server
+    import json
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"status": "ok"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    transport = Transport(f"https://127.0.0.1:{server.server_address[1]}")
+    try:
+        for _ in range(3):  # the connection is kept and reused
+            status, body = transport.request("GET", "/healthz")
+            assert status == 200 and body == {"status": "ok"}
+        streams = [c._connection._network_stream for c in transport._transport._pool.connections]
+        assert streams and all(isinstance(s, _TunedStream) for s in streams)
+        monkeypatch.delenv("SSL_CERT_FILE")
+        unverified = Transport(f"https://127.0.0.1:{server.server_address[1]}", retries=0)
+        with pytest.raises(RemoteError, match="CERTIFICATE_VERIFY_FAILED"):  # the certificate is still checked
+            unverified.request("GET", "/healthz")
+        unverified.close()
+    finally:
+        transport.close()
+        server.shutdown()
