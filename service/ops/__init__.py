@@ -12,6 +12,7 @@ import importlib
 from . import (  # noqa: F401  (importing a family registers its ops)
     activations,
     casts,
+    class_losses,
     compare,
     conv,
     custom,
