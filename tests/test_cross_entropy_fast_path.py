@@ -1,5 +1,6 @@
-"""cross_entropy's fast path (one ``CrossEntropy`` node: class indices, 1-d or 2-d input, no label
-smoothing) gives F.cross_entropy's values and gradients bit for bit, and differentiates twice."""
+"""The class losses' fast paths (one ``CrossEntropy`` or ``NLL`` node: class indices, 1-d or 2-d input,
+no label smoothing) give F.cross_entropy's and F.nll_loss's values and gradients bit for bit, and
+differentiate twice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from service.ops import OP_TABLE
 
 cross_entropy = OP_TABLE.get("cross_entropy").fn
+nll_loss = OP_TABLE.get("nll_loss").fn
 
 # (input shape, whether the input is a transposed view); the classes are the last dim
 SHAPES = [((64, 10), False), ((5, 3), False), ((1, 4), False), ((7,), False), ((6, 5), True), ((0, 3), False)]
@@ -101,3 +103,26 @@ def test_other_cases_keep_the_composition():
         assert type(cross_entropy(x, target, **kw).grad_fn).__name__ != "CrossEntropyBackward"
     x3 = torch.randn(2, 3, 4, requires_grad=True)  # > 2-d
     assert type(cross_entropy(x3, torch.randint(0, 3, (2, 4))).grad_fn).__name__ != "CrossEntropyBackward"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_nll_loss_fast_path_is_torch_bit_for_bit(case, dtype):
+    x, target, kw = _inputs(case, dtype)
+    logp = torch.log_softmax(x, -1)
+    got, want = nll_loss(logp, target, **kw), F.nll_loss(logp, target, **kw)
+    assert type(got.grad_fn).__name__ == "NLLBackward"  # the fast path was taken
+    assert_same_bits(got, want)
+    g = torch.rand(want.shape, generator=torch.Generator().manual_seed(1), dtype=dtype) + 0.5
+    got_dx = torch.autograd.grad(got, x, g, retain_graph=True)[0]  # log_softmax is shared by both
+    assert_same_bits(got_dx, torch.autograd.grad(want, x, g)[0])
+
+
+@pytest.mark.parametrize("case", CASES[1::7], ids=_id)
+def test_nll_loss_gradcheck_and_gradgradcheck(case):
+    x, target, kw = _inputs(case, torch.float64)
+    if kw["reduction"] == "mean" and bool((target == kw["ignore_index"]).all()):
+        pytest.skip("every target ignored: the mean is 0/0")
+    f = lambda x: nll_loss(torch.log_softmax(x, -1), target, **kw)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))

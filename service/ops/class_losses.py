@@ -1,5 +1,5 @@
 """Class losses: log_softmax followed by a negative log-likelihood, as in torch (cross_entropy's
-common case runs both in one node, ``CrossEntropy``). The reductions and the legacy
+common case runs both in one node, ``CrossEntropy``, and nll_loss's in ``NLL``). The reductions and the legacy
 size_average/reduce flags are the pointwise losses' own (``losses.py``).
 """
 
@@ -157,7 +157,33 @@ class CrossEntropy(Function):
         return aten._log_softmax_backward_data(g_logp, logp, dim, logp.dtype), None, None, None, None
 
 
+class NLL(Function):
+    """nll_loss of class indices on (C,) or (N, C) input in one node, on the kernels torch's autograd runs
+    for F.nll_loss (values and gradients bit for bit; nll_loss_backward is differentiable in ``g``)."""
+
+    @staticmethod
+    def forward(ctx, logp, target, weight, reduction, ignore_index):
+        loss, total_weight = aten.nll_loss_forward(logp, target, weight, reduction, ignore_index)
+        ctx.save_for_backward(logp, target, weight, total_weight)  # logp as torch saves it: version checks
+        ctx.args = reduction, ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        if not needs(ctx, 0):
+            return None, None, None, None, None
+        logp, target, weight, total_weight = ctx.saved_tensors
+        reduction, ignore_index = ctx.args
+        return aten.nll_loss_backward(g, logp, target, weight, reduction, ignore_index, total_weight), None, None, None, None
+
+
 _NLL_TARGETS = (torch.int64, torch.uint8)  # the target dtypes aten's nll_loss takes
+
+
+def _one_node(input, target, label_smoothing: float = 0.0) -> bool:
+    """Whether the class losses run as one node on torch's kernels: class indices of a dtype aten takes,
+    (C,) or (N, C) input, no label smoothing."""
+    return target.shape != input.shape and target.dtype in _NLL_TARGETS and input.dim() <= 2 and not label_smoothing
 
 
 def _check_classes(input):
@@ -191,8 +217,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_classes(input)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    if target.shape != input.shape and target.dtype in _NLL_TARGETS and input.dim() <= 2 and not label_smoothing:
-        return CrossEntropy.apply(input, target, weight, _REDUCTION_ENUM[reduction], ignore_index)[0]  # one node
+    if _one_node(input, target, label_smoothing):
+        return CrossEntropy.apply(input, target, weight, _REDUCTION_ENUM[reduction], ignore_index)[0]
     logp = LogSoftmax.apply(input, _class_dim(input))
     if target.shape == input.shape:  # class probabilities
         if not target.dtype.is_floating_point:
@@ -211,4 +237,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """-input[target] along the class dim (1, or 0 for 1-d input), weighted; targets == ignore_index count nothing"""
     _check_classes(input)
-    return ClassNLL.apply(input, target, weight, _reduction(size_average, reduce, reduction), ignore_index, 0.0)
+    reduction = _reduction(size_average, reduce, reduction)
+    if _one_node(input, target):
+        return NLL.apply(input, target, weight, _REDUCTION_ENUM[reduction], ignore_index)
+    return ClassNLL.apply(input, target, weight, reduction, ignore_index, 0.0)
