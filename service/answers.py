@@ -53,8 +53,7 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     Binary data is a view (copied here) or, for small tensors, bytes already; both count.
     """
     results = outcome.body.get("results", [])
-    data = [m[k]["data"] for r in results if r and r.get("tensor") for m in (r["tensor"],)
-            for k in ("value", "grad") if m.get(k) is not None and isinstance(m[k].get("data"), (bytes, memoryview))]
+    data = fetched_data(outcome.body)
     if not data:
         return outcome
     if sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
@@ -66,6 +65,16 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     body = dict(outcome.body)
     body["results"] = [_copy_views(r) if r and r.get("tensor") else r for r in results]
     return Outcome(outcome.status, body, outcome.seconds)
+
+
+def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
+    """The binary ``data`` of every value and grad an answer carries: its fetched tensors' (a
+    program's results) or its own (``GET /tensors`` answers one tensor message)."""
+    messages = [r["tensor"] for r in body.get("results", ()) if r and r.get("tensor")]
+    if "value" in body:
+        messages.append(body)
+    return [m[k]["data"] for m in messages for k in ("value", "grad")
+            if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (bytes, bytearray, memoryview))]
 
 
 def _copy_views(value: Any) -> Any:

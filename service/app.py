@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .auth import Tokens
+from .answers import fetched_data
 from .guards import ProgramSlots, check_limits, read_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
@@ -177,12 +178,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await send({"type": "http.response.start", "status": outcome.status, "headers": [
             (b"content-type", media_type.encode()), (b"content-length", str(total).encode()),
             (b"server-timing", timing.encode())]})
-        if len(parts) == 1 and total < _STREAM_BYTES:
-            await send({"type": "http.response.body", "body": parts[0]})
-            return
-        for piece in iter_parts(parts):
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        pieces = list(iter_parts(parts)) or [b""]  # a small answer is one piece: one send
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < last})
 
     async def _program_doc(sid: str) -> None:
         """Run a program: its steps in order against the session (SPEC.md §5)."""
@@ -214,7 +213,6 @@ async def _sweep_forever(store: SessionStore, interval: float) -> None:
 
 
 _PROTOCOL_KEY = PROTOCOL_HEADER.lower().encode()
-_STREAM_BYTES = 1 << 20  # answers this big go out in pieces (see proto.frames.iter_parts)
 
 
 def _caller(scope: dict, version: str | None) -> str | None:
@@ -231,15 +229,7 @@ def _caller(scope: dict, version: str | None) -> str | None:
 def _framable(body: dict) -> bool:
     """Whether an answer holds a fetched tensor big enough to travel as a frame (looked up
     directly: ``extract_frames`` copies the whole answer while it searches)."""
-    messages = [r["tensor"] for r in body.get("results", ()) if r and "tensor" in r]
-    if "value" in body:  # GET /tensors answers one tensor message
-        messages.append(body)
-    return any(_big(m.get(k)) for m in messages if isinstance(m, dict) for k in ("value", "grad"))
-
-
-def _big(encoded: Any) -> bool:
-    data = encoded.get("data") if isinstance(encoded, dict) else None
-    return isinstance(data, (bytes, bytearray, memoryview)) and memoryview(data).nbytes >= FRAME_MIN_BYTES
+    return any(memoryview(data).nbytes >= FRAME_MIN_BYTES for data in fetched_data(body))
 
 
 async def _aiter(parts):
