@@ -155,16 +155,12 @@ def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
     when the first argument is a tensor and no graph is recorded: the Function's forward computes
     exactly that, and skipping the Function saves most of what an optimizer's small out-of-place
     steps (``sqrt``, ``div``) cost."""
-    fn = entry.fn
+    fn, needs_grad = entry.fn, True  # without a native kernel the inputs are not looked at
     if entry.native is not None and args and isinstance(args[0], torch.Tensor):
         needs_grad = _requires_grad(args, kwargs)
         if not (grad_enabled and needs_grad):
             fn = entry.native
-            if not needs_grad:  # autograd looks at the grad mode only when a tensor requires grad
-                return fn(*args, **kwargs)
-    if torch.is_grad_enabled() == grad_enabled:  # most steps: no switching back and forth
-        return fn(*args, **kwargs)
-    with torch.set_grad_enabled(grad_enabled):
+    with _grad_mode(grad_enabled, matters=needs_grad):
         return fn(*args, **kwargs)
 
 
@@ -182,10 +178,11 @@ def _requires_grad(args: list, kwargs: dict) -> bool:
 _SAME_MODE = contextlib.nullcontext()
 
 
-def _grad_mode(enabled: bool):
+def _grad_mode(enabled: bool, *, matters: bool = True):
     """``torch.set_grad_enabled(enabled)`` as a context, or a no-op one when the mode already is ``enabled``
-    (most steps: switching and restoring costs more than many small ops)."""
-    return _SAME_MODE if torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
+    or cannot ``matter`` (autograd looks at it only when a tensor requires grad). Most steps switch
+    nothing: switching and restoring costs more than many small ops."""
+    return _SAME_MODE if not matters or torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
 
 
 def _no_aliases(outputs: tuple, inputs) -> tuple:
@@ -215,13 +212,9 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
                             "a leaf Variable that requires grad is being used in an in-place operation.")
     if "inplace" in kwargs:
         del kwargs["inplace"]
-    if recording or entry.native_inplace is None:
-        with _grad_mode(step.grad_enabled):
+    with _grad_mode(step.grad_enabled, matters=needs_grad):
+        if recording or entry.native_inplace is None:
             return _inplace_by_copy(entry, args, kwargs, recording)
-    if needs_grad and torch.is_grad_enabled():  # as in _apply: the grad mode matters only then
-        with torch.set_grad_enabled(False):
-            entry.native_inplace(*args, **kwargs)
-    else:
         entry.native_inplace(*args, **kwargs)
     return None
 
