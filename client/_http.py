@@ -29,12 +29,11 @@ class TunedTransport(httpx.HTTPTransport):
 
     def __init__(self) -> None:
         super().__init__(retries=0)
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
-        # HTTPTransport keeps its connection pool in ``_pool``; tests check the swap took.
+        # HTTPTransport keeps its connection pool in ``_pool``; tests check the swap took. The
+        # limits are httpx.Limits' defaults, as HTTPTransport passes them.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-            retries=0, network_backend=_TunedBackend())
+            ssl_context=httpx.create_ssl_context(), max_connections=100, max_keepalive_connections=20,
+            keepalive_expiry=5.0, retries=0, network_backend=_TunedBackend())
 
 
 class _TunedBackend(httpcore.NetworkBackend):
