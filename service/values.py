@@ -35,19 +35,8 @@ def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
 
 
 def resolve_args(values: list, session: Session) -> list:
-    """``resolve_value`` of each value; refs (most arguments) and plain values without a call each."""
-    tensors = session.tensors
-    out = []
-    for v in values:
-        ref = v.get("ref") if type(v) is dict and len(v) == 1 else None
-        ct = tensors.get(ref) if type(ref) is str else None
-        if ct is not None:
-            out.append(ct._custom_data)
-        elif type(v) in _PLAIN:
-            out.append(v)
-        else:
-            out.append(resolve_value(v, session))
-    return out
+    """``resolve_value`` of each value (plain numbers and flags returned as they are, without a call)."""
+    return [v if type(v) in _PLAIN else resolve_value(v, session) for v in values]
 
 
 def resolve_kwargs(values: dict, session: Session) -> dict:
