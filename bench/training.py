@@ -82,12 +82,11 @@ def _breakdown(sess, step) -> None:
             spent.clear()
             t0 = time.perf_counter()
             step()
-            totals.append((time.perf_counter() - t0, sum(spent)))
+            totals.append((time.perf_counter() - t0, sum(spent), transport.last_server_timing))
     finally:
         transport.request = original
-    totals.sort()
-    total, request = totals[len(totals) // 2]
-    timing = transport.last_server_timing
+    totals.sort(key=lambda row: row[0])
+    total, request, timing = totals[len(totals) // 2]  # the server's timing of that same step
     worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3
     print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:6.0f} us | request "
           f"{request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us + worker {worker:6.0f} us "
