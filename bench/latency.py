@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 import client
 from client._transport import Transport
 
+from . import _hot
 from ._util import measure, row, serve
 
 
@@ -25,17 +24,19 @@ def run(url: str) -> None:
                     measure(lambda: t.request("POST", "/echo", body)), local)
         t.close()
 
-    with client.connect(url, pipeline=False) as sess:
+    with client.connect(url, pipeline=False) as sess, _hot.recording(sess) as programs:
         x, y = sess.tensor(a), sess.tensor(b)
         sess.sync()
-        ids = itertools.count()
-        path = sess._path + "/programs"
-        empty = row("  an empty program (same transport)", measure(
-            lambda: sess._transport.request("POST", path, {"id": f"empty-{next(ids)}", "steps": []}, big=False)), local)
+        empty = row("  an empty program (same transport)", measure(_hot.empty_program(sess)), local)
         eager = row("SDK eager: x + y (one request each)", measure(lambda: x + y), local)
         print(f"  {'':<48} eager / floor = {eager / floor:.2f}x   (target <= 1.3x; torch RPC over TCP: 297 us)")
         print(f"  {'':<48} over the floor: {empty - floor:.0f} us the program route and worker hop, "
               f"{eager - empty:.0f} us the op and the SDK")
+        eager_programs = [p for p in programs if p["steps"]]  # the two puts, then the adds (not the empty ones)
+        sdk_us = _hot.median_us(_hot.client_alone(sess, lambda: x + y, 300))
+        server_us = _hot.median_us(_hot.server_alone(eager_programs, 300))
+        print(f"  {'':<48} the op alone, warm caches: SDK {sdk_us:.1f} us + server in process {server_us:.1f} us "
+              f"(over the empty program in the round trip: {eager - empty:.0f} us)")
 
     with client.connect(url) as sess:
         x, y = sess.tensor(a), sess.tensor(b)

@@ -10,6 +10,7 @@ from torch import nn
 
 import client
 
+from . import _hot
 from ._util import measure, row
 
 
@@ -46,7 +47,7 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
     local_model = copy.deepcopy(base)
     local = row("local torch", measure(_step_fn(local_model, make_opt(local_model), x, y), repeat=repeat, warmup=5))
     for pipeline in (True, False):
-        with client.connect(url, pipeline=pipeline) as sess:
+        with client.connect(url, pipeline=pipeline) as sess, _hot.recording(sess) as programs:
             model = sess.module(base)
             opt = make_opt(model)
             xr, yr = sess.tensor(x), sess.tensor(y)
@@ -60,6 +61,7 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             row(name, times, local, f"{per_step:.1f} requests/step")
             if pipeline:
                 _breakdown(sess, step)
+                _parts_alone(sess, step, programs, local, repeat)
 
 
 def _breakdown(sess, step) -> None:
@@ -91,6 +93,18 @@ def _breakdown(sess, step) -> None:
     print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:6.0f} us | request "
           f"{request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us + worker {worker:6.0f} us "
           f"(steps {steps:6.0f} us)")
+
+
+def _parts_alone(sess, step, programs: list, local: float, repeat: int) -> None:
+    """The same step's parts each timed alone with warm caches (``bench._hot``): their sum against the
+    round trip shows what running them interleaved on the same cores costs."""
+    programs = list(programs)  # the step's own programs: what follows here is recorded too
+    empty_us = _hot.median_us(measure(_hot.empty_program(sess), repeat=repeat, warmup=10))
+    client_us = _hot.median_us(_hot.client_alone(sess, step, repeat))
+    server_us = _hot.median_us(_hot.server_alone(programs, repeat))
+    total = client_us + server_us + empty_us
+    print(f"  {'parts alone, warm caches':<48} client {client_us:6.0f} us + server in process {server_us:6.0f} us "
+          f"+ empty request {empty_us:5.0f} us = {total:6.0f} us  {total / local:5.2f}x")
 
 
 def run(url: str) -> None:
