@@ -5,6 +5,8 @@ on every path but ``/healthz`` and ``/readyz`` (FastAPI's docs and ``/metrics``
 included: they are not routes of ours, so a route-level check would miss them),
 and when the answer is sent counts it and writes one access-log line. Pure ASGI,
 not ``BaseHTTPMiddleware``: it adds a few microseconds, not a task per request.
+A ``RawRoute`` (the program route, every op's path) it calls itself, past the
+exception middleware and the router: ~12 µs less per request here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from proto import MSGPACK, ProtocolError, encode_body, is_msgpack
 from .auth import PUBLIC_PATHS, Tokens
 from .logs import REQUEST_ID, request_id_from
 from .metrics import Metrics
+from .raw_route import RawRoute
 
 access_log = logging.getLogger("service.access")
 error_log = logging.getLogger("service")
@@ -43,6 +46,7 @@ class Gatekeeper:
 
     def __init__(self, app: Callable, *, tokens: Tokens, metrics: Metrics, routes: list) -> None:
         self.app, self.tokens, self.metrics, self.routes = app, tokens, metrics, routes
+        self._raw_routes: list[RawRoute] | None = None  # found at the first request, once all routes exist
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -52,33 +56,48 @@ class Gatekeeper:
         headers = dict(scope["headers"])
         rid = request_id_from(headers.get(b"x-request-id"))
         status = 500  # if the app raises before answering, Starlette answers 500
+        started = False
         context = REQUEST_ID.set(rid)
 
         async def send_with_id(message: dict) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
             await send(message)
 
         try:
             try:
                 owner = None if scope["path"] in PUBLIC_PATHS else self.tokens.owner(headers.get(b"authorization"))
-            except ProtocolError as err:
+                scope.setdefault("state", {})["owner"] = owner
+                await (self._raw_route_app(scope) or self.app)(scope, receive, send_with_id)
+            except ProtocolError as err:  # refused here, or raised by a raw route (the router's handlers are past)
+                if started:
+                    raise
                 await self._refuse(err, headers, send_with_id)
-                return
-            scope.setdefault("state", {})["owner"] = owner
-            await self.app(scope, receive, send_with_id)
         finally:
             REQUEST_ID.reset(context)
             self._observe(scope, status, perf_counter() - start, rid)
 
+    def _raw_route_app(self, scope: dict) -> Callable | None:
+        """The ASGI app of the ``RawRoute`` that fully matches ``scope`` (its path parameters and route
+        are put in ``scope``, as the router would), or None."""
+        if self._raw_routes is None:
+            self._raw_routes = [route for route in self.routes if isinstance(route, RawRoute)]
+        for route in self._raw_routes:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                scope.update(child)
+                return route.app
+        return None
+
     async def _refuse(self, err: ProtocolError, headers: dict, send: Callable) -> None:
         as_msgpack = wants_msgpack(header_text(headers.get(b"accept")), header_text(headers.get(b"content-type")))
         body, media_type = error_response(err, as_msgpack)
+        extra = [(b"www-authenticate", b"Bearer")] if err.status == 401 else []
         await send({"type": "http.response.start", "status": err.status,
                     "headers": [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+                                *extra]})
         await send({"type": "http.response.body", "body": body})
 
     def _observe(self, scope: dict, status: int, seconds: float, rid: str) -> None:

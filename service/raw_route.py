@@ -2,7 +2,9 @@
 
 FastAPI's request handling (dependency solving, ``Request`` and ``Response`` objects)
 costs ~30 µs a request here; the program route carries every op, so it skips that
-and speaks ASGI itself. Routing, middleware and exception handlers still apply.
+and speaks ASGI itself. The ``Gatekeeper`` calls it directly, past the exception
+middleware and the router (~12 µs more), and answers the ``ProtocolError`` it raises
+the way the app's handler would.
 """
 
 from __future__ import annotations

@@ -443,7 +443,8 @@ def test_protocol_header_missing_or_wrong(server_url: str, wire: Wire, held: dic
     _assert_untouched(wire, held)
 
 
-@pytest.mark.parametrize("path, status", [("/tensors/a?grad=maybe", 400), ("/nonsense", 404)])
+@pytest.mark.parametrize("path, status", [("/tensors/a?grad=maybe", 400), ("/nonsense", 404),
+                                          ("/programs", 405)])  # a GET on the raw program route: the router's 405
 def test_framework_errors_use_the_error_body(wire: Wire, held: dict, path: str, status: int):
     r = wire.get(f"/v1/sessions/{held['sid']}{path}")
     _error(r, status, None)
