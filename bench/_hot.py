@@ -23,49 +23,52 @@ from ._util import measure
 
 
 @contextlib.contextmanager
-def recording(session) -> Iterator[list[dict]]:
-    """Every program ``session`` sends while inside, in order (its answers go on as usual)."""
-    transport, programs = session._transport, []
+def intercepted(session, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """While inside, ``session`` sends through ``wrap(its transport's request)``; the real one after."""
+    transport = session._transport
     original = transport.request
-
-    def request(method: str, path: str, body: Any = None, **kwargs: Any):
-        if path.endswith("/programs"):
-            programs.append(body)
-        return original(method, path, body, **kwargs)
-
-    transport.request = request
+    transport.request = wrap(original)
     try:
-        yield programs
+        yield
     finally:
         transport.request = original
+
+
+@contextlib.contextmanager
+def recording(session) -> Iterator[list[dict]]:
+    """Every program ``session`` sends while inside, in order (its answers go on as usual)."""
+    programs: list[dict] = []
+
+    def wrap(original: Callable) -> Callable:
+        def request(method: str, path: str, body: Any = None, **kwargs: Any):
+            if path.endswith("/programs"):
+                programs.append(body)
+            return original(method, path, body, **kwargs)
+        return request
+
+    with intercepted(session, wrap):
+        yield programs
 
 
 def client_alone(session, fn: Callable[[], object], repeat: int) -> list[float]:
     """Seconds per ``fn()`` when every program is answered at once with the session's last answer."""
-    transport = session._transport
-    original = transport.request
     answers: list = []
 
-    def remember(method: str, path: str, body: Any = None, **kwargs: Any):
-        status, answer = original(method, path, body, **kwargs)
-        answers.append((status, answer))
-        return status, answer
+    def remember(original: Callable) -> Callable:
+        def request(method: str, path: str, body: Any = None, **kwargs: Any):
+            answers.append(original(method, path, body, **kwargs))
+            return answers[-1]
+        return request
 
-    transport.request = remember
-    try:
+    with intercepted(session, remember):
         fn()  # one real round trip gives the answer to repeat
-    finally:
-        transport.request = original
     status, answer = answers[-1]
 
-    def from_memory(method: str, path: str, body: Any = None, **kwargs: Any):
-        return status, {**answer, "id": body["id"]}
+    def from_memory(original: Callable) -> Callable:
+        return lambda method, path, body=None, **kwargs: (status, {**answer, "id": body["id"]})
 
-    transport.request = from_memory
-    try:
+    with intercepted(session, from_memory):
         return measure(fn, repeat=repeat, warmup=max(1, repeat // 10))
-    finally:
-        transport.request = original
 
 
 def server_alone(programs: list[dict], last: int) -> list[float]:

@@ -66,27 +66,24 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
 
 def _breakdown(sess, step) -> None:
     """Where a pipelined step's time goes: building steps on the client vs the request (server + wire)."""
-    transport = sess._transport
-    original = transport.request
     spent = []
 
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - t0)
+    def timed(original):
+        def request(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - t0)
+        return request
 
-    transport.request = timed
     totals = []
-    try:
+    with _hot.intercepted(sess, timed):
         for _ in range(20):
             spent.clear()
             t0 = time.perf_counter()
             step()
-            totals.append((time.perf_counter() - t0, sum(spent), transport.last_server_timing))
-    finally:
-        transport.request = original
+            totals.append((time.perf_counter() - t0, sum(spent), sess._transport.last_server_timing))
     totals.sort(key=lambda row: row[0])
     total, request, timing = totals[len(totals) // 2]  # the server's timing of that same step
     worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3

@@ -16,7 +16,6 @@ from proto.frames import FillBuffer
 from .settings import Settings
 
 
-
 async def read_body(receive: Callable, declared: str | None, limit: int, timeout: float) -> bytes | bytearray | memoryview:
     """The request body from ASGI ``receive``; 413 as soon as it passes ``limit`` bytes (or its
     Content-Length ``declared`` does), 400 if it stalls for ``timeout`` s.
