@@ -29,7 +29,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 serve: $(VENV)/.installed
-	$(PY) -m service --host $(HOST) --port $(PORT)
+	$(PY) -m remote_autograd.service --host $(HOST) --port $(PORT)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)

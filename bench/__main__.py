@@ -14,7 +14,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"any of {list(SECTIONS)} (default: all)")
     args = parser.parse_args()
-    with serve(["-m", "service"]) as url:
+    with serve(["-m", "remote_autograd.service"]) as url:
         print(f"remote-autograd benchmarks against {url} (medians and p90 over repeated runs)")
         for name in args.sections or list(SECTIONS):
             SECTIONS[name](url)

@@ -14,10 +14,10 @@ import statistics
 import time
 from typing import Any, Callable, Iterator
 
-from proto import encode_body
-from proto.messages import validate_program
-from service.settings import Settings
-from service.store import SessionStore
+from remote_autograd.proto import encode_body
+from remote_autograd.proto.messages import validate_program
+from remote_autograd.service.settings import Settings
+from remote_autograd.service.store import SessionStore
 
 from ._util import measure
 

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-import client
+from remote_autograd import client
 
 from ._util import SERVER_PIDS, peak_rss_bytes, rss_bytes
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-import client
-from client._transport import Transport
+from remote_autograd import client
+from remote_autograd.client._transport import Transport
 
 from . import _hot
 from ._util import measure, row, serve

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from proto import encode_tensor
-from proto.messages import validate_program
-from service.ops import OP_TABLE
-from service.runner import run_program
-from service.settings import Settings
-from service.store import SessionStore
+from remote_autograd.proto import encode_tensor
+from remote_autograd.proto.messages import validate_program
+from remote_autograd.service.ops import OP_TABLE
+from remote_autograd.service.runner import run_program
+from remote_autograd.service.settings import Settings
+from remote_autograd.service.store import SessionStore
 
 from ._util import measure, row
 

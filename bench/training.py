@@ -8,7 +8,7 @@ import time
 import torch
 from torch import nn
 
-import client
+from remote_autograd import client
 
 from . import _hot
 from ._util import measure, row

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from proto import dtype_name
+from remote_autograd.proto import dtype_name
 
 from . import _infer
 from ._routes import Route, torch_name

@@ -27,8 +27,8 @@ def embedded_url() -> str:
 def _start() -> str:
     import uvicorn
 
-    from service.app import create_app
-    from service.settings import Settings
+    from remote_autograd.service.app import create_app
+    from remote_autograd.service.settings import Settings
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import httpx
 
-from proto.frames import FillBuffer
+from remote_autograd.proto.frames import FillBuffer
 
 from ._errors import RemoteError
 
@@ -64,7 +64,7 @@ class UploadStream(httpx.SyncByteStream):
         self._parts, self._total, self._desc = parts, total, f"upload {desc}"
 
     def __iter__(self) -> Iterator[bytes | memoryview]:
-        from proto.frames import iter_parts
+        from remote_autograd.proto.frames import iter_parts
 
         if self._total <= THRESHOLD or not bars_enabled():
             yield from iter_parts(self._parts, _CHUNK)

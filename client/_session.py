@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from proto import decode_tensor, dtype_from_name
-from proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto import decode_tensor, dtype_from_name
+from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from . import _progress
 from ._errors import RemoteError

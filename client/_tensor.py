@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from proto import decode_tensor, encode_tensor
-from proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto import decode_tensor, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
-from proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
+from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
 from . import _progress
 from ._http import TunedTransport

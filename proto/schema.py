@@ -6,8 +6,8 @@ fails when it is stale. The same definitions fill the OpenAPI components
 (``service/openapi.py``), so the SPEC, the schema file and ``/docs`` describe
 one set of shapes.
 
-    python -m proto.schema --write   # regenerate proto/schema.json
-    python -m proto.schema --check   # exit 1 if it is stale
+    python -m remote_autograd.proto.schema --write   # regenerate proto/schema.json
+    python -m remote_autograd.proto.schema --check   # exit 1 if it is stale
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proto.schema", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m remote_autograd.proto.schema", description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help=f"write {SCHEMA_PATH.name}")
     action.add_argument("--check", action="store_true", help=f"exit 1 if {SCHEMA_PATH.name} is stale")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.check:
         current = SCHEMA_PATH.read_text() if SCHEMA_PATH.exists() else ""
         if current != text:
-            print(f"{SCHEMA_PATH} is stale: run python -m proto.schema --write", file=sys.stderr)
+            print(f"{SCHEMA_PATH} is stale: run python -m remote_autograd.proto.schema --write", file=sys.stderr)
             return 1
     else:
         sys.stdout.write(text)

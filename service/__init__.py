@@ -1,3 +1,3 @@
 """The remote-autograd service: a FastAPI app that runs programs of torch ops for sessions."""
 
-__version__ = "0.1.0"
+from remote_autograd import __version__  # noqa: F401  (one version, the package's)

@@ -1,4 +1,4 @@
-"""``python -m service [--host --port --device auto|cpu|cuda --log-level]``: start uvicorn with the fast settings.
+"""``python -m remote_autograd.service [--host --port --device auto|cpu|cuda --log-level]``: start uvicorn with the fast settings.
 
 Refuses (exit status 2) to listen beyond loopback without tokens unless
 ``REMOTE_AUTOGRAD_INSECURE=1``. Logs are JSON lines on stderr (``service.logs``);
@@ -24,7 +24,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service", description="remote-autograd server")
+    parser = argparse.ArgumentParser(prog="python -m remote_autograd.service", description="remote-autograd server")
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proto import ErrorCode, ProtocolError, decode_tensor, encode_tensor
-from proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto import ErrorCode, ProtocolError, decode_tensor, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from .custom_tensor import CustomTensor
 from .store import Outcome

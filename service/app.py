@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from proto import (
+from remote_autograd.proto import (
     MSGPACK,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
@@ -29,8 +29,8 @@ from proto import (
     decode_body,
     encode_body,
 )
-from proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, header_of, is_frames, iter_parts, pack_frames, unpack_frames
-from proto.messages import validate_program
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, header_of, is_frames, iter_parts, pack_frames, unpack_frames
+from remote_autograd.proto.messages import validate_program
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
@@ -48,7 +48,7 @@ from .settings import Settings
 from .store import SessionStore
 from .workers import WorkerThreads
 
-log = logging.getLogger("service")
+log = logging.getLogger("remote_autograd.service")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

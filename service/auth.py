@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from proto import ErrorCode, ProtocolError
+from remote_autograd.proto import ErrorCode, ProtocolError
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 

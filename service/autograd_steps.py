@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from proto import ErrorCode, ProtocolError
-from proto.messages import BackwardStep, GradStep
+from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.messages import BackwardStep, GradStep
 
 from .custom_tensor import CustomTensor
 from .settings import Settings

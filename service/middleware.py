@@ -17,15 +17,15 @@ from typing import Any, Callable
 
 from starlette.routing import Match
 
-from proto import MSGPACK, ProtocolError, encode_body, is_msgpack
+from remote_autograd.proto import MSGPACK, ProtocolError, encode_body, is_msgpack
 
 from .auth import PUBLIC_PATHS, Tokens
 from .logs import REQUEST_ID, request_id_from
 from .metrics import Metrics
 from .raw_route import RawRoute
 
-access_log = logging.getLogger("service.access")
-error_log = logging.getLogger("service")
+access_log = logging.getLogger("remote_autograd.service.access")
+error_log = logging.getLogger("remote_autograd.service")
 
 
 def wants_msgpack(accept: str | None, content_type: str | None) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from proto import JSON, MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION
+from remote_autograd.proto import JSON, MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION
 
 _REF = "#/components/schemas/{model}"
 _SECURITY = "bearer"
@@ -59,7 +59,7 @@ def route_doc(status: int, answer: str | None, *, body: str | None = None, v1: b
 
 def install(app: FastAPI) -> None:
     """Make ``app.openapi()`` include the protocol's message schemas and the bearer scheme."""
-    from proto.schema import definitions
+    from remote_autograd.proto.schema import definitions
 
     build = app.openapi
 

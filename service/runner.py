@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from proto import ErrorCode, ProtocolError, decode_tensor, dtype_name
-from proto.messages import (
+from remote_autograd.proto import ErrorCode, ProtocolError, decode_tensor, dtype_name
+from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
     FetchStep,
@@ -37,7 +37,7 @@ from .autograd_steps import backward_step, grad_step
 from .store import Outcome, Session
 from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_tensors
 
-log = logging.getLogger("service.runner")
+log = logging.getLogger("remote_autograd.service.runner")
 OP_TABLE = _ops.OP_TABLE
 
 

@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from proto import ErrorCode, ProtocolError
-from proto.messages import Program
+from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.messages import Program
 
 from .custom_tensor import CustomTensor
 from .settings import Settings

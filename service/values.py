@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from proto import ErrorCode, ProtocolError, dtype_from_name, dtype_name
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_from_name, dtype_name
 
 from .custom_tensor import CustomTensor
 from .settings import Settings

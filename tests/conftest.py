@@ -17,7 +17,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-import client
+from remote_autograd import client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,14 +30,14 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def start_server(**env: str) -> Iterator[str]:
-    """A real ``python -m service`` on a free loopback port; ``env`` adds REMOTE_AUTOGRAD_* settings."""
+    """A real ``python -m remote_autograd.service`` on a free loopback port; ``env`` adds REMOTE_AUTOGRAD_* settings."""
     port = _free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
     full_env.update(env)
     if "REMOTE_AUTOGRAD_DEVICE" in os.environ and "REMOTE_AUTOGRAD_DEVICE" not in env:
         full_env["REMOTE_AUTOGRAD_DEVICE"] = os.environ["REMOTE_AUTOGRAD_DEVICE"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "remote_autograd.service", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -53,13 +53,13 @@ class Server:
 
 
 def launch(port: int | None = None, **env: str) -> Server:
-    """``python -m service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers."""
+    """``python -m remote_autograd.service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers."""
     port = port or _free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
     full_env.update(env)
     log = Path(tempfile.mkstemp(prefix="remote-autograd-", suffix=".log")[1])
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "remote_autograd.service", "--host", "127.0.0.1", "--port", str(port)],
                                 cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", port, proc, log)
     deadline = time.monotonic() + 60

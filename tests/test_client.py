@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import client
+from remote_autograd import client
 
 
 def test_metadata_is_local(sess):

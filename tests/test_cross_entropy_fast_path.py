@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from service.ops import OP_TABLE
+from remote_autograd.service.ops import OP_TABLE
 
 cross_entropy = OP_TABLE.get("cross_entropy").fn
 nll_loss = OP_TABLE.get("nll_loss").fn

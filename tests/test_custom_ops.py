@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-import client
-from service.ops import OP_TABLE, OpRegistrationError, load_op_modules
+from remote_autograd import client
+from remote_autograd.service.ops import OP_TABLE, OpRegistrationError, load_op_modules
 
 from .conftest import ROOT, start_server
 
@@ -23,7 +23,7 @@ def test_a_failing_op_is_refused_naming_the_check(module, check):
 
 
 def test_a_server_refuses_to_start_with_a_broken_op():
-    proc = subprocess.run([sys.executable, "-m", "service", "--port", "1"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "remote_autograd.service", "--port", "1"], cwd=ROOT, capture_output=True, text=True,
                           env={"REMOTE_AUTOGRAD_OP_MODULES": "tests.op_modules.wrong_grad", "PATH": "/usr/bin:/bin"},
                           timeout=120)
     assert proc.returncode != 0 and "test_bad_cube" in proc.stderr and "gradcheck" in proc.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.ops.coverage import BEGIN, END, coverage_markdown, replace_block
+from remote_autograd.service.ops.coverage import BEGIN, END, coverage_markdown, replace_block
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -13,7 +13,7 @@ def test_readme_op_coverage_table_is_current():
     readme = (ROOT / "README.md").read_text()
     assert BEGIN in readme and END in readme
     assert replace_block(readme, coverage_markdown()) == readme, (
-        "README's op table is stale: run `python -m service.ops.coverage --write README.md`"
+        "README's op table is stale: run `python -m remote_autograd.service.ops.coverage --write README.md`"
     )
 
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from proto import encode_tensor
-from proto.messages import validate_program
-from service.answers import keepable
-from service.metrics import _OP_BUCKETS, _StepSeconds
-from service.ops import OP_TABLE, OpTable, S, T, op
-from service.runner import run_program
-from service.settings import Settings
-from service.store import SessionStore
+from remote_autograd.proto import encode_tensor
+from remote_autograd.proto.messages import validate_program
+from remote_autograd.service.answers import keepable
+from remote_autograd.service.metrics import _OP_BUCKETS, _StepSeconds
+from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
+from remote_autograd.service.runner import run_program
+from remote_autograd.service.settings import Settings
+from remote_autograd.service.store import SessionStore
 
 NATIVE = [(e, i) for e in OP_TABLE if e.native is not None for i in range(len(e.samples))]
 NATIVE_INPLACE = [(e, i) for e in OP_TABLE if e.native_inplace is not None for i in range(len(e.samples))]

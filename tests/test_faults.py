@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
-import client
-from client._transport import Transport
+from remote_autograd import client
+from remote_autograd.client._transport import Transport
 
 from .conftest import _free_port
 from .servers import api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight

@@ -13,8 +13,8 @@ from typing import Iterator
 import pytest
 import torch
 
-import client
-from client import _progress, _transport
+from remote_autograd import client
+from remote_autograd.client import _progress, _transport
 
 
 @pytest.fixture

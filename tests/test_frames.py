@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proto import ProtocolError, decode_tensor, encode_tensor
-from proto.frames import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
+from remote_autograd.proto import ProtocolError, decode_tensor, encode_tensor
+from remote_autograd.proto.frames import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
 
 
 def _body(parts) -> bytearray:
@@ -74,7 +74,7 @@ def test_a_big_buffer_keeps_what_is_written_while_its_pages_are_mapped_ahead():
     import threading
     import time
 
-    from proto import frames
+    from remote_autograd.proto import frames
 
     size = frames._POPULATE_AHEAD * 2
     buf = frames.FillBuffer(size)
@@ -92,7 +92,7 @@ def test_the_pages_of_a_stalled_buffer_are_not_all_mapped_and_the_helper_stops_w
     import threading
     import time
 
-    from proto import frames
+    from remote_autograd.proto import frames
 
     if frames._madvise() is None:
         pytest.skip("no madvise here")

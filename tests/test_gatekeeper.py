@@ -6,10 +6,10 @@ import asyncio
 
 import msgpack
 
-from proto import MSGPACK, ErrorCode, ProtocolError
-from service.auth import Tokens
-from service.middleware import Gatekeeper
-from service.raw_route import RawRoute
+from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError
+from remote_autograd.service.auth import Tokens
+from remote_autograd.service.middleware import Gatekeeper
+from remote_autograd.service.raw_route import RawRoute
 
 
 class _Counts:

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 import torch
 
-from proto import decode_tensor, encode_tensor
+from remote_autograd.proto import decode_tensor, encode_tensor
 
 from .conftest import PROTOCOL_HEADERS, start_server
 

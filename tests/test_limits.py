@@ -15,8 +15,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-import client
-from service.settings import ADVERTISED_LIMITS
+from remote_autograd import client
+from remote_autograd.service.settings import ADVERTISED_LIMITS
 
 from .servers import api, call, error_of, program, put, ref, running, sleep_program, wait_in_flight
 
@@ -282,7 +282,7 @@ def test_idle_sessions_expire_and_are_freed_without_a_call():
 
 
 def test_a_factory_over_the_element_limit_is_refused_before_allocating(limited: str):
-    import client
+    from remote_autograd import client
 
     with client.connect(limited) as sess:
         with pytest.raises(client.RemoteError) as info:

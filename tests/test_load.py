@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import client
+from remote_autograd import client
 
 SESSIONS = int(os.environ.get("REMOTE_AUTOGRAD_LOAD_SESSIONS", "32"))
 STEPS = int(os.environ.get("REMOTE_AUTOGRAD_LOAD_STEPS", "100"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.ops import OP_TABLE
+from remote_autograd.service.ops import OP_TABLE
 
 ENTRIES = [e for e in OP_TABLE if not e.name.startswith("_test")]
 CASES = [(e, i) for e in ENTRIES for i in range(len(e.samples))]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import client
-from service.ops import OP_TABLE, T
+from remote_autograd import client
+from remote_autograd.service.ops import OP_TABLE, T
 
 ENTRIES = [e for e in OP_TABLE if not e.name.startswith("_test") and e.reference is not None]
 CASES = [(e, i) for e in ENTRIES for i in range(len(e.samples))]

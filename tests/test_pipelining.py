@@ -7,8 +7,8 @@ import gc
 import pytest
 import torch
 
-import client
-from client import _infer
+from remote_autograd import client
+from remote_autograd.client import _infer
 
 from .conftest import start_server
 

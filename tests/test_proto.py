@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import proto
-from proto import DTYPES, ITEMSIZES, ErrorCode, ProtocolError, decode_body, decode_tensor, encode_body, encode_tensor
-from proto.messages import Program, validate_program
+from remote_autograd import proto
+from remote_autograd.proto import DTYPES, ITEMSIZES, ErrorCode, ProtocolError, decode_body, decode_tensor, encode_body, encode_tensor
+from remote_autograd.proto.messages import Program, validate_program
 
 ALL_DTYPES = list(DTYPES)
 FLOATS = ["float16", "bfloat16", "float32", "float64"]

@@ -17,8 +17,8 @@ import msgpack
 import pytest
 import torch
 
-from proto import decode_tensor
-from proto.schema import SCHEMA_PATH, document, render
+from remote_autograd.proto import decode_tensor
+from remote_autograd.proto.schema import SCHEMA_PATH, document, render
 
 SPEC = Path(__file__).resolve().parent.parent / "proto" / "SPEC.md"
 # Shown inside another message's example instead of on their own.
@@ -26,7 +26,7 @@ EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList"}
 
 
 def test_schema_file_is_current():
-    assert SCHEMA_PATH.read_text() == render(), "proto/schema.json is stale: run python -m proto.schema --write"
+    assert SCHEMA_PATH.read_text() == render(), "proto/schema.json is stale: run python -m remote_autograd.proto.schema --write"
 
 
 def test_schema_file_is_valid_json_schema():

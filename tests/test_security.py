@@ -13,7 +13,7 @@ from typing import Iterator
 import msgpack
 import pytest
 
-import client
+from remote_autograd import client
 
 from .conftest import ROOT
 from .servers import AUTH, api, call, error_of, program, put, ref, running
@@ -128,7 +128,7 @@ def _env(**extra: str) -> dict:
 
 
 def test_refuses_a_public_address_without_tokens():
-    r = subprocess.run([sys.executable, "-m", "service", "--host", "0.0.0.0", "--port", "9"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "remote_autograd.service", "--host", "0.0.0.0", "--port", "9"], cwd=ROOT,
                        env=_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "refusing to listen on 0.0.0.0" in r.stderr and "REMOTE_AUTOGRAD_TOKENS" in r.stderr
@@ -142,8 +142,8 @@ def test_refuses_a_public_address_without_tokens():
 def test_tokens_or_insecure_or_loopback_may_listen(monkeypatch: pytest.MonkeyPatch, host: str, env: dict):
     import uvicorn
 
-    from service import __main__ as entry
-    from service import logs
+    from remote_autograd.service import __main__ as entry
+    from remote_autograd.service import logs
 
     for k in [k for k in os.environ if k.startswith("REMOTE_AUTOGRAD_")]:
         monkeypatch.delenv(k)

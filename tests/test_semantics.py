@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-import client
+from remote_autograd import client
 
 
 def test_in_place_overwriting_a_saved_value_fails_at_backward_like_torch(sess):

@@ -1,6 +1,6 @@
 import torch
 
-import client
+from remote_autograd import client
 
 
 def test_end_to_end(sess):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-import client
+from remote_autograd import client
 
 
 def _mlp() -> nn.Module:

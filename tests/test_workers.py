@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from proto import ProtocolError
-from service.guards import read_body
-from service.workers import WorkerThreads
+from remote_autograd.proto import ProtocolError
+from remote_autograd.service.guards import read_body
+from remote_autograd.service.workers import WorkerThreads
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
 

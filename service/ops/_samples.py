@@ -40,7 +40,7 @@ class T:
 
 
 def _dtype_named(name: str) -> torch.dtype:
-    from proto import dtype_from_name
+    from remote_autograd.proto import dtype_from_name
 
     return dtype_from_name(name)
 

@@ -1,6 +1,6 @@
 """The README's op-coverage table, generated from the op table.
 
-``python -m service.ops.coverage`` prints it; ``--write README.md`` replaces the
+``python -m remote_autograd.service.ops.coverage`` prints it; ``--write README.md`` replaces the
 block between the coverage markers (a test checks the README is current).
 """
 
@@ -44,7 +44,7 @@ def replace_block(text: str, table: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m service.ops.coverage")
+    parser = argparse.ArgumentParser(prog="python -m remote_autograd.service.ops.coverage")
     parser.add_argument("--write", type=Path, help="rewrite the table block in this file (README.md)")
     args = parser.parse_args()
     table = coverage_markdown()

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from proto import ErrorCode, ProtocolError
+from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ._context import current
 from ._registry import op

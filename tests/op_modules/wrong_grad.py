@@ -2,7 +2,7 @@
 
 import torch
 
-from service.ops import S, T, op
+from remote_autograd.service.ops import S, T, op
 
 
 class Cube(torch.autograd.Function):
