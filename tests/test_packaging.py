@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, _free_port
+from .servers import ROOT, _free_port
 
 pytestmark = pytest.mark.tooling
 
