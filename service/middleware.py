@@ -1,7 +1,7 @@
 """``Gatekeeper``: the one pure-ASGI middleware every request passes, before any route.
 
 It gives the request an id (echoed as ``X-Request-ID``), checks the bearer token
-on every path but ``/healthz`` and ``/readyz`` (FastAPI's docs and ``/metrics``
+on every path but ``auth.PUBLIC_PATHS`` (``/openapi.json`` and ``/metrics``
 included: they are not routes of ours, so a route-level check would miss them),
 and when the answer is sent counts it and writes one access-log line. Pure ASGI,
 not ``BaseHTTPMiddleware``: it adds a few microseconds, not a task per request.
