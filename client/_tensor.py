@@ -73,7 +73,7 @@ class RemoteTensor(torch.Tensor):
             session.flush()
         return r
 
-    # -- the seed's boundary: from_torch / to_torch ----------------------------------------
+    # -- the boundary with local torch: from_torch / to_torch ----------------------------------------
 
     @classmethod
     def from_torch(cls, t: torch.Tensor, session: Session) -> "RemoteTensor":
@@ -99,7 +99,7 @@ class RemoteTensor(torch.Tensor):
         message = self._session.fetch(self._id, value=value, grad=grad)
         v = decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
         g = decode_tensor(message["grad"], copy=False) if message.get("grad") is not None else None
-        # Local copies of small tensors are kept (DESIGN: filled when fetched); big ones are
+        # Local copies of small tensors are kept (filled when fetched); big ones are
         # not cloned again just to keep a copy nobody asked for.
         if v is not None:
             self._custom_data = v.clone() if v.nbytes < FRAME_MIN_BYTES else None

@@ -1,7 +1,7 @@
 """HTTP for the SDK: one long-lived httpx transport and prebuilt requests.
 
 Going through the transport's ``handle_request`` directly skips the ``httpx.Client``
-layer, which costs ~150 µs per request here (perf-notes.md); the transport is
+layer and its per-request overhead; the transport is
 httpx's own over a tuned socket layer (``_http``).
 Bodies are msgpack both ways; a body carrying big tensors goes framed
 (``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
