@@ -19,8 +19,9 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from . import _progress
+from ._banner import announce
 from ._errors import RemoteError
+from ._protocol_advice import explain
 from ._routes import RouteTable
 from ._transport import Transport, error_from
 
@@ -49,7 +50,7 @@ class Session:
         try:
             info = transport.call("POST", "/v1/sessions", {})
         except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
-            raise _progress.explain(transport, exc) from None
+            raise explain(transport, exc) from None
         self.id: str = info["session_id"]
         self.remote_device: str = info["device"]
         self.server_version: str = info["server_version"]
@@ -71,7 +72,7 @@ class Session:
         from ._ops import OpsNamespace
 
         self.ops = OpsNamespace(self)
-        _progress.announce(self, info)  # one line on connect, in notebooks only
+        announce(info, transport.base_url)  # one line on connect, in notebooks only
 
     # -- context manager --------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ import httpx
 from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
-from . import _progress
+from ._answer_body import read_body
+from ._progress import UploadStream, shows_bar
 from ._http import TunedTransport
 from ._errors import RemoteError, SessionLost
 
@@ -62,21 +63,21 @@ class Transport:
             parts, total = pack_frames(header, frames)
             headers = self._headers.copy()
             headers["content-type"], headers["content-length"] = FRAMES, str(total)
-            req = httpx.Request(method, url, headers=headers, stream=_progress.UploadStream(parts, total, f"{method} {path}"),
+            req = httpx.Request(method, url, headers=headers, stream=UploadStream(parts, total, f"{method} {path}"),
                                 extensions=self._extensions)
         else:
             content = encode_body(body, True) if body is not None else b""
             headers = [*self._raw_headers, (b"content-length", str(len(content)).encode())] if content else self._raw_headers
             req = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
-            if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
-                req.stream = _progress.UploadStream([content], len(content), f"{method} {path}")
+            if shows_bar(len(content)):  # a bar for big uploads, where someone watches
+                req.stream = UploadStream([content], len(content), f"{method} {path}")
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
                 self.requests += 1
                 response = self._transport.handle_request(req)
                 try:
-                    data = _progress.read_body(response)
+                    data = read_body(response)
                 finally:
                     response.close()
                 break
