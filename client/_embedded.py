@@ -53,3 +53,12 @@ def _start() -> str:
 
     atexit.register(stop)
     return f"http://127.0.0.1:{port}"
+
+
+def service_app(**settings):
+    """The service's ASGI app, configured as ``python -m remote_autograd.service`` would be
+    (``REMOTE_AUTOGRAD_*``), with ``settings`` (``Settings`` fields) on top."""
+    from remote_autograd.service.app import create_app
+    from remote_autograd.service.settings import Settings
+
+    return create_app(Settings.from_env(**settings))

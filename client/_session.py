@@ -265,6 +265,10 @@ class Session:
 
 
 def _route_table(transport: Transport) -> RouteTable:
+    """The server's op table, fetched once per URL over sockets. A given transport's is not
+    cached: two in-process apps may share a placeholder URL and not their ops."""
+    if not transport.own_socket_layer:
+        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
     table = _ROUTE_TABLES.get(transport.base_url)
     if table is None:
         table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])

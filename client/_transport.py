@@ -1,8 +1,9 @@
 """HTTP for the SDK: one long-lived httpx transport and prebuilt requests.
 
 Going through the transport's ``handle_request`` directly skips the ``httpx.Client``
-layer, which costs ~150 µs per request here (perf-notes.md); the transport is
-httpx's own over a tuned socket layer (``_http``).
+layer and its per-request cost. The transport is any ``httpx.BaseTransport``: by
+default httpx's own over a tuned socket layer (``_http``); ``InProcessTransport``
+calls an ASGI app in this process; a wrapper of either can record or replay.
 Bodies are msgpack both ways; a body carrying big tensors goes framed
 (``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
 land in one preallocated buffer that the decoded tensors then view in place.
@@ -28,9 +29,11 @@ from ._errors import RemoteError, SessionLost
 class Transport:
     """Sends msgpack requests to one server and returns decoded bodies; counts requests."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3) -> None:
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._transport = TunedTransport()
+        self._transport = transport if transport is not None else TunedTransport()
+        self.own_socket_layer = transport is None  # else another transport reaches who-knows-what at this URL
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
         self._headers = [
             (b"content-type", MSGPACK.encode()),
@@ -101,6 +104,7 @@ class Transport:
         return decoded
 
     def close(self) -> None:
+        """Closes the httpx transport too, given or not (as ``httpx.Client`` does)."""
         self._transport.close()
 
 
