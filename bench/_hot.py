@@ -28,31 +28,38 @@ from ._util import measure
 
 class Tap(httpx.BaseTransport):
     """A session's transport (``connect(url, transport=Tap())``) with the benchmark's hooks: it keeps
-    the bytes of each program sent while ``recorded`` is a list, adds each round trip's seconds to
-    ``spent``, and while ``replaying`` answers every request with the last answer, sending nothing."""
+    the bytes of each program sent while ``recorded`` is a list, adds the seconds each request waits
+    for its answer's head to ``spent``, keeps the answers whole while ``keeping``, and while
+    ``replaying`` answers every request with the last one kept, sending nothing. Otherwise it
+    hands the inner transport's answer on untouched (what a timed request pays is one call)."""
 
     def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
         self._inner = inner if inner is not None else TunedTransport()
         self.recorded: list[tuple[bytes, str | None]] | None = None
-        self.replaying = False
+        self.keeping = self.replaying = False
         self.spent = 0.0
         self.forwarded = 0  # requests that reached the server
-        self._last: tuple[int, httpx.Headers, bytes] | None = None
+        self._kept: tuple[int, httpx.Headers, bytes] | None = None
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self.recorded is not None and request.url.path.endswith("/programs"):
             self.recorded.append((request.read(), request.headers.get("content-type")))
-        if not self.replaying or self._last is None:
-            start = time.perf_counter()
-            response = self._inner.handle_request(request)
-            try:
-                body = b"".join(response.iter_raw())
-            finally:
-                response.close()
-            self.spent += time.perf_counter() - start
-            self.forwarded += 1
-            self._last = (response.status_code, response.headers, body)
-        status, headers, body = self._last
+        if self.replaying and self._kept is not None:
+            return self._answer(request)
+        start = time.perf_counter()
+        response = self._inner.handle_request(request)
+        self.spent += time.perf_counter() - start
+        self.forwarded += 1
+        if not self.keeping:
+            return response
+        try:
+            self._kept = (response.status_code, response.headers, b"".join(response.iter_raw()))
+        finally:
+            response.close()
+        return self._answer(request)
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        status, headers, body = self._kept
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
 
     def close(self) -> None:
@@ -74,7 +81,11 @@ def recording(tap: Tap) -> Iterator[Callable[[], list[dict]]]:
 def client_alone(tap: Tap, fn: Callable[[], object], repeat: int) -> list[float]:
     """Seconds per ``fn()`` when every request is answered at once with the answer to ``fn``'s last
     request: the client's whole share of the round trip (building, encoding, decoding), no wire, no server."""
-    fn()  # one real round trip gives the answer to repeat
+    tap.keeping = True
+    try:
+        fn()  # one real round trip gives the answer to repeat
+    finally:
+        tap.keeping = False
     tap.replaying = True
     try:
         return measure(fn, repeat=repeat, warmup=max(1, repeat // 10))

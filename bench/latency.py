@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from remote_autograd import client
+from remote_autograd.client import _embedded as embedded
 from remote_autograd.client._transport import Transport
 
 from . import _hot
@@ -38,6 +41,16 @@ def run(url: str) -> None:
         server_us = _hot.median_us(_hot.server_alone(eager_programs, 300))
         print(f"  {'':<48} the op alone, warm caches: SDK {sdk_us:.1f} us + server in process {server_us:.1f} us "
               f"(over the empty program in the round trip: {eager - empty:.0f} us)")
+
+    started = time.perf_counter()
+    embedded_url = embedded.embedded_url()  # what connect() with no URL talks to
+    started = time.perf_counter() - started
+    with client.connect(embedded_url, pipeline=False) as sess:
+        x, y = sess.tensor(a), sess.tensor(b)
+        sess.sync()
+        embedded_eager = row("SDK eager, embedded server (connect(), no URL)", measure(lambda: x + y), local)
+        print(f"  {'':<48} embedded / separate server = {embedded_eager / eager:.2f}x   (target <= 1.5x; "
+              f"its first start took {started:.1f} s)")
 
     with client.connect(url) as sess:
         x, y = sess.tensor(a), sess.tensor(b)

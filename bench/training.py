@@ -66,7 +66,8 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
 
 
 def _breakdown(sess, tap: _hot.Tap, step) -> None:
-    """Where a pipelined step's time goes: building steps on the client vs the request (server + wire)."""
+    """Where a pipelined step's time goes: the client (building steps, encoding, reading answers) vs the
+    request (from sending until the answer's head arrives: the wire and the server)."""
     totals = []
     for _ in range(20):
         t0, spent_before = time.perf_counter(), tap.spent
