@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
+import weakref
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -25,7 +27,8 @@ IN_PROCESS_URL = "http://in-process"  # what a session on a transport given with
 
 class InProcessTransport(httpx.BaseTransport):
     """Sends each request to ``app`` (an ASGI app; by default the service's, configured from
-    ``REMOTE_AUTOGRAD_*`` as ``python -m remote_autograd.service`` would be)."""
+    ``REMOTE_AUTOGRAD_*`` as ``python -m remote_autograd.service`` would be). ``close()`` ends the
+    app's lifespan; so does dropping the last reference, or the interpreter's exit."""
 
     def __init__(self, app: Callable[..., Awaitable[None]] | None = None) -> None:
         if app is None:
@@ -34,51 +37,71 @@ class InProcessTransport(httpx.BaseTransport):
             app = service_app()
         # An exception in the app becomes the 500 answer it sent, as a client over a socket sees it.
         self._asgi = httpx.ASGITransport(app, raise_app_exceptions=False)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="remote-autograd-in-process", daemon=True)
-        self._thread.start()
-        self._lifespan = _Lifespan(app)
-        self._closed = False
+        self._loop = _LoopThread()
+        lifespan = _Lifespan(app)
+        # Not a method of self: a finalizer that held self would keep it alive forever.
+        self._shut_down = weakref.finalize(self, _shut_down, self._loop, lifespan)
         try:
-            self._wait(self._lifespan.startup(), timeout=60)
+            self._loop.wait(lifespan.startup(), timeout=60)
         except BaseException:
-            self._stop_loop()
+            self._shut_down()
             raise
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if self._closed:
+        if not self._shut_down.alive:
             raise httpx.ConnectError("the in-process transport is closed", request=request)
         request.read()  # a sync body (an upload stream) as bytes, which the async side can stream too
         timeout = request.extensions.get("timeout", {}).get("read")
         try:
-            return self._wait(self._send(request), timeout)
+            return self._loop.wait(_send(self._asgi, request), timeout)
         except concurrent.futures.TimeoutError as exc:
             raise httpx.ReadTimeout(f"no answer from the in-process app in {timeout} s", request=request) from exc
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        response = await self._asgi.handle_async_request(request)
-        body = await response.aread()
-        # A sync stream, unread: the caller reads it as it reads a socket's answer.
-        return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(body),
-                              request=request)
-
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        self._shut_down()  # once: later calls do nothing
+
+
+async def _send(asgi: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:
+    response = await asgi.handle_async_request(request)
+    body = await response.aread()
+    # A sync stream, unread: the caller reads it as it reads a socket's answer.
+    return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(body),
+                          request=request)
+
+
+def _shut_down(loop: "_LoopThread", lifespan: "_Lifespan") -> None:
+    try:
+        if not loop.is_current():  # (dropped from the loop's own thread: it cannot wait on itself)
+            loop.wait(lifespan.shutdown(), timeout=30)
+    finally:
+        loop.stop()
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread of its own; coroutines are handed to it and waited for."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="remote-autograd-in-process", daemon=True)
+        self._thread.start()
+
+    def wait(self, coroutine: Awaitable[Any], timeout: float | None) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
-            self._wait(self._lifespan.shutdown(), timeout=30)
-        finally:
-            self._stop_loop()
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
 
-    def _wait(self, coroutine: Awaitable[Any], timeout: float | None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
 
-    def _stop_loop(self) -> None:
+    def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        if not self.is_current():
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 class _Lifespan:
@@ -109,4 +132,6 @@ class _Lifespan:
             return
         message = answer.result()
         if message["type"] == f"lifespan.{phase}.failed":
+            with contextlib.suppress(BaseException):  # it raises next (starlette does): its error is the message
+                await self._task
             raise RuntimeError(f"the app's lifespan {phase} failed: {message.get('message', '')}")

@@ -4,6 +4,7 @@ the service's ASGI app in this process without sockets, gives the answers a sock
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 from typing import Iterator
 
@@ -123,6 +124,17 @@ def test_the_apps_lifespan_runs_and_ends_with_the_transport():
     assert len(_our_threads()) == before  # its loop thread is gone
     with pytest.raises(httpx.ConnectError, match="closed"):
         transport.handle_request(httpx.Request("GET", "http://in-process/healthz"))
+
+
+def test_a_transport_dropped_unclosed_ends_the_lifespan():
+    events: list = []
+    before = len(_our_threads())
+    with _lifespan_app(events) as app:
+        transport = client.InProcessTransport(app)
+        del transport
+        gc.collect()
+    assert events == ["startup", "shutdown"]
+    assert len(_our_threads()) == before
 
 
 def test_a_failing_startup_raises_and_leaves_no_thread():
