@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     indexing,
     inplace,
     joins,
+    layout,
     linalg,
     losses,
     matrix,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     optim,
     pointwise,
     reductions,
+    selection,
     session,
     shape,
 )
