@@ -135,7 +135,9 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
     check_new_ids(session, step.out)
     result = _apply(entry, step.grad_enabled, args, kwargs)
     is_tuple = isinstance(result, (tuple, list))
-    outputs = tuple(result) if is_tuple else (result,)
+    # optional outputs that are None (attention weights with need_weights=False) get no id: the
+    # client knows where they go from the same call on meta
+    outputs = tuple(o for o in result if o is not None) if is_tuple else (result,)
     outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args)
     ids = step.out
     if step.out_many:

@@ -11,6 +11,7 @@ import importlib
 
 from . import (  # noqa: F401  (importing a family registers its ops)
     activations,
+    attention,
     casts,
     class_losses,
     compare,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     norms,
     optim,
     pointwise,
+    recurrent,
     reductions,
     selection,
     session,
