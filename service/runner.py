@@ -204,6 +204,10 @@ def _no_aliases(outputs: tuple, inputs) -> tuple:
 def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tensor | None:
     """``x.op_(...)``: torch's own in-place kernel when no graph is recorded (optimizer updates: the
     same result, without an out-of-place value and a copy); else ``_inplace_by_copy``."""
+    if args and isinstance(args[0], list) and entry.inplace:  # torch._foreach_X_(tensors, ...): torch's kernel
+        with _grad_mode(step.grad_enabled):
+            entry.fn(*args, **kwargs)
+        return None
     if not args or not isinstance(args[0], torch.Tensor):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
     target = args[0]

@@ -132,3 +132,70 @@ def test_attention_dropout_draws_from_the_session_generator(sess):
     remote = F.scaled_dot_product_attention(*[client.RemoteTensor.from_torch(q, sess)] * 3, dropout_p=0.5)
     local = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     torch.testing.assert_close(remote.to_torch(), local, **TOL)
+
+
+# -- optimizers ------------------------------------------------------------------------------------
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def _train(model, opt, steps=6):
+    """A few steps of regression on fixed data; the losses and the final parameters."""
+    x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+OPTIMIZERS = {
+    "adam-foreach": lambda p: torch.optim.Adam(p, lr=0.01, foreach=True),
+    "adamw-foreach-amsgrad": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, amsgrad=True, foreach=True),
+    "adam-amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True, foreach=False),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=0.01, foreach=False),
+    "adamax-foreach": lambda p: torch.optim.Adamax(p, lr=0.01, foreach=True),
+    "sgd-foreach-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                                                      foreach=True),
+    "rmsprop-foreach": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, foreach=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizers_match_local_torch(sess, name):
+    local = _mlp()
+    remote = sess.module(local)
+    want = _train(local, OPTIMIZERS[name](local.parameters()))
+    got = _train(remote, OPTIMIZERS[name](remote.parameters()))
+    torch.testing.assert_close(got, want, **TOL)
+    for k, v in local.state_dict().items():
+        torch.testing.assert_close(remote.state_dict()[k], v, **TOL, msg=k)
+
+
+def test_out_argument_writes_the_given_tensor(sess):
+    a, b = _data(3, 4), _data(3, 4, seed=2)
+    ra, rb = client.RemoteTensor.from_torch(a, sess), client.RemoteTensor.from_torch(b, sess)
+    out = client.RemoteTensor.from_torch(torch.zeros(3, 4, dtype=torch.float64), sess)
+    returned = torch.maximum(ra, rb, out=out)
+    assert returned is out
+    torch.testing.assert_close(out.to_torch(), torch.maximum(a, b))
+
+
+def test_out_argument_refuses_a_graph_like_torch(sess):
+    ra = client.RemoteTensor.from_torch(_data(3).requires_grad_(), sess)
+    out = client.RemoteTensor.from_torch(torch.zeros(3, dtype=torch.float64), sess)
+    with pytest.raises(RuntimeError, match="out=... arguments don't support automatic differentiation"):
+        torch.maximum(ra, ra * 2, out=out)
+    with pytest.raises(RuntimeError, match="out= has shape"):
+        torch.maximum(ra.detach(), ra.detach(), out=client.RemoteTensor.from_torch(torch.zeros(2), sess))
+
+
+def test_foreach_inplace_with_grad_is_refused_loudly(sess):
+    params = [client.RemoteTensor.from_torch(_data(3).requires_grad_(), sess)]
+    with pytest.raises(RuntimeError, match=r"_foreach_add_ .*torch.no_grad"):
+        torch._foreach_add_([p * 1 for p in params], 1.0)

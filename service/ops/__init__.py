@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     custom,
     elementwise,
     factories,
+    foreach,
     indexing,
     inplace,
     joins,
