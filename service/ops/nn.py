@@ -141,6 +141,19 @@ def embedding_weight_first(weight, indices, padding_idx=-1, scale_grad_by_freq=F
     return Embedding.apply(weight, indices, padding_idx, scale_grad_by_freq)
 
 
+_BAG = T((6,), dtype="int64", low=0, high=5, requires_grad=False)
+_OFFSETS = torch.tensor([0, 2, 2])  # sorted bag starts (the second bag is empty): a literal, not a recipe
+
+# max_norm renormalises weight in place and scale_grad_by_freq is not the true derivative: samples leave
+# them out, as for embedding
+native_op("embedding_bag", F.embedding_bag, torch_names=("torch.nn.functional.embedding_bag",),
+          double_grad=False,  # torch's _embedding_bag_backward has no derivative
+          samples=(S(_BAG, T((5, 3)), _OFFSETS), S(_BAG, T((5, 3)), _OFFSETS, mode="sum"),
+                   S(T((2, 3), dtype="int64", low=0, high=5, requires_grad=False), T((5, 2)), mode="max"),
+                   S(_BAG, T((5, 3)), _OFFSETS, mode="sum", per_sample_weights=T((6,)), include_last_offset=True),
+                   S(_BAG, T((5, 3)), _OFFSETS, padding_idx=1)))
+
+
 class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, normalized_shape, w, b, eps):
