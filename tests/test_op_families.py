@@ -199,3 +199,30 @@ def test_foreach_inplace_with_grad_is_refused_loudly(sess):
     params = [client.RemoteTensor.from_torch(_data(3).requires_grad_(), sess)]
     with pytest.raises(RuntimeError, match=r"_foreach_add_ .*torch.no_grad"):
         torch._foreach_add_([p * 1 for p in params], 1.0)
+
+
+@pytest.mark.parametrize("line_search", [None, "strong_wolfe"])
+def test_lbfgs_matches_local_torch(sess, line_search):
+    """LBFGS reads values every iteration (``float(closure())``, ``.dot``, comparisons): it must still
+    follow local torch step for step."""
+    def run(model):
+        x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5, history_size=4, line_search_fn=line_search)
+        losses = []
+
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        for _ in range(3):
+            losses.append(opt.step(closure).item())
+        return losses
+
+    local = _mlp()
+    remote = sess.module(local)
+    want, got = run(local), run(remote)
+    torch.testing.assert_close(got, want, **TOL)
+    for k, v in local.state_dict().items():
+        torch.testing.assert_close(remote.state_dict()[k], v, **TOL, msg=k)
