@@ -148,6 +148,8 @@ def _value_dependent_index(idx: Any) -> bool:
 
 def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
+    if kwargs and kwargs.get("out") is not None:
+        return _into_out(session, func, route, args, kwargs)
     origin_where = where()
     grad_on = torch.is_grad_enabled()
     if not grad_on:
@@ -175,6 +177,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
 
     if inplace:
         target = wire_args_src[0]
+        if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
+            return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
         if not isinstance(target, _tensor.RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
@@ -199,6 +203,53 @@ def _queue_inplace(session: Session, step: dict, origin_where: str | None, targe
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     target._after_inplace(rg, leaves)
+
+
+def _into_out(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+    """``func(..., out=t)`` (Adam's amsgrad ``torch.maximum(a, b, out=m)``): compute, then ``copy_`` into ``t``.
+
+    As torch: out= is not differentiable, so it is refused when a graph would be recorded; a
+    result of another shape is refused too (torch would resize ``t`` in place)."""
+    out = kwargs["out"]
+    kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+    if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((args, kwargs))):
+        raise RuntimeError(f"{route.torch_name}(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad.")
+    result = apply_route(session, func, route, args, kwargs)
+    outs, results = (out, result) if isinstance(out, (tuple, list)) else ((out,), (result,))
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            raise RuntimeError(f"{route.torch_name}(): out= has shape {list(o.shape)} but the result has "
+                               f"{list(r.shape)}; remote-autograd does not resize out= tensors")
+        o.copy_(r)
+    return out
+
+
+def _tensors_in(v: Any):
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _tensors_in(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _tensors_in(x)
+
+
+def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | None, route: Route, targets,
+                           grad_on: bool, enc: Encoder) -> None:
+    """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
+    with grad on and inputs that require grad we refuse rather than drop the history."""
+    if not all(isinstance(t, _tensor.RemoteTensor) for t in targets):
+        raise TypeError(f"{route.torch_name}: in-place op on local tensors with RemoteTensor arguments")
+    if grad_on and any(t._rg for t in enc.inputs):
+        raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
+                           "enabled; call it under torch.no_grad() (as torch's optimizers do)")
+    step["op"] = route.wire_name
+    step["out"] = []
+    session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
+    for t in targets:
+        t._after_inplace(False, frozenset())
 
 
 def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas: list, container, rg: bool,

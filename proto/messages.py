@@ -251,6 +251,7 @@ class OpInfo(_Model):
     inplace: bool = False
     no_grad_args: list[int | str] = []
     doc: str = ""
+    kind: str = "function"  # "function": our own autograd.Function; "native": torch's op and derivative
 
 
 class OpList(_Model):

@@ -40,8 +40,9 @@ def _id(case) -> str:
 
 
 def _call(fn, args, kwargs):
+    """The op's outputs as a tuple, without the ``None``s of optional outputs (attention weights)."""
     out = fn(*args, **kwargs)
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(o for o in out if o is not None) if isinstance(out, (tuple, list)) else (out,)
 
 
 def _grad_inputs(args, kwargs) -> list[torch.Tensor]:

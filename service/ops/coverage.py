@@ -22,19 +22,20 @@ def _names(torch_names: tuple[str, ...]) -> str:
 
 def coverage_markdown() -> str:
     lines = [
-        f"{len([e for e in OP_TABLE if not e.name.startswith('_')])} ops. grad: exact gradient "
+        f"{len([e for e in OP_TABLE if not e.name.startswith('_test')])} ops. grad: exact gradient "
         "(gradcheck-tested), `custom` (not exact by design), or `-` (no gradient); "
-        "double: twice differentiable (gradgradcheck-tested).",
+        "double: twice differentiable (gradgradcheck-tested); kind: `native` is torch's own op with torch's "
+        "own derivative, `function` our own autograd.Function.",
         "",
-        "| op | torch names routed | grad | double |",
-        "| --- | --- | --- | --- |",
+        "| op | torch names routed | grad | double | kind |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for entry in sorted(OP_TABLE, key=lambda e: e.name):
-        if entry.name.startswith("_"):
+        if entry.name.startswith("_test"):  # test-only ops (service/testing_ops.py)
             continue
         grad = "-" if not entry.differentiable else ("exact" if entry.exact else "custom")
         double = "yes" if entry.double_grad else "-"
-        lines.append(f"| `{entry.name}` | {_names(entry.torch_names)} | {grad} | {double} |")
+        lines.append(f"| `{entry.name}` | {_names(entry.torch_names)} | {grad} | {double} | {entry.kind} |")
     return "\n".join(lines)
 
 
