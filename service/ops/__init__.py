@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     norms,
     optim,
     pointwise,
+    random_fills,
     reductions,
     session,
     shape,
