@@ -19,8 +19,9 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from . import _progress
+from ._banner import announce
 from ._errors import RemoteError
+from ._protocol_advice import explain
 from ._routes import RouteTable
 from ._transport import Transport, error_from
 
@@ -49,7 +50,7 @@ class Session:
         try:
             info = transport.call("POST", "/v1/sessions", {})
         except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
-            raise _progress.explain(transport, exc) from None
+            raise explain(transport, exc) from None
         self.id: str = info["session_id"]
         self.remote_device: str = info["device"]
         self.server_version: str = info["server_version"]
@@ -71,7 +72,7 @@ class Session:
         from ._ops import OpsNamespace
 
         self.ops = OpsNamespace(self)
-        _progress.announce(self, info)  # one line on connect, in notebooks only
+        announce(info, transport.base_url)  # one line on connect, in notebooks only
 
     # -- context manager --------------------------------------------------------------------
 
@@ -264,6 +265,10 @@ class Session:
 
 
 def _route_table(transport: Transport) -> RouteTable:
+    """The server's op table, fetched once per URL over sockets. A given transport's is not
+    cached: two in-process apps may share a placeholder URL and not their ops."""
+    if not transport.own_socket_layer:
+        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
     table = _ROUTE_TABLES.get(transport.base_url)
     if table is None:
         table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])

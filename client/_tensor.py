@@ -43,7 +43,6 @@ class RemoteTensor(torch.Tensor):
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
         r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
         r._retains, r._meta_t = False, None
-        r._custom_data = r._custom_grad = None
         if requires_grad and is_leaf and tid is not None:
             r._leaves = frozenset({tid})
             session._grad_tracked[tid] = r
@@ -79,10 +78,7 @@ class RemoteTensor(torch.Tensor):
     def from_torch(cls, t: torch.Tensor, session: Session) -> "RemoteTensor":
         """Upload ``t``: its values, ``requires_grad``, and a copy of ``t.grad`` when it has one."""
         grad = t.grad.detach().clone() if t.grad is not None else None
-        r = cls._upload(session, t.detach(), requires_grad=t.requires_grad, grad=grad)
-        r._custom_data = t.detach().clone()
-        r._custom_grad = grad
-        return r
+        return cls._upload(session, t.detach(), requires_grad=t.requires_grad, grad=grad)
 
     def to_torch(self) -> torch.Tensor:
         """A local leaf with this tensor's values, its ``requires_grad``, and a copy of its grad."""
@@ -99,12 +95,6 @@ class RemoteTensor(torch.Tensor):
         message = self._session.fetch(self._id, value=value, grad=grad)
         v = decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
         g = decode_tensor(message["grad"], copy=False) if message.get("grad") is not None else None
-        # Local copies of small tensors are kept (filled when fetched); big ones are
-        # not cloned again just to keep a copy nobody asked for.
-        if v is not None:
-            self._custom_data = v.clone() if v.nbytes < FRAME_MIN_BYTES else None
-        if grad:
-            self._custom_grad = None if g is None or g.nbytes >= FRAME_MIN_BYTES else g.clone()
         return v, g
 
     def _value(self) -> torch.Tensor:
@@ -142,8 +132,7 @@ class RemoteTensor(torch.Tensor):
             raise self._error
 
     def _after_inplace(self, rg: bool, leaves: frozenset) -> None:
-        """Local bookkeeping after a queued in-place op: history and the stale local copy."""
-        self._custom_data = None
+        """Local bookkeeping after a queued in-place op: its autograd history."""
         if rg:
             self._leaves = self._leaves | leaves
             if not self._rg or self._is_leaf:

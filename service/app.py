@@ -92,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(request: Request, exc: ProtocolError) -> Response:
-        return _reply(request, {"error": exc.to_wire(), "results": []}, exc.status)
+        return _reply(request, exc.answer(), exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_parameters(request: Request, exc: RequestValidationError) -> Response:
@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _framework_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.BAD_REQUEST
         err = ProtocolError(code, f"{request.method} {request.url.path}: {exc.detail}")
-        return _reply(request, {"error": err.to_wire(), "results": []}, exc.status_code)
+        return _reply(request, err.answer(), exc.status_code)
 
     @app.get("/healthz", **route_doc(200, "Health", v1=False))
     async def healthz() -> dict:

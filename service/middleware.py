@@ -42,7 +42,7 @@ def wants_msgpack(accept: str | None, content_type: str | None) -> bool:
 
 def error_response(err: ProtocolError, as_msgpack: bool) -> tuple[bytes, str]:
     """The protocol's error body for ``err`` and its media type."""
-    body = encode_body({"error": err.to_wire(), "results": []}, as_msgpack)
+    body = encode_body(err.answer(), as_msgpack)
     return body, MSGPACK if as_msgpack else "application/json"
 
 

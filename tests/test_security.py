@@ -15,7 +15,7 @@ import pytest
 
 from remote_autograd import client
 
-from .conftest import ROOT
+from .servers import ROOT
 from .servers import AUTH, api, call, error_of, program, put, ref, running
 
 TOKEN_A, TOKEN_B = "tok-alpha-0123456789", "tok-beta-9876543210"

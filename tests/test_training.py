@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench import _hot
 from remote_autograd import client
 
 
@@ -94,26 +95,19 @@ def test_eager_and_pipelined_training_are_identical(server_url):
         assert torch.equal(results[0][1][k], results[1][1][k])
 
 
-def test_a_training_step_costs_at_most_two_requests_and_no_upload(sess):
+def test_a_training_step_costs_at_most_two_requests_and_no_upload():
     X, Y = _data()
-    model = sess.module(_mlp())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    Xr, Yr = sess.tensor(X), sess.tensor(Y)
-    _train(model, opt, Xr, Yr, steps=2)  # momentum buffers exist from here on
-    sent = []
-    original = sess._transport.request
-
-    def counting(method, path, body=None, **kw):
-        sent.append(body)
-        return original(method, path, body, **kw)
-
-    sess._transport.request = counting
-    try:
-        _train(model, opt, Xr, Yr, steps=10)
-    finally:
-        sess._transport.request = original
-    assert len(sent) <= 2 * 10
-    puts = [s for body in sent if body for s in body.get("steps", []) if s["kind"] == "put"]
+    tap = _hot.Tap(client.InProcessTransport())  # counts and records what reaches the server
+    with client.connect(transport=tap) as sess:
+        model = sess.module(_mlp())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        Xr, Yr = sess.tensor(X), sess.tensor(Y)
+        _train(model, opt, Xr, Yr, steps=2)  # momentum buffers exist from here on
+        before = tap.forwarded
+        with _hot.recording(tap) as programs:
+            _train(model, opt, Xr, Yr, steps=10)
+        assert tap.forwarded - before <= 2 * 10
+        puts = [s for body in programs() for s in body["steps"] if s["kind"] == "put"]
     assert puts == [], "the data set was uploaded again"
 
 
