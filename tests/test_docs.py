@@ -4,6 +4,7 @@ that is not in the repository."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -87,3 +88,40 @@ def test_no_pointer_to_a_document_outside_the_repository():
             if phrase in text:
                 bad.append(f"{f.relative_to(ROOT)}: {phrase!r}")
     assert not bad, bad
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules of ours that ``path`` (a module of ``package``) imports, anywhere in it, as dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module and node.module.startswith("remote_autograd"):
+                found.add(node.module.removeprefix("remote_autograd."))
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("remote_autograd.") for a in node.names if a.name.startswith("remote_autograd")}
+    return found
+
+
+def _package_imports(folder: str) -> dict[str, set[str]]:
+    package = folder.replace("/", ".")
+    return {f"{folder}/{p.name}": _imports(p, package) for p in sorted((ROOT / folder).glob("*.py"))}
+
+
+def test_architecture_import_rules_hold():
+    """ARCHITECTURE.md's "who imports whom": proto imports nothing of ours; client and service never
+    each other (but the embedded server); service/ops nothing of service outside ops."""
+    for path, names in _package_imports("proto").items():
+        assert not [n for n in names if n.split(".")[0] in ("client", "service")], (path, names)
+    for path, names in _package_imports("client").items():
+        if path != "client/_embedded.py":
+            assert not [n for n in names if n.startswith("service")], (path, names)
+    for path, names in _package_imports("service").items():
+        assert not [n for n in names if n.startswith("client")], (path, names)
+    ops = _package_imports("service/ops")
+    assert ops
+    for path, names in ops.items():
+        assert not [n for n in names if n.startswith("service.") and not n.startswith("service.ops")], (path, names)
+    assert "service.app" in _package_imports("client")["client/_embedded.py"]
