@@ -12,12 +12,12 @@ import os
 import httpx
 import torch
 
-from . import _optim  # noqa: F401  (registers the optimizer safety check)
 from ._errors import RemoteError, SessionLost
 from ._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
 from ._tensor import RemoteTensor
 from ._transport import Transport
+from . import _composites, _moves  # noqa: F401,E402  (register nn.init, .to/.cpu/.data handlers; _tensor loads the device kernels)
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 

@@ -21,6 +21,7 @@ from remote_autograd.proto import dtype_name
 from . import _infer
 from ._routes import Route, torch_name
 from ._session import Session, _Origin, meta_from_result
+from ._unsupported import refuse_local_leaf
 
 _CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -69,6 +70,12 @@ def refuse_custom_function(func: Callable) -> None:
         if f.f_code is _APPLY_CODE:
             cls = f.f_locals.get("cls")
             name = getattr(cls, "__name__", "a torch.autograd.Function")
+            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
+                raise RuntimeError(
+                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
+                    "set on a module run on remote tensors: the hook would have to run inside the server's "
+                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
+                )
             raise RuntimeError(
                 f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
                 f"and its backward on the client, so the gradient would be silently lost. Register the "
@@ -111,6 +118,8 @@ class Encoder:
 
     def upload(self, t: torch.Tensor) -> dict:
         """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
+        if t.requires_grad and torch.is_grad_enabled():
+            refuse_local_leaf(t, where())
         remote = _tensor.RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
         self.nbytes += t.numel() * t.element_size()
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
@@ -148,6 +157,8 @@ def _value_dependent_index(idx: Any) -> bool:
 
 def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
+    if kwargs and kwargs.get("out") is not None:
+        return _into_out(session, func, route, args, kwargs)
     origin_where = where()
     grad_on = torch.is_grad_enabled()
     if not grad_on:
@@ -175,6 +186,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
 
     if inplace:
         target = wire_args_src[0]
+        if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
+            return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
         if not isinstance(target, _tensor.RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
@@ -199,6 +212,53 @@ def _queue_inplace(session: Session, step: dict, origin_where: str | None, targe
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     target._after_inplace(rg, leaves)
+
+
+def _into_out(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+    """``func(..., out=t)`` (Adam's amsgrad ``torch.maximum(a, b, out=m)``): compute, then ``copy_`` into ``t``.
+
+    As torch: out= is not differentiable, so it is refused when a graph would be recorded; a
+    result of another shape is refused too (torch would resize ``t`` in place)."""
+    out = kwargs["out"]
+    kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+    if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((args, kwargs))):
+        raise RuntimeError(f"{route.torch_name}(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad.")
+    result = apply_route(session, func, route, args, kwargs)
+    outs, results = (out, result) if isinstance(out, (tuple, list)) else ((out,), (result,))
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            raise RuntimeError(f"{route.torch_name}(): out= has shape {list(o.shape)} but the result has "
+                               f"{list(r.shape)}; remote-autograd does not resize out= tensors")
+        o.copy_(r)
+    return out
+
+
+def _tensors_in(v: Any):
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _tensors_in(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _tensors_in(x)
+
+
+def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | None, route: Route, targets,
+                           grad_on: bool, enc: Encoder) -> None:
+    """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
+    with grad on and inputs that require grad we refuse rather than drop the history."""
+    if not all(isinstance(t, _tensor.RemoteTensor) for t in targets):
+        raise TypeError(f"{route.torch_name}: in-place op on local tensors with RemoteTensor arguments")
+    if grad_on and any(t._rg for t in enc.inputs):
+        raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
+                           "enabled; call it under torch.no_grad() (as torch's optimizers do)")
+    step["op"] = route.wire_name
+    step["out"] = []
+    session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
+    for t in targets:
+        t._after_inplace(False, frozenset())
 
 
 def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas: list, container, rg: bool,
@@ -315,14 +375,18 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     step: dict[str, Any] = {"kind": "call", "op": name, "args": [enc.value(a) for a in args]}
     if kwargs:
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
-    if not grad_on:
+    inplace = name.endswith("_") or (spec is not None and spec.inplace)
+    if not grad_on or (inplace and spec is not None and not spec.differentiable):  # set_data: never recorded
         step["grad_enabled"] = False
     rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
-    inplace = name.endswith("_") or (spec is not None and spec.inplace)
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
         if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
             _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
+            if name == "set_data":  # the one in-place op that may change shape and dtype
+                from ._moves import adopt_metadata
+
+                adopt_metadata(args[0], args[1])
             return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
@@ -337,13 +401,6 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
-
-
-def not_in_table(func: Callable) -> NotImplementedError:
-    return NotImplementedError(
-        f"{torch_name(func)} is not supported on RemoteTensor: the server's op table has no entry for it "
-        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
-    )
 
 
 # Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.

@@ -98,4 +98,15 @@ def on_meta(func: Callable, args: tuple, kwargs: dict) -> tuple[list[Meta] | Non
         return [(tuple(out.shape), out.dtype)], None
     if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
         return [(tuple(o.shape), o.dtype) for o in out], type(out)
+    if isinstance(out, tuple) and all(o is None or isinstance(o, torch.Tensor) for o in out):
+        # optional outputs left out (``(attn_output, None)``): the server sends only the tensors
+        return [(tuple(o.shape), o.dtype) for o in out if o is not None], _with_nones_at(out)
     return None, None
+
+
+def _with_nones_at(template: tuple) -> Callable[[list], tuple]:
+    """Rebuild a tuple like ``template``: its tensors from the given list, its ``None``s kept."""
+    def rebuild(tensors: list) -> tuple:
+        it = iter(tensors)
+        return tuple(None if o is None else next(it) for o in template)
+    return rebuild

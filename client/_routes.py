@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch.overrides import resolve_name
 
 _REFLECTED = {"__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rdiv__", "__rpow__", "__rmatmul__",
@@ -59,10 +60,20 @@ class RouteTable:
         except KeyError:
             pass
         except TypeError:  # unhashable callables: never cached
-            return self._by_name.get(resolve_name(func) or "")
-        route = self._by_name.get(resolve_name(func) or "")
+            return self._by_name.get(_name_of(func))
+        route = self._by_name.get(_name_of(func))
         self._by_func[func] = route
         return route
+
+
+def _name_of(func: Callable) -> str:
+    """``resolve_name``'s spelling; for torch's builtins it cannot name (``torch._foreach_add_``), the
+    ``torch.<name>`` they are reachable as."""
+    name = resolve_name(func)
+    if name:
+        return name
+    short = getattr(func, "__name__", None)
+    return f"torch.{short}" if short and getattr(torch, short, None) is func else ""
 
 
 def _route_for(spec: OpSpec, tname: str) -> Route:
@@ -77,6 +88,6 @@ def _route_for(spec: OpSpec, tname: str) -> Route:
 def torch_name(func: Callable) -> str:
     """A readable name for any torch callable, for error messages."""
     try:
-        return resolve_name(func) or getattr(func, "__qualname__", repr(func))
+        return _name_of(func) or getattr(func, "__qualname__", repr(func))
     except Exception:
         return repr(func)

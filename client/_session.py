@@ -20,6 +20,7 @@ from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from ._banner import announce
+from ._device import claim_index, release_index
 from ._errors import RemoteError
 from ._protocol_advice import explain
 from ._routes import RouteTable
@@ -74,6 +75,7 @@ class Session:
         from ._ops import OpsNamespace
 
         self.ops = OpsNamespace(self)
+        self.device: torch.device = claim_index(self)  # torch.device("remote", k) while open
         announce(info, transport.base_url)  # one line on connect, in notebooks only
 
     # -- context manager --------------------------------------------------------------------
@@ -96,6 +98,7 @@ class Session:
             self.sync()
         finally:
             self._closed = True
+            release_index(self.device)
             try:
                 self._transport.request("DELETE", self._path)
             finally:
@@ -121,16 +124,12 @@ class Session:
         return RemoteTensor._upload(self, t, requires_grad=requires_grad, grad=None)
 
     def module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        """A copy of ``module`` whose parameters and buffers live on the server (uploaded in one program)."""
-        from ._module import remote_module
-
-        return remote_module(self, module)
+        """``module.to(sess.device)``: moved in place (the same Parameter objects), one upload program."""
+        return module.to(self.device)
 
     def optimizer(self, optimizer: "torch.optim.Optimizer") -> "torch.optim.Optimizer":
-        """Let ``optimizer.load_state_dict`` accept local (saved) state for remote parameters."""
-        from ._optim import prepare
-
-        return prepare(self, optimizer)
+        """Kept for old code: ``optimizer.load_state_dict`` now moves state to ``param.device`` as torch does."""
+        return optimizer
 
     def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
         """Local copies (values only, no grad) of several RemoteTensors, in one program."""

@@ -7,6 +7,7 @@ answered without a round trip; every other torch call becomes a queued step via
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -18,8 +19,10 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 
 from ._local import LOCAL_HANDLERS
-from ._dispatch import apply_route, not_in_table, where
+from ._dispatch import apply_route, refuse_custom_function, where
+from ._unsupported import not_in_table
 from ._session import Session, _Origin
+from . import _kernels
 
 _META_DEVICE = torch.device("meta")
 
@@ -38,7 +41,7 @@ class RemoteTensor(torch.Tensor):
     def _new(cls, session: Session, tid: str | None, shape, dtype: torch.dtype, *, requires_grad: bool = False,
              leaves: frozenset = frozenset(), is_leaf: bool = True, grad_owner: "RemoteTensor | None" = None
              ) -> "RemoteTensor":
-        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=_META_DEVICE)
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=session.device)
         r._session, r._id, r._shape, r._dtype = session, tid, tuple(shape), dtype
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
         r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
@@ -72,7 +75,7 @@ class RemoteTensor(torch.Tensor):
             session.flush()
         return r
 
-    # -- the seed's boundary: from_torch / to_torch ----------------------------------------
+    # -- the boundary with local torch: from_torch / to_torch ----------------------------------------
 
     @classmethod
     def from_torch(cls, t: torch.Tensor, session: Session) -> "RemoteTensor":
@@ -156,21 +159,41 @@ class RemoteTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
+            raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
+                               "server); call the function without torch.compile")
+        if _kernels.MADE:
+            _kernels.settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
         if local is not None:
             return local(*args, **kwargs)
         session = _session_of(args, kwargs)
         route = session._routes.lookup(func)
         if route is None:
+            if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
+                refuse_custom_function(func)
             raise not_in_table(func)
         return apply_route(session, func, route, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:  # torch.tensor(data, device=remote) marks its result fresh
+            return args[0]
+        fill = _DISPATCHED_FILLS.get(func)
+        if fill is not None:  # torch.zeros_like(local, device=remote): torch's kernel fills what our empty made
+            return args[0]._session._call_op(fill, list(args), kwargs or {})
+        # Anything else got here under torch's functions: a torch.func transform (grad, vmap, jacrev
+        # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(
-            f"remote-autograd: {func} reached __torch_dispatch__; every call on a RemoteTensor should be "
-            "handled by __torch_function__ (please report this)"
+            f"{func} reached a remote tensor below torch's functions: torch.func transforms (grad, vmap, jacrev, "
+            "...) and TorchDispatchModes cannot run on remote tensors (their values live on the server); use "
+            "loss.backward() / torch.autograd.grad on the device instead"
         )
+
+
+_aten = torch.ops.aten
+_DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
+                     _aten.uniform_.default: "uniform_"}
 
 
 def _session_of(args: tuple, kwargs: dict) -> Session:

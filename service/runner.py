@@ -62,8 +62,7 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
                 results.append(_HANDLERS[type(step)](session, step, settings, as_json))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
-                return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results},
-                               perf_counter() - began)
+                return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
             if observe is not None:
                 observe(_step_op(step), perf_counter() - start)
     finally:
@@ -135,7 +134,9 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
     check_new_ids(session, step.out)
     result = _apply(entry, step.grad_enabled, args, kwargs)
     is_tuple = isinstance(result, (tuple, list))
-    outputs = tuple(result) if is_tuple else (result,)
+    # optional outputs that are None (attention weights with need_weights=False) get no id: the
+    # client knows where they go from the same call on meta
+    outputs = tuple(o for o in result if o is not None) if is_tuple else (result,)
     outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args)
     ids = step.out
     if step.out_many:
@@ -202,6 +203,10 @@ def _no_aliases(outputs: tuple, inputs) -> tuple:
 def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tensor | None:
     """``x.op_(...)``: torch's own in-place kernel when no graph is recorded (optimizer updates: the
     same result, without an out-of-place value and a copy); else ``_inplace_by_copy``."""
+    if args and isinstance(args[0], list) and entry.inplace:  # torch._foreach_X_(tensors, ...): torch's kernel
+        with _grad_mode(step.grad_enabled):
+            entry.fn(*args, **kwargs)
+        return None
     if not args or not isinstance(args[0], torch.Tensor):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
     target = args[0]

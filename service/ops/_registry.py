@@ -1,8 +1,11 @@
 """The op table: a name -> an entry holding a torch-like function and its facts.
 
-An entry's ``fn`` takes torch-style arguments (tensors, numbers, dims) and
-calls one ``torch.autograd.Function`` (or composes other entries). The table is
-the whole server surface: the runner looks names up here and nowhere else.
+An entry's ``fn`` takes torch-style arguments (tensors, numbers, dims) and either
+calls one of our ``torch.autograd.Function``s (or composes other entries), kind
+``function``, or calls torch's own op and keeps torch's own derivative, kind
+``native`` (allow-listed by name here, tested by the same samples, gradcheck and
+gradgradcheck). The table is the whole server surface: the runner looks names up
+here and nowhere else.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from ._samples import Sample
 #   meta:              run the torch function on the meta device
 #   none:              ask the server (the client flushes and waits)
 SHAPE_RULES = ("elementwise", "elementwise_float", "like_input", "linear", "loss", "meta", "none")
+
+# function: our own autograd.Function (custom or hand-written gradient);
+# native: torch's own op with torch's own derivative (see _native.py)
+KINDS = ("function", "native")
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,14 @@ class OpEntry:
     # Function's forward calls exactly this, so the value is the same, without the Function's cost
     native: Callable[..., Any] | None = None
     doc: str = ""
+    kind: str = "function"
     signature: inspect.Signature = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.shape_rule not in SHAPE_RULES:
             raise ValueError(f"op {self.name}: shape_rule must be one of {SHAPE_RULES}")
+        if self.kind not in KINDS:
+            raise ValueError(f"op {self.name}: kind must be one of {KINDS}")
         object.__setattr__(self, "signature", inspect.signature(self.fn))
 
     def info(self) -> dict[str, Any]:
@@ -66,6 +76,7 @@ class OpEntry:
             "inplace": self.inplace,
             "no_grad_args": list(self.no_grad_args),
             "doc": self.doc,
+            "kind": self.kind,
         }
 
 
@@ -141,6 +152,7 @@ def op(
     no_grad_args: tuple[int | str, ...] = (),
     native_inplace: Callable[..., Any] | None = None,
     native: Callable[..., Any] | None = None,
+    kind: str = "function",
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -163,6 +175,7 @@ def op(
                 native_inplace=native_inplace,
                 native=native,
                 doc=doc.split("\n", 1)[0],
+                kind=kind,
             )
         )
         return fn

@@ -1,7 +1,7 @@
-"""The README's op-coverage table, generated from the op table.
+"""The op-coverage table of ``docs/ops.md``, generated from the op table.
 
-``python -m remote_autograd.service.ops.coverage`` prints it; ``--write README.md`` replaces the
-block between the coverage markers (a test checks the README is current).
+``python -m remote_autograd.service.ops.coverage`` prints it; ``--write docs/ops.md`` replaces the
+block between the coverage markers (``tests/test_docs.py`` checks the file is current).
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ def _names(torch_names: tuple[str, ...]) -> str:
 
 def coverage_markdown() -> str:
     lines = [
-        f"{len([e for e in OP_TABLE if not e.name.startswith('_')])} ops. grad: exact gradient "
+        f"{len([e for e in OP_TABLE if not e.name.startswith('_test')])} ops. grad: exact gradient "
         "(gradcheck-tested), `custom` (not exact by design), or `-` (no gradient); "
-        "double: twice differentiable (gradgradcheck-tested).",
+        "double: twice differentiable (gradgradcheck-tested); kind: `native` is torch's own op with torch's "
+        "own derivative, `function` our own autograd.Function.",
         "",
-        "| op | torch names routed | grad | double |",
-        "| --- | --- | --- | --- |",
+        "| op | torch names routed | grad | double | kind |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for entry in sorted(OP_TABLE, key=lambda e: e.name):
-        if entry.name.startswith("_"):
+        if entry.name.startswith("_test"):  # test-only ops (service/testing_ops.py)
             continue
         grad = "-" if not entry.differentiable else ("exact" if entry.exact else "custom")
         double = "yes" if entry.double_grad else "-"
-        lines.append(f"| `{entry.name}` | {_names(entry.torch_names)} | {grad} | {double} |")
+        lines.append(f"| `{entry.name}` | {_names(entry.torch_names)} | {grad} | {double} | {entry.kind} |")
     return "\n".join(lines)
 
 
@@ -45,7 +46,7 @@ def replace_block(text: str, table: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m remote_autograd.service.ops.coverage")
-    parser.add_argument("--write", type=Path, help="rewrite the table block in this file (README.md)")
+    parser.add_argument("--write", type=Path, help="rewrite the table block in this file (docs/ops.md)")
     args = parser.parse_args()
     table = coverage_markdown()
     if args.write:

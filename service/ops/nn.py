@@ -1,9 +1,9 @@
 """nn layers: linear maps, embedding, normalisation, padding, resampling.
 
-Normalisation and resampling backwards are aten's derivative kernels
-(``native_layer_norm_backward``, ``upsample_bilinear2d_backward``, ...), which are
-differentiable themselves; the rest are plain formulas. Convolutions and pooling
-live in ``conv.py``.
+Normalisation backwards are aten's derivative kernels (``native_layer_norm_backward``,
+...), which are differentiable themselves; padding and resampling are torch's own ops
+(native entries); the rest are plain formulas. Convolutions and pooling live in
+``conv.py`` and ``pooling.py``.
 """
 
 from __future__ import annotations
@@ -12,22 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
-from ._grad import TensorLike, needs, sum_to
+from ._grad import like_of, needs, sum_to
 from ._registry import op
+from ._native import native_op
 from ._samples import S, T
 
 aten = torch.ops.aten
 
-
-def _like(x):
-    return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
 
 
 class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
-        ctx.w, ctx.b = _like(w), _like(b)
+        ctx.w, ctx.b = like_of(w), like_of(b)
         out = F.linear(x, w, b)
         ctx.out_shape = out.shape
         return out
@@ -69,7 +67,7 @@ class Bilinear(Function):
     @staticmethod
     def forward(ctx, x1, x2, w, b):
         ctx.save_for_backward(x1, x2, w)
-        ctx.b = _like(b)
+        ctx.b = like_of(b)
         return F.bilinear(x1, x2, w, b)
 
     @staticmethod
@@ -138,6 +136,19 @@ def embedding_weight_first(weight, indices, padding_idx=-1, scale_grad_by_freq=F
     if sparse:
         raise ValueError("embedding: sparse gradients are not supported")
     return Embedding.apply(weight, indices, padding_idx, scale_grad_by_freq)
+
+
+_BAG = T((6,), dtype="int64", low=0, high=5, requires_grad=False)
+_OFFSETS = torch.tensor([0, 2, 2])  # sorted bag starts (the second bag is empty): a literal, not a recipe
+
+# max_norm renormalises weight in place and scale_grad_by_freq is not the true derivative: samples leave
+# them out, as for embedding
+native_op("embedding_bag", F.embedding_bag, torch_names=("torch.nn.functional.embedding_bag",),
+          double_grad=False,  # torch's _embedding_bag_backward has no derivative
+          samples=(S(_BAG, T((5, 3)), _OFFSETS), S(_BAG, T((5, 3)), _OFFSETS, mode="sum"),
+                   S(T((2, 3), dtype="int64", low=0, high=5, requires_grad=False), T((5, 2)), mode="max"),
+                   S(_BAG, T((5, 3)), _OFFSETS, mode="sum", per_sample_weights=T((6,)), include_last_offset=True),
+                   S(_BAG, T((5, 3)), _OFFSETS, padding_idx=1)))
 
 
 class LayerNorm(Function):
@@ -246,94 +257,33 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return BatchNorm.apply(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
-def _source_index(mode, j, n):
-    """The index (in 0..n-1) each padded position j copies, along one dim of length n."""
-    if mode == "replicate":
-        return j.clamp(0, n - 1)
-    if mode == "circular":
-        return j.remainder(n)
-    j = j.abs()  # reflect
-    return torch.where(j >= n, 2 * (n - 1) - j, j)
-
-
-class Pad(Function):
-    @staticmethod
-    def forward(ctx, x, pad, mode, value):
-        ctx.pad, ctx.mode, ctx.shape = pad, mode, x.shape
-        return F.pad(x, pad, mode, value)
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx.mode == "constant":  # padding by -pad crops what was added and zero-fills what was cropped
-            return F.pad(g, [-p for p in ctx.pad]), None, None, None
-        for i in range(len(ctx.pad) // 2):  # F.pad lists the last dim first; dims are separable
-            dim, left, right = -1 - i, ctx.pad[2 * i], ctx.pad[2 * i + 1]
-            lo, hi = max(-left, 0), ctx.shape[dim] - max(-right, 0)  # negative pads crop first
-            j = torch.arange(-max(left, 0), hi - lo + max(right, 0), device=g.device)
-            src = lo + _source_index(ctx.mode, j, hi - lo)
-            shape = list(g.shape)
-            shape[dim] = ctx.shape[dim]
-            g = g.new_zeros(shape).index_add(g.dim() + dim, src, g)
-        return g, None, None, None
-
-
-@op("pad", torch_names=("torch.nn.functional.pad",),
+# pad and interpolate are torch's own (kind native): its derivative kernels (replication_pad*_backward,
+# upsample_*_backward, ...) are differentiable themselves, cover every mode and negative pads (our
+# hand-written pad backward did not), and the table has two entries fewer to maintain.
+pad = native_op(
+    "pad", F.pad, torch_names=("torch.nn.functional.pad",),
     samples=(S(T((2, 3)), (1, 2)), S(T((2, 3, 4)), [1, 0, -1, 2], value=1.5), S(T((1, 2, 4)), (2, 1), "reflect"),
              S(T((1, 2, 3, 4)), (1, 2, 2, 1), mode="reflect"), S(T((1, 2, 3, 3)), (2, 1, 0, 3), "replicate"),
              S(T((2, 3, 4)), (3, 1), "replicate"), S(T((1, 2, 3, 4), noncontiguous=True), (1, 2, 3, 1), "circular"),
-             S(T((1, 2, 4)), (-1, 2), "circular")),
-    reference=F.pad)
-def pad(input, pad, mode="constant", value=None):
-    """pad the last len(pad)//2 dims: constant (negative pads crop), reflect, replicate or circular"""
-    if mode not in ("constant", "reflect", "replicate", "circular"):
-        raise NotImplementedError(f"pad: mode {mode!r} is not supported")
-    return Pad.apply(input, [int(p) for p in pad], mode, value)
+             S(T((1, 2, 4)), (-1, 2), "circular"), S(T((1, 2, 5)), (-1, 2), "replicate"),
+             S(T((1, 2, 4, 5)), (1, -2, -1, 2), "replicate"), S(T((1, 1, 3, 4, 5)), (1, 2, 0, -1, 2, 1), "replicate"),
+             S(T((1, 1, 2, 3, 2)), (1, 1, 1, 0, 1, 0), "reflect"), S(T((1, 1, 2, 3, 4)), (1, 0, 1, 2, 0, 1), "circular"),
+             S(T((1, 2, 5)), (-1, 2), "reflect")))
 
-
-_UPSAMPLE_BACKWARD = {  # (mode, spatial dims) -> aten derivative kernel
-    ("nearest", 1): lambda g, out, inp, corners, s: aten.upsample_nearest1d_backward(g, out, inp, *s),
-    ("nearest", 2): lambda g, out, inp, corners, s: aten.upsample_nearest2d_backward(g, out, inp, *s),
-    ("nearest", 3): lambda g, out, inp, corners, s: aten.upsample_nearest3d_backward(g, out, inp, *s),
-    ("linear", 1): lambda g, out, inp, corners, s: aten.upsample_linear1d_backward(g, out, inp, corners, *s),
-    ("bilinear", 2): lambda g, out, inp, corners, s: aten.upsample_bilinear2d_backward(g, out, inp, corners, *s),
-}
-
-
-class Interpolate(Function):
-    @staticmethod
-    def forward(ctx, x, size, scale_factor, mode, align_corners, recompute_scale_factor, scales):
-        out = F.interpolate(x, size, scale_factor, mode, align_corners, recompute_scale_factor)
-        ctx.args = (list(out.shape[2:]), list(x.shape), bool(align_corners), scales)
-        ctx.mode = mode
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        grad = _UPSAMPLE_BACKWARD[(ctx.mode, g.dim() - 2)](g, *ctx.args)
-        return grad, None, None, None, None, None, None
-
-
-@op("interpolate", torch_names=("torch.nn.functional.interpolate",),
+interpolate = native_op(
+    "interpolate", F.interpolate, torch_names=("torch.nn.functional.interpolate",),
     samples=(S(T((1, 2, 3, 3)), scale_factor=2), S(T((2, 1, 2, 3)), size=(3, 5)), S(T((1, 2, 4)), 7),
              S(T((1, 1, 3, 4)), scale_factor=(1.5, 0.75), mode="bilinear"),
              S(T((1, 2, 3, 3), noncontiguous=True), size=5, mode="bilinear", align_corners=True),
              S(T((1, 1, 3, 2)), scale_factor=1.7, mode="bilinear", recompute_scale_factor=True),
-             S(T((1, 2, 5)), scale_factor=0.6, mode="linear")),
-    reference=F.interpolate)
-def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                recompute_scale_factor=None, antialias=False):
-    """resample the spatial dims: nearest (1-3 d), linear (1 d), bilinear (2 d)"""
-    dims = input.dim() - 2
-    if (mode, dims) not in _UPSAMPLE_BACKWARD or antialias:
-        raise NotImplementedError(f"interpolate: mode {mode!r} (antialias={antialias}) on a {input.dim()}-d "
-                                  "input is not supported")
-    if size is not None or scale_factor is None or recompute_scale_factor:
-        scales = [None] * dims  # the kernel derives the scale from the sizes
-    elif isinstance(scale_factor, (list, tuple)):
-        scales = [float(s) for s in scale_factor]
-    else:
-        scales = [float(scale_factor)] * dims
-    return Interpolate.apply(input, size, scale_factor, mode, align_corners, recompute_scale_factor, scales)
+             S(T((1, 2, 5)), scale_factor=0.6, mode="linear"), S(T((1, 2, 4)), size=6, mode="linear", align_corners=True),
+             S(T((1, 1, 3, 4)), size=(5, 6), mode="bicubic"), S(T((1, 1, 4, 4)), scale_factor=1.5, mode="bicubic",
+                                                                align_corners=True),
+             S(T((1, 1, 2, 3, 2)), scale_factor=2, mode="trilinear"), S(T((1, 1, 2, 2, 3)), size=(3, 3, 4)),
+             S(T((1, 2, 5, 6)), size=(3, 4), mode="area"), S(T((1, 2, 7)), size=3, mode="area"),
+             S(T((1, 1, 3, 5)), size=(4, 7), mode="nearest-exact"),
+             S(T((1, 1, 6, 6)), size=(4, 3), mode="bilinear", antialias=True),
+             S(T((1, 1, 6, 6)), size=(4, 3), mode="bicubic", antialias=True)))
 
 
 @op("one_hot", torch_names=("torch.nn.functional.one_hot",),

@@ -1,0 +1,71 @@
+"""Recurrent layers and cells, as ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU`` and their cells call them.
+
+``nn.LSTM.forward`` ends in ``torch._VF.lstm(input, hx, self._flat_weights, ...)``
+(``torch.lstm`` as ``__torch_function__`` names it), the cells in ``torch._VF.lstm_cell``
+and friends: torch's own kernels and derivatives (on CPU and without cuDNN they are
+compositions of matmuls and pointwise ops, so twice differentiable). The flat weights
+arrive as a list of the module's parameters; ``RNNBase.flatten_parameters`` does
+nothing off CUDA, so the parameters stay the module's own. The layers take
+``dropout`` between layers in training, drawn from the session's generator;
+samples use ``dropout=0`` so gradcheck sees one function.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._native import native_op
+from ._samples import S, T
+
+_IN, _H, _N, _L = 2, 2, 2, 3  # input features, hidden size, batch, sequence length
+
+
+def _weights(gates: int, layers: int = 1, directions: int = 1, bias: bool = True) -> list[T]:
+    """A layer's flat weights in torch's order: per layer and direction w_ih, w_hh[, b_ih, b_hh]."""
+    out = []
+    for layer in range(layers):
+        inp = _IN if layer == 0 else _H * directions
+        for _ in range(directions):
+            out += [T((gates * _H, inp), low=-0.7, high=0.7), T((gates * _H, _H), low=-0.7, high=0.7)]
+            if bias:
+                out += [T((gates * _H,), low=-0.5, high=0.5), T((gates * _H,), low=-0.5, high=0.5)]
+    return out
+
+
+def _h(layers: int = 1, directions: int = 1) -> T:
+    return T((layers * directions, _N, _H), low=-0.5, high=0.5)
+
+
+_SEQ = T((_L, _N, _IN))
+_SEQ_BATCH_FIRST = T((_N, _L, _IN))
+
+# torch.lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+native_op("lstm", torch.lstm, torch_names=("torch.lstm",), random=True, exact=True,
+          samples=(S(_SEQ, [_h(), _h()], _weights(4), True, 1, 0.0, True, False, False),
+                   S(_SEQ_BATCH_FIRST, [_h(2, 2), _h(2, 2)], _weights(4, 2, 2), True, 2, 0.0, True, True, True),
+                   S(_SEQ, [_h(1, 2), _h(1, 2)], _weights(4, 1, 2, bias=False), False, 1, 0.0, False, True, False)))
+native_op("gru", torch.gru, torch_names=("torch.gru",), random=True, exact=True,
+          samples=(S(_SEQ, _h(), _weights(3), True, 1, 0.0, True, False, False),
+                   S(_SEQ_BATCH_FIRST, _h(2, 2), _weights(3, 2, 2), True, 2, 0.0, True, True, True)))
+native_op("rnn_tanh", torch.rnn_tanh, torch_names=("torch.rnn_tanh",), random=True, exact=True,
+          samples=(S(_SEQ, _h(), _weights(1), True, 1, 0.0, True, False, False),
+                   S(_SEQ, _h(2, 2), _weights(1, 2, 2), True, 2, 0.0, True, True, False)))
+native_op("rnn_relu", torch.rnn_relu, torch_names=("torch.rnn_relu",), random=True, exact=True,
+          samples=(S(_SEQ_BATCH_FIRST, _h(), _weights(1), True, 1, 0.0, True, False, True),))
+
+_X, _HX = T((_N, _IN)), T((_N, _H), low=-0.5, high=0.5)
+
+
+def _cell(gates: int, bias: bool = True) -> list[T]:
+    return _weights(gates, bias=bias)
+
+
+# torch.lstm_cell(input, (h, c), w_ih, w_hh, b_ih, b_hh) -> (h, c); the others return h
+native_op("lstm_cell", torch.lstm_cell, torch_names=("torch.lstm_cell",),
+          samples=(S(_X, [_HX, _HX], *_cell(4)), S(_X, [_HX, _HX], *_cell(4, bias=False))))
+native_op("gru_cell", torch.gru_cell, torch_names=("torch.gru_cell",),
+          samples=(S(_X, _HX, *_cell(3)), S(_X, _HX, *_cell(3, bias=False))))
+native_op("rnn_tanh_cell", torch.rnn_tanh_cell, torch_names=("torch.rnn_tanh_cell",),
+          samples=(S(_X, _HX, *_cell(1)),))
+native_op("rnn_relu_cell", torch.rnn_relu_cell, torch_names=("torch.rnn_relu_cell",),
+          samples=(S(_X, _HX, *_cell(1)),))
