@@ -37,7 +37,7 @@ def run(url: str) -> None:
         print(f"  {'':<48} over the floor: {empty - floor:.0f} us the program route and worker hop, "
               f"{eager - empty:.0f} us the op and the SDK")
         eager_programs = [p for p in programs() if p["steps"]]  # the two puts, then the adds (not the empty ones)
-        sdk_us = _hot.median_us(_hot.client_alone(tap, lambda: x + y, 300))
+        sdk_us = _hot.median_us(_hot.client_alone(tap, sess, lambda: x + y, 300))
         server_us = _hot.median_us(_hot.server_alone(eager_programs, 300))
         print(f"  {'':<48} the op alone, warm caches: SDK {sdk_us:.1f} us + server in process {server_us:.1f} us "
               f"(over the empty program in the round trip: {eager - empty:.0f} us)")

@@ -86,7 +86,7 @@ def _parts_alone(sess, tap: _hot.Tap, step, programs: list, local: float, repeat
     round trip shows what running them interleaved on the same cores costs."""
     # ``programs``: the step's own, decoded before what follows here is recorded too
     empty_us = _hot.median_us(measure(_hot.empty_program(sess), repeat=repeat, warmup=10))
-    client_us = _hot.median_us(_hot.client_alone(tap, step, repeat))
+    client_us = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
     server_us = _hot.median_us(_hot.server_alone(programs, repeat))
     total = client_us + server_us + empty_us
     print(f"  {'parts alone, warm caches':<48} client {client_us:6.0f} us + server in process {server_us:6.0f} us "

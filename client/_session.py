@@ -51,7 +51,9 @@ class Session:
         try:
             info = transport.call("POST", "/v1/sessions", {})
         except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
-            raise explain(transport, exc) from None
+            error = explain(transport, exc)
+            transport.close()  # no session will: its connections (or in-process app) end here
+            raise error from None
         self.id: str = info["session_id"]
         self.remote_device: str = info["device"]
         self.server_version: str = info["server_version"]

@@ -51,8 +51,8 @@ def test_client_alone_answers_from_memory(tapped):
     x, y = sess.tensor(torch.randn(16)), sess.tensor(torch.randn(16))
     sess.sync()
     forwarded, sent = tap.forwarded, sess.requests
-    times = _hot.client_alone(tap, lambda: (x + y).sum().item(), repeat=5)
+    times = _hot.client_alone(tap, sess, lambda: (x + y).sum().item(), repeat=5)
     assert len(times) == 5
-    assert tap.forwarded == forwarded + 1  # only the round trip whose answer is then repeated
-    assert sess.requests >= sent + 1 + 5  # the others went through the SDK's transport, answered by the tap
+    assert tap.forwarded == forwarded + 2  # only the round trips whose answers are then repeated (empty, fn)
+    assert sess.requests >= sent + 2 + 2 * 5  # the others went through the SDK's transport, answered by the tap
     assert (x * 2).to_torch().allclose(x.to_torch() * 2)  # the server answers again

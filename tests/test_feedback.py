@@ -5,64 +5,37 @@ progress bars for big transfers only where someone watches.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
-
 import pytest
 import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from remote_autograd import client
 from remote_autograd.client import _banner, _progress
 
 
-@contextlib.contextmanager
-def server_speaking(protocol: str) -> Iterator[str]:
-    """A stand-in for a server of another protocol version: /healthz says which, /v1 refuses ours."""
+def server_speaking(protocol: str) -> client.InProcessTransport:
+    """A stand-in for a server of another protocol version, in process: /healthz says which it
+    speaks, /v1 refuses ours."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "device": "cpu", "protocol": protocol})
 
-        def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
-            if self.path == "/healthz":
-                self._answer(200, {"status": "ok", "device": "cpu", "protocol": protocol})
-            else:
-                self._refuse()
+    async def refuse(request: Request) -> JSONResponse:
+        sent = request.headers.get("Remote-Autograd-Protocol")
+        message = f"protocol version mismatch: client sent Remote-Autograd-Protocol: {sent}, server speaks {protocol}"
+        return JSONResponse({"error": {"code": "protocol_mismatch", "message": message, "step": None, "op": None},
+                             "results": []}, status_code=400)
 
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._refuse()
-
-        def _refuse(self) -> None:
-            sent = self.headers.get("Remote-Autograd-Protocol")
-            message = f"protocol version mismatch: client sent Remote-Autograd-Protocol: {sent}, server speaks {protocol}"
-            self._answer(400, {"error": {"code": "protocol_mismatch", "message": message, "step": None, "op": None},
-                               "results": []})
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return client.InProcessTransport(Starlette(routes=[Route("/healthz", health),
+                                                       Route("/v1/{rest:path}", refuse, methods=["GET", "POST"])]))
 
 
 def test_a_newer_server_says_upgrade_the_client():
-    with server_speaking("2") as url, pytest.raises(client.RemoteError) as info:
-        client.connect(url)
+    with pytest.raises(client.RemoteError) as info:
+        client.connect(transport=server_speaking("2"))
     message = str(info.value)
     assert info.value.code == "protocol_mismatch"
     assert "speaks protocol 1" in message and "speaks protocol 2" in message
@@ -70,8 +43,8 @@ def test_a_newer_server_says_upgrade_the_client():
 
 
 def test_an_older_server_says_upgrade_the_server():
-    with server_speaking("0") as url, pytest.raises(client.RemoteError) as info:
-        client.connect(url)
+    with pytest.raises(client.RemoteError) as info:
+        client.connect(transport=server_speaking("0"))
     message = str(info.value)
     assert info.value.code == "protocol_mismatch"
     assert "speaks protocol 1" in message and "speaks protocol 0" in message
