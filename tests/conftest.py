@@ -1,6 +1,11 @@
 """Shared fixtures: one real uvicorn server per test session, on 127.0.0.1 and an ephemeral port.
 
 Tests that need other settings start their own with ``start_server(**env)``.
+
+A test (or a module, through ``pytestmark``) marked ``@pytest.mark.backends("inprocess", "ray")``
+runs once per backend: ``server_url`` is then the in-process server or a front on the Ray
+backend (over a one-node Ray cluster started once per test session). Unmarked tests use
+the in-process server only.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def start_server(**env: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a Ray front joins its cluster first
         while True:
             if proc.poll() is not None:
                 out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
@@ -53,7 +58,7 @@ def start_server(**env: str) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("server did not become healthy in 60 s")
+                raise RuntimeError("server did not become healthy in 120 s")
             time.sleep(0.05)
         yield url
     finally:
@@ -64,11 +69,33 @@ def start_server(**env: str) -> Iterator[str]:
             proc.kill()
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is not None and "server_url" in metafunc.fixturenames:
+        metafunc.parametrize("server_url", marker.args, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
+def server_url(request: pytest.FixtureRequest) -> str:
+    """The shared server of the test's backend (``inprocess`` unless the test is marked ``backends``)."""
+    return request.getfixturevalue(f"{getattr(request, 'param', 'inprocess')}_server_url")
+
+
+@pytest.fixture(scope="session")
+def inprocess_server_url() -> Iterator[str]:
     """The shared server with default settings (plus the test-only ops)."""
     with start_server(REMOTE_AUTOGRAD_TEST_OPS="1") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def ray_server_url() -> Iterator[str]:
+    """A front on the Ray backend (test-only ops too), over a one-node cluster with one worker slot."""
+    from .ray_cluster import front_env, local_cluster
+
+    with local_cluster({"num_cpus": 1, "resources": {"remote_autograd_worker": 1}}) as (cluster, _):
+        with start_server(**front_env(cluster.address, REMOTE_AUTOGRAD_TEST_OPS="1")) as url:
+            yield url
 
 
 @pytest.fixture
