@@ -28,6 +28,7 @@ from .answers import copy_views
 from .local_sessions import LocalSessions
 from .ops import load_op_modules
 from .settings import Settings
+from .token_ledger import LedgerReports
 
 WORKER_PREFIX = "worker-"
 
@@ -46,6 +47,7 @@ class SessionWorker:
         self.key, self.prefix = key, f"{key}.{secrets.token_hex(3)}."
         self.sessions = LocalSessions(settings, id_prefix=self.prefix, name=worker_name(key),
                                       node=ray.get_runtime_context().get_node_id())
+        self.reports = LedgerReports(key, self.sessions.store)  # max_bytes_per_token across workers
 
     async def ping(self) -> str:
         return self.sessions.name
@@ -87,7 +89,10 @@ class SessionWorker:
 
     async def _answer(self, work: Callable[[], Awaitable[Any]]) -> tuple:
         self.sessions.start()  # the sweeper needs the actor's running loop: started on the first call
+        self.reports.start()
         try:
             return "ok", await work()
         except ProtocolError as exc:
             return "error", exc.to_wire()
+        finally:
+            self.reports.soon()

@@ -27,22 +27,23 @@ from .settings import Settings
 
 class Budget:
     """Bytes held against ``limit``: by all sessions (``max_total_bytes``) or by one token's
-    (``max_bytes_per_token``). Thread-safe. ``limit`` may move (the Ray backend lowers a
-    token's by what the token holds on other workers)."""
+    (``max_bytes_per_token``). Thread-safe. ``elsewhere`` counts bytes held outside this
+    process that share the limit (the Ray backend sets it: a token's bytes on other workers)."""
 
     def __init__(self, limit: int, limit_name: str = "max_total_bytes", holder: str = "the server") -> None:
         self.limit = limit
         self.held = 0
+        self.elsewhere = 0
         self.limit_name, self.holder = limit_name, holder
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> None:
         with self._lock:
-            if self.held + nbytes > self.limit:
+            total = self.held + self.elsewhere + nbytes
+            if total > self.limit:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
-                    f"{self.holder} would hold {self.held + nbytes} bytes across sessions: "
-                    f"limit {self.limit_name}={self.limit}",
+                    f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
                 )
             self.held += nbytes
 

@@ -129,6 +129,45 @@ def test_sessions_per_token_are_limited_cluster_wide(fronts):
                 c.delete(f"/v1/sessions/{sid}")
 
 
+def _two_sessions_on_two_nodes(fronts, token: str) -> list[str]:
+    made = []
+    for url in fronts:
+        with api(url, token) as c:
+            r = c.post("/v1/sessions")
+            assert r.status_code == 201, r.text
+            made.append(r.json()["session_id"])
+    assert _where(fronts[0], made[0], token)["node"] != _where(fronts[0], made[1], token)["node"]
+    return made
+
+
+def test_bytes_per_token_are_limited_cluster_wide(fronts):
+    big = put("big", [0.5] * 60000)  # 240 kB; the token may hold 400 kB
+    first, second = _two_sessions_on_two_nodes(fronts, "alice")
+    with api(fronts[0], "alice") as c:
+        try:
+            assert program(c, first, [big]).status_code == 200
+            # the other worker hears of those bytes within one report (REPORT_SECONDS)
+            deadline = time.monotonic() + 10
+            while (r := program(c, second, [big])).status_code == 200:
+                assert program(c, second, [{"kind": "free", "ids": ["big"]}]).status_code == 200
+                assert time.monotonic() < deadline, "the other worker never counted the first one's bytes"
+                time.sleep(0.2)
+            error_of(r, 413, "too_large", "max_bytes_per_token=400000", "480000")
+            assert _where(fronts[0], second)["bytes"] == 0  # refused without a trace
+            with api(fronts[1], "bob") as b:  # another token has its own budget
+                theirs = b.post("/v1/sessions").json()["session_id"]
+                assert program(b, theirs, [big]).status_code == 200
+                b.delete(f"/v1/sessions/{theirs}")
+            assert program(c, first, [{"kind": "free", "ids": ["big"]}]).status_code == 200
+            deadline = time.monotonic() + 10
+            while (r := program(c, second, [big])).status_code != 200:  # freed bytes come back
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.2)
+        finally:
+            for sid in (first, second):
+                c.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster, fronts):
     ray_cluster, nodes = cluster
     head, other = _node_ids(cluster)
