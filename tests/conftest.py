@@ -91,9 +91,9 @@ def inprocess_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def ray_server_url() -> Iterator[str]:
     """A front on the Ray backend (test-only ops too), over a one-node cluster with one worker slot."""
-    from .ray_cluster import front_env, local_cluster
+    from .ray_cluster import cluster_or_skip, front_env
 
-    with local_cluster({"num_cpus": 1, "resources": {"remote_autograd_worker": 1}}) as (cluster, _):
+    with cluster_or_skip({"num_cpus": 1, "resources": {"remote_autograd_worker": 1}}) as (cluster, _):
         with start_server(**front_env(cluster.address, REMOTE_AUTOGRAD_TEST_OPS="1")) as url:
             yield url
 

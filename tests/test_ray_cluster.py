@@ -18,7 +18,7 @@ from torch import nn
 from remote_autograd import client
 
 from .conftest import start_server
-from .ray_cluster import front_env, local_cluster
+from .ray_cluster import cluster_or_skip, front_env
 from .servers import api, call, error_of, program, put, ref
 from .test_training import _data, _mlp, _train
 
@@ -30,7 +30,7 @@ GPU_NODE = {"num_cpus": 1, "num_gpus": 1}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple]:
-    with local_cluster(GPU_NODE, GPU_NODE) as (ray_cluster, nodes):
+    with cluster_or_skip(GPU_NODE, GPU_NODE) as (ray_cluster, nodes):
         yield ray_cluster, nodes
 
 
