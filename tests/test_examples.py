@@ -144,7 +144,7 @@ def test_readme_operator_commands_are_valid_compose(tmp_path: Path):
 
     lines = [ln.split("#")[0].strip() for block in _code_blocks(_readme_section("Operators"), "sh")
              for ln in block.splitlines() if ln.startswith("docker compose")]
-    assert len(lines) == 2  # GPU, and with the CPU override
+    assert len(lines) == 3  # GPU, with the CPU override, and the Ray cluster (More than one GPU)
     for line in lines:
         files = [ROOT / f for f in re.findall(r"-f (\S+)", line)] or [ROOT / "docker-compose.yml"]
         assert _compose(tmp_path, *files, env_file=TOKEN_ENV).returncode == 0, line
