@@ -68,3 +68,19 @@ for _name, _samples in _FOREACH.items():
     native_op(f"_foreach_{_name}_", _writing(_inplace), torch_names=(f"torch._foreach_{_name}_",),
               samples=tuple(_no_grad(s) for s in _samples), inplace=True, differentiable=False,
               shape_rule="none")
+
+
+# -- what torch.amp.GradScaler calls: unscale-and-check-for-inf over a list of grads, and the scale update
+# GradScaler keeps its scale, inv_scale and found_inf in float32 whatever the grads' dtype
+_FOUND_INF = T((1,), low=0.0, high=0.5, integers=True, dtype="float32", requires_grad=False)  # 0: none found yet
+_INV_SCALE = T((1,), low=0.25, high=0.75, dtype="float32", requires_grad=False)
+
+native_op("_amp_foreach_non_finite_check_and_unscale_", _writing(torch._amp_foreach_non_finite_check_and_unscale_),
+          torch_names=("torch._amp_foreach_non_finite_check_and_unscale_",), inplace=True, differentiable=False,
+          shape_rule="none", samples=(S(_xs(*_SHAPES, requires_grad=False), _FOUND_INF, _INV_SCALE),))
+_SCALE = T((1,), low=1.0, high=8.0, dtype="float32", requires_grad=False)
+native_op("_amp_update_scale_", torch._amp_update_scale_, torch_names=("torch._amp_update_scale_",), inplace=True,
+          differentiable=False, shape_rule="none",
+          samples=(S(_SCALE, T((1,), dtype="int32", low=0, high=3, requires_grad=False), _FOUND_INF, 2.0, 0.5, 2),
+                   S(_SCALE, T((1,), dtype="int32", low=0, high=1, requires_grad=False),
+                     T((1,), low=1.0, high=1.5, integers=True, dtype="float32", requires_grad=False), 2.0, 0.5, 2)))
