@@ -259,3 +259,19 @@ def test_grad_scaler_unscales_and_skips_inf_steps_on_the_server(sess):
     assert got == want and want[2] < want[1]  # the inf step backed off
     for k, v in local.state_dict().items():
         torch.testing.assert_close(remote.state_dict()[k], v, **TOL, msg=k)
+
+
+def test_packed_sequences_through_an_lstm(sess):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+
+        def forward(self, x, hx):
+            out, _ = self.lstm(pack_padded_sequence(x, [5, 3], enforce_sorted=True), hx)
+            return pad_packed_sequence(out, total_length=6)[0]
+
+    torch.manual_seed(0)
+    _run_both(sess, Packed(), _data(6, 2, 3), _hx("LSTM", 4))

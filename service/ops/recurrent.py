@@ -69,3 +69,14 @@ native_op("rnn_tanh_cell", torch.rnn_tanh_cell, torch_names=("torch.rnn_tanh_cel
           samples=(S(_X, _HX, *_cell(1)),))
 native_op("rnn_relu_cell", torch.rnn_relu_cell, torch_names=("torch.rnn_relu_cell",),
           samples=(S(_X, _HX, *_cell(1)),))
+
+
+# Packed sequences: pack_padded_sequence / pad_packed_sequence call these; the layers then take
+# torch.lstm's packed overload (data, batch_sizes, hx, params, ...). ``lengths`` and ``batch_sizes``
+# are int64 tensors that torch wants on the CPU, as they are on a CPU server.
+_LENGTHS = torch.tensor([3, 2])
+native_op("_pack_padded_sequence", torch._pack_padded_sequence, torch_names=("torch._pack_padded_sequence",),
+          samples=(S(_SEQ, _LENGTHS, False), S(_SEQ_BATCH_FIRST, _LENGTHS, True)))
+native_op("_pad_packed_sequence", torch._pad_packed_sequence, torch_names=("torch._pad_packed_sequence",),
+          samples=(S(T((5, _IN)), torch.tensor([2, 2, 1]), False, 0.0, 3),
+                   S(T((5, _IN)), torch.tensor([2, 2, 1]), True, -1.0, 4)))
