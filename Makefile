@@ -9,7 +9,7 @@ PORT ?= 8000
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: serve test bench install install-test clean
+.PHONY: serve test test-fast bench install install-test clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ serve: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: everything but the cases generated from the op table.
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest -m "not optable" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

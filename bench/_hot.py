@@ -12,9 +12,13 @@ import contextlib
 import itertools
 import statistics
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-from remote_autograd.proto import encode_body
+import httpx
+
+from remote_autograd.client._http import TunedTransport
+from remote_autograd.proto import decode_body, encode_body
+from remote_autograd.proto.frames import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.store import SessionStore
@@ -22,53 +26,81 @@ from remote_autograd.service.store import SessionStore
 from ._util import measure
 
 
+class Tap(httpx.BaseTransport):
+    """A session's transport (``connect(url, transport=Tap())``) with the benchmark's hooks: it keeps
+    the bytes of each program sent while ``recorded`` is a list, adds the seconds each request waits
+    for its answer's head to ``spent``, keeps the answers whole while ``keeping``, and while
+    ``replaying`` answers every request with the last one kept, sending nothing. Otherwise it
+    hands the inner transport's answer on untouched (what a timed request pays is one call)."""
+
+    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+        self._inner = inner if inner is not None else TunedTransport()
+        self.recorded: list[tuple[bytes, str | None]] | None = None
+        self.keeping = self.replaying = False
+        self.spent = 0.0
+        self.forwarded = 0  # requests that reached the server
+        self._kept: tuple[int, httpx.Headers, bytes] | None = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.recorded is not None and request.url.path.endswith("/programs"):
+            self.recorded.append((request.read(), request.headers.get("content-type")))
+        if self.replaying and self._kept is not None:
+            return self._answer(request)
+        start = time.perf_counter()
+        response = self._inner.handle_request(request)
+        self.spent += time.perf_counter() - start
+        self.forwarded += 1
+        if not self.keeping:
+            return response
+        try:
+            self._kept = (response.status_code, response.headers, b"".join(response.iter_raw()))
+        finally:
+            response.close()
+        return self._answer(request)
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        status, headers, body = self._kept
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), request=request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 @contextlib.contextmanager
-def intercepted(session, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """While inside, ``session`` sends through ``wrap(its transport's request)``; the real one after."""
-    transport = session._transport
-    original = transport.request
-    transport.request = wrap(original)
+def recording(tap: Tap) -> Iterator[Callable[[], list[dict]]]:
+    """While inside, ``tap`` keeps what it sends; yields a function giving every program so far, in order
+    (decoded when asked, so recording adds no decoding to a timed request)."""
+    tap.recorded = recorded = []
     try:
-        yield
+        yield lambda: [unpack_frames(body) if is_frames(ctype) else decode_body(body, ctype)
+                       for body, ctype in recorded]
     finally:
-        transport.request = original
+        tap.recorded = None
 
 
-@contextlib.contextmanager
-def recording(session) -> Iterator[list[dict]]:
-    """Every program ``session`` sends while inside, in order (its answers go on as usual)."""
-    programs: list[dict] = []
-
-    def wrap(original: Callable) -> Callable:
-        def request(method: str, path: str, body: Any = None, **kwargs: Any):
-            if path.endswith("/programs"):
-                programs.append(body)
-            return original(method, path, body, **kwargs)
-        return request
-
-    with intercepted(session, wrap):
-        yield programs
+def client_alone(tap: Tap, session, fn: Callable[[], object], repeat: int) -> list[float]:
+    """Seconds per ``fn()`` when every request is answered at once from memory, less what its requests
+    cost the client as requests (each priced as an empty program, replayed the same way): the client's
+    work for ``fn`` beyond the request it rides in, as a round trip "over the empty program" counts it."""
+    empty = empty_program(session)
+    per_request = statistics.median(_replayed(tap, empty, repeat))
+    before = tap.forwarded
+    times = _replayed(tap, fn, repeat)
+    requests = tap.forwarded - before  # fn's own, sent once for real: the answer to repeat
+    return [t - requests * per_request for t in times]
 
 
-def client_alone(session, fn: Callable[[], object], repeat: int) -> list[float]:
-    """Seconds per ``fn()`` when every program is answered at once with the session's last answer."""
-    answers: list = []
-
-    def remember(original: Callable) -> Callable:
-        def request(method: str, path: str, body: Any = None, **kwargs: Any):
-            answers.append(original(method, path, body, **kwargs))
-            return answers[-1]
-        return request
-
-    with intercepted(session, remember):
+def _replayed(tap: Tap, fn: Callable[[], object], repeat: int) -> list[float]:
+    tap.keeping = True
+    try:
         fn()  # one real round trip gives the answer to repeat
-    status, answer = answers[-1]
-
-    def from_memory(original: Callable) -> Callable:
-        return lambda method, path, body=None, **kwargs: (status, {**answer, "id": body["id"]})
-
-    with intercepted(session, from_memory):
+    finally:
+        tap.keeping = False
+    tap.replaying = True
+    try:
         return measure(fn, repeat=repeat, warmup=max(1, repeat // 10))
+    finally:
+        tap.replaying = False
 
 
 def server_alone(programs: list[dict], last: int) -> list[float]:

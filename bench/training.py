@@ -47,7 +47,8 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
     local_model = copy.deepcopy(base)
     local = row("local torch", measure(_step_fn(local_model, make_opt(local_model), x, y), repeat=repeat, warmup=5))
     for pipeline in (True, False):
-        with client.connect(url, pipeline=pipeline) as sess, _hot.recording(sess) as programs:
+        tap = _hot.Tap()
+        with client.connect(url, pipeline=pipeline, transport=tap) as sess, _hot.recording(tap) as programs:
             model = sess.module(base)
             opt = make_opt(model)
             xr, yr = sess.tensor(x), sess.tensor(y)
@@ -60,30 +61,18 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             name = "remote pipelined" if pipeline else "remote eager"
             row(name, times, local, f"{per_step:.1f} requests/step")
             if pipeline:
-                _breakdown(sess, step)
-                _parts_alone(sess, step, programs, local, repeat)
+                _breakdown(sess, tap, step)
+                _parts_alone(sess, tap, step, programs(), local, repeat)
 
 
-def _breakdown(sess, step) -> None:
-    """Where a pipelined step's time goes: building steps on the client vs the request (server + wire)."""
-    spent = []
-
-    def timed(original):
-        def request(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spent.append(time.perf_counter() - t0)
-        return request
-
+def _breakdown(sess, tap: _hot.Tap, step) -> None:
+    """Where a pipelined step's time goes: the client (building steps, encoding, reading answers) vs the
+    request (from sending until the answer's head arrives: the wire and the server)."""
     totals = []
-    with _hot.intercepted(sess, timed):
-        for _ in range(20):
-            spent.clear()
-            t0 = time.perf_counter()
-            step()
-            totals.append((time.perf_counter() - t0, sum(spent), sess._transport.last_server_timing))
+    for _ in range(20):
+        t0, spent_before = time.perf_counter(), tap.spent
+        step()
+        totals.append((time.perf_counter() - t0, tap.spent - spent_before, sess._transport.last_server_timing))
     totals.sort(key=lambda row: row[0])
     total, request, timing = totals[len(totals) // 2]  # the server's timing of that same step
     worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3
@@ -92,12 +81,12 @@ def _breakdown(sess, step) -> None:
           f"(steps {steps:6.0f} us)")
 
 
-def _parts_alone(sess, step, programs: list, local: float, repeat: int) -> None:
+def _parts_alone(sess, tap: _hot.Tap, step, programs: list, local: float, repeat: int) -> None:
     """The same step's parts each timed alone with warm caches (``bench._hot``): their sum against the
     round trip shows what running them interleaved on the same cores costs."""
-    programs = list(programs)  # the step's own programs: what follows here is recorded too
+    # ``programs``: the step's own, decoded before what follows here is recorded too
     empty_us = _hot.median_us(measure(_hot.empty_program(sess), repeat=repeat, warmup=10))
-    client_us = _hot.median_us(_hot.client_alone(sess, step, repeat))
+    client_us = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
     server_us = _hot.median_us(_hot.server_alone(programs, repeat))
     total = client_us + server_us + empty_us
     print(f"  {'parts alone, warm caches':<48} client {client_us:6.0f} us + server in process {server_us:6.0f} us "

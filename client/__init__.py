@@ -9,30 +9,36 @@ from __future__ import annotations
 
 import os
 
+import httpx
 import torch
 
-from . import _optim  # noqa: F401  (registers the optimizer safety check)
 from ._errors import RemoteError, SessionLost
+from ._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
 from ._tensor import RemoteTensor
 from ._transport import Transport
+from . import _composites, _moves  # noqa: F401,E402  (register nn.init, .to/.cpu/.data handlers; _tensor loads the device kernels)
 
-__all__ = ["RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
+__all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 
 
 def connect(url: str | None = None, *, token: str | None = None, pipeline: bool = True,
-            timeout: float = 600.0) -> Session:
+            timeout: float = 600.0, transport: httpx.BaseTransport | None = None) -> Session:
     """A new session on ``url`` (or ``REMOTE_AUTOGRAD_URL``, or the embedded server when neither is set).
 
     ``token`` (or ``REMOTE_AUTOGRAD_TOKEN``) is sent as a bearer token. ``pipeline=False``
     sends every step at once and waits (strict eager mode, for debugging).
+    ``transport`` is the ``httpx.BaseTransport`` requests go through (closed with the
+    session, as ``httpx.Client`` closes its own), e.g. ``InProcessTransport()`` for the
+    service in this process without sockets; by default a tuned socket transport.
     """
     url = url or os.environ.get("REMOTE_AUTOGRAD_URL")
-    if not url:
+    if not url and transport is None:
         from ._embedded import embedded_url
 
         url = embedded_url()
-    return Session(Transport(url, token, timeout=timeout), pipeline=pipeline)
+    # A transport of your own with no URL: only the Host header and messages show it.
+    return Session(Transport(url or IN_PROCESS_URL, token, timeout=timeout, transport=transport), pipeline=pipeline)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None):

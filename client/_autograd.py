@@ -94,7 +94,6 @@ def _grad_set(t, value):
     t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
     t._has_grad = value is not None
     t._grad_cache = None
-    t._custom_grad = None
 
 
 @_local(T.grad.__delete__)
@@ -147,7 +146,6 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
     for leaf in reached:
         if leaf is not None:
             leaf._has_grad = True
-            leaf._custom_grad = None
 
     def undo() -> None:
         for leaf in newly:

@@ -21,6 +21,7 @@ from remote_autograd.proto import dtype_name
 from . import _infer
 from ._routes import Route, torch_name
 from ._session import Session, _Origin, meta_from_result
+from ._unsupported import refuse_local_leaf
 
 _CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -69,6 +70,12 @@ def refuse_custom_function(func: Callable) -> None:
         if f.f_code is _APPLY_CODE:
             cls = f.f_locals.get("cls")
             name = getattr(cls, "__name__", "a torch.autograd.Function")
+            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
+                raise RuntimeError(
+                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
+                    "set on a module run on remote tensors: the hook would have to run inside the server's "
+                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
+                )
             raise RuntimeError(
                 f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
                 f"and its backward on the client, so the gradient would be silently lost. Register the "
@@ -111,6 +118,8 @@ class Encoder:
 
     def upload(self, t: torch.Tensor) -> dict:
         """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
+        if t.requires_grad and torch.is_grad_enabled():
+            refuse_local_leaf(t, where())
         remote = _tensor.RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
         self.nbytes += t.numel() * t.element_size()
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
@@ -366,14 +375,18 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     step: dict[str, Any] = {"kind": "call", "op": name, "args": [enc.value(a) for a in args]}
     if kwargs:
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
-    if not grad_on:
+    inplace = name.endswith("_") or (spec is not None and spec.inplace)
+    if not grad_on or (inplace and spec is not None and not spec.differentiable):  # set_data: never recorded
         step["grad_enabled"] = False
     rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
-    inplace = name.endswith("_") or (spec is not None and spec.inplace)
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
         if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
             _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
+            if name == "set_data":  # the one in-place op that may change shape and dtype
+                from ._moves import adopt_metadata
+
+                adopt_metadata(args[0], args[1])
             return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
@@ -388,13 +401,6 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
-
-
-def not_in_table(func: Callable) -> NotImplementedError:
-    return NotImplementedError(
-        f"{torch_name(func)} is not supported on RemoteTensor: the server's op table has no entry for it "
-        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
-    )
 
 
 # Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from ._device import DEVICE_TYPE
+
 T = torch.Tensor
 LOCAL_HANDLERS: dict[Callable, Callable] = {}
 
@@ -36,12 +38,17 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 _local(T.shape.__get__)(lambda t: torch.Size(t._shape))
 _local(T.dtype.__get__)(lambda t: t._dtype)
-_local(T.device.__get__)(lambda t: torch.device("meta"))
+_local(T.device.__get__)(lambda t: t._session.device)
 _local(T.ndim.__get__, T.dim, T.ndimension)(lambda t: len(t._shape))
 _local(T.is_leaf.__get__)(lambda t: t._is_leaf or not t._rg)
 _local(T.requires_grad.__get__)(lambda t: t._rg)
-_local(T.is_meta.__get__, T.is_cuda.__get__, T.is_sparse.__get__, T.is_quantized.__get__, T.is_nested.__get__,
-       T.is_mkldnn.__get__, T.is_inference)(lambda t: False)
+# A remote tensor is on a non-CPU device of its own: every "is it on device X" answer is
+# False, locally (``is_remote``, which torch generates for the renamed backend, reads .device).
+_local(*(getattr(T, f"is_{kind}").__get__ for kind in (
+    "cpu", "cuda", "xpu", "mps", "meta", "mtia", "ipu", "xla", "maia", "vulkan", "mkldnn", "sparse", "sparse_csr",
+    "quantized", "nested")), T.is_inference, T.is_pinned, T.is_shared, T.is_conj, T.is_neg)(lambda t, *a: False)
+_local(getattr(T, f"is_{DEVICE_TYPE}").__get__)(lambda t: True)  # generated when the backend was named
+_local(T.is_signed)(lambda t: t._dtype.is_signed)
 _local(T.layout.__get__)(lambda t: torch.strided)
 _local(T.is_floating_point, torch.is_floating_point)(lambda t: t._dtype.is_floating_point)
 _local(T.is_complex, torch.is_complex)(lambda t: t._dtype.is_complex)
@@ -50,7 +57,6 @@ _local(T.numel, T.nelement)(lambda t: _numel(t._shape))
 _local(T.is_contiguous)(lambda t, memory_format=None: True)
 _local(T.__hash__)(lambda t: id(t))
 _local(T._version.__get__)(lambda t: 0)
-_local(torch._has_compatible_shallow_copy_type)(lambda t, other: type(t) is type(other))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -175,33 +181,7 @@ def _reduce_ex(t, protocol):
     return t.to_torch().detach().requires_grad_(t._rg).__reduce_ex__(protocol)
 
 
-# -- conversions that leave the server ----------------------------------------------------
-
-
-@_local(T.cpu)
-def _cpu(t, memory_format=None):
-    return t._value()
-
-
-@_local(T.to)
-def _to(t, *args, **kwargs):
-    """``.to(dtype)`` is a server op; ``.to('cpu')`` (any real device) is a local copy; ``.to(t.device)`` is t."""
-    device, dtype = _parse_to(args, kwargs)
-    if device is not None and device.type != "meta":
-        value = t._value()
-        return value.to(device=device, dtype=dtype or value.dtype)
-    bools = [a for a in args if isinstance(a, bool)]
-    if (dtype is None or dtype == t._dtype) and not kwargs.get("copy", len(bools) > 1 and bools[1]):
-        return t
-    route = t._session._routes.lookup(T.to)
-    if route is None:
-        raise NotImplementedError("torch.Tensor.to(dtype) is not in the server's op table")
-    from ._dispatch import apply_route
-
-    bools = [a for a in args if isinstance(a, bool)]  # to(dtype, non_blocking, copy)
-    copy = kwargs.get("copy", bools[1] if len(bools) > 1 else False)
-    extra = {"copy": True} if copy else {}
-    return apply_route(t._session, T.to, route, (t, dtype or t._dtype), extra)
+# -- conversions (``Tensor.to``, ``cpu``, ``.data`` live in ``_moves``) ------------------------
 
 
 def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dtype | None]:

@@ -19,8 +19,10 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from . import _progress
+from ._banner import announce
+from ._device import claim_index, release_index
 from ._errors import RemoteError
+from ._protocol_advice import explain
 from ._routes import RouteTable
 from ._transport import Transport, error_from
 
@@ -49,7 +51,9 @@ class Session:
         try:
             info = transport.call("POST", "/v1/sessions", {})
         except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
-            raise _progress.explain(transport, exc) from None
+            error = explain(transport, exc)
+            transport.close()  # no session will: its connections (or in-process app) end here
+            raise error from None
         self.id: str = info["session_id"]
         self.remote_device: str = info["device"]
         self.server_version: str = info["server_version"]
@@ -71,7 +75,8 @@ class Session:
         from ._ops import OpsNamespace
 
         self.ops = OpsNamespace(self)
-        _progress.announce(self, info)  # one line on connect, in notebooks only
+        self.device: torch.device = claim_index(self)  # torch.device("remote", k) while open
+        announce(info, transport.base_url)  # one line on connect, in notebooks only
 
     # -- context manager --------------------------------------------------------------------
 
@@ -93,6 +98,7 @@ class Session:
             self.sync()
         finally:
             self._closed = True
+            release_index(self.device)
             try:
                 self._transport.request("DELETE", self._path)
             finally:
@@ -118,16 +124,12 @@ class Session:
         return RemoteTensor._upload(self, t, requires_grad=requires_grad, grad=None)
 
     def module(self, module: "torch.nn.Module") -> "torch.nn.Module":
-        """A copy of ``module`` whose parameters and buffers live on the server (uploaded in one program)."""
-        from ._module import remote_module
-
-        return remote_module(self, module)
+        """``module.to(sess.device)``: moved in place (the same Parameter objects), one upload program."""
+        return module.to(self.device)
 
     def optimizer(self, optimizer: "torch.optim.Optimizer") -> "torch.optim.Optimizer":
-        """Let ``optimizer.load_state_dict`` accept local (saved) state for remote parameters."""
-        from ._optim import prepare
-
-        return prepare(self, optimizer)
+        """Kept for old code: ``optimizer.load_state_dict`` now moves state to ``param.device`` as torch does."""
+        return optimizer
 
     def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
         """Local copies (values only, no grad) of several RemoteTensors, in one program."""
@@ -264,6 +266,10 @@ class Session:
 
 
 def _route_table(transport: Transport) -> RouteTable:
+    """The server's op table, fetched once per URL over sockets. A given transport's is not
+    cached: two in-process apps may share a placeholder URL and not their ops."""
+    if not transport.own_socket_layer:
+        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
     table = _ROUTE_TABLES.get(transport.base_url)
     if table is None:
         table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])

@@ -7,6 +7,7 @@ answered without a round trip; every other torch call becomes a queued step via
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -18,8 +19,10 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 
 from ._local import LOCAL_HANDLERS
-from ._dispatch import apply_route, not_in_table, where
+from ._dispatch import apply_route, refuse_custom_function, where
+from ._unsupported import not_in_table
 from ._session import Session, _Origin
+from . import _kernels
 
 _META_DEVICE = torch.device("meta")
 
@@ -38,12 +41,11 @@ class RemoteTensor(torch.Tensor):
     def _new(cls, session: Session, tid: str | None, shape, dtype: torch.dtype, *, requires_grad: bool = False,
              leaves: frozenset = frozenset(), is_leaf: bool = True, grad_owner: "RemoteTensor | None" = None
              ) -> "RemoteTensor":
-        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=_META_DEVICE)
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=session.device)
         r._session, r._id, r._shape, r._dtype = session, tid, tuple(shape), dtype
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
         r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
         r._retains, r._meta_t = False, None
-        r._custom_data = r._custom_grad = None
         if requires_grad and is_leaf and tid is not None:
             r._leaves = frozenset({tid})
             session._grad_tracked[tid] = r
@@ -73,16 +75,13 @@ class RemoteTensor(torch.Tensor):
             session.flush()
         return r
 
-    # -- the seed's boundary: from_torch / to_torch ----------------------------------------
+    # -- the boundary with local torch: from_torch / to_torch ----------------------------------------
 
     @classmethod
     def from_torch(cls, t: torch.Tensor, session: Session) -> "RemoteTensor":
         """Upload ``t``: its values, ``requires_grad``, and a copy of ``t.grad`` when it has one."""
         grad = t.grad.detach().clone() if t.grad is not None else None
-        r = cls._upload(session, t.detach(), requires_grad=t.requires_grad, grad=grad)
-        r._custom_data = t.detach().clone()
-        r._custom_grad = grad
-        return r
+        return cls._upload(session, t.detach(), requires_grad=t.requires_grad, grad=grad)
 
     def to_torch(self) -> torch.Tensor:
         """A local leaf with this tensor's values, its ``requires_grad``, and a copy of its grad."""
@@ -99,12 +98,6 @@ class RemoteTensor(torch.Tensor):
         message = self._session.fetch(self._id, value=value, grad=grad)
         v = decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
         g = decode_tensor(message["grad"], copy=False) if message.get("grad") is not None else None
-        # Local copies of small tensors are kept (DESIGN: filled when fetched); big ones are
-        # not cloned again just to keep a copy nobody asked for.
-        if v is not None:
-            self._custom_data = v.clone() if v.nbytes < FRAME_MIN_BYTES else None
-        if grad:
-            self._custom_grad = None if g is None or g.nbytes >= FRAME_MIN_BYTES else g.clone()
         return v, g
 
     def _value(self) -> torch.Tensor:
@@ -142,8 +135,7 @@ class RemoteTensor(torch.Tensor):
             raise self._error
 
     def _after_inplace(self, rg: bool, leaves: frozenset) -> None:
-        """Local bookkeeping after a queued in-place op: history and the stale local copy."""
-        self._custom_data = None
+        """Local bookkeeping after a queued in-place op: its autograd history."""
         if rg:
             self._leaves = self._leaves | leaves
             if not self._rg or self._is_leaf:
@@ -167,21 +159,41 @@ class RemoteTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
+            raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
+                               "server); call the function without torch.compile")
+        if _kernels.MADE:
+            _kernels.settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
         if local is not None:
             return local(*args, **kwargs)
         session = _session_of(args, kwargs)
         route = session._routes.lookup(func)
         if route is None:
+            if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
+                refuse_custom_function(func)
             raise not_in_table(func)
         return apply_route(session, func, route, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:  # torch.tensor(data, device=remote) marks its result fresh
+            return args[0]
+        fill = _DISPATCHED_FILLS.get(func)
+        if fill is not None:  # torch.zeros_like(local, device=remote): torch's kernel fills what our empty made
+            return args[0]._session._call_op(fill, list(args), kwargs or {})
+        # Anything else got here under torch's functions: a torch.func transform (grad, vmap, jacrev
+        # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(
-            f"remote-autograd: {func} reached __torch_dispatch__; every call on a RemoteTensor should be "
-            "handled by __torch_function__ (please report this)"
+            f"{func} reached a remote tensor below torch's functions: torch.func transforms (grad, vmap, jacrev, "
+            "...) and TorchDispatchModes cannot run on remote tensors (their values live on the server); use "
+            "loss.backward() / torch.autograd.grad on the device instead"
         )
+
+
+_aten = torch.ops.aten
+_DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
+                     _aten.uniform_.default: "uniform_"}
 
 
 def _session_of(args: tuple, kwargs: dict) -> Session:

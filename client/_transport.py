@@ -1,8 +1,9 @@
 """HTTP for the SDK: one long-lived httpx transport and prebuilt requests.
 
 Going through the transport's ``handle_request`` directly skips the ``httpx.Client``
-layer, which costs ~150 µs per request here (perf-notes.md); the transport is
-httpx's own over a tuned socket layer (``_http``).
+layer and its per-request cost. The transport is any ``httpx.BaseTransport``: by
+default httpx's own over a tuned socket layer (``_http``); ``InProcessTransport``
+calls an ASGI app in this process; a wrapper of either can record or replay.
 Bodies are msgpack both ways; a body carrying big tensors goes framed
 (``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
 land in one preallocated buffer that the decoded tensors then view in place.
@@ -19,7 +20,8 @@ import httpx
 from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
-from . import _progress
+from ._answer_body import read_body
+from ._progress import UploadStream, shows_bar
 from ._http import TunedTransport
 from ._errors import RemoteError, SessionLost
 
@@ -27,9 +29,11 @@ from ._errors import RemoteError, SessionLost
 class Transport:
     """Sends msgpack requests to one server and returns decoded bodies; counts requests."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3) -> None:
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._transport = TunedTransport()
+        self._transport = transport if transport is not None else TunedTransport()
+        self.own_socket_layer = transport is None  # else another transport reaches who-knows-what at this URL
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
         self._headers = [
             (b"content-type", MSGPACK.encode()),
@@ -62,21 +66,21 @@ class Transport:
             parts, total = pack_frames(header, frames)
             headers = self._headers.copy()
             headers["content-type"], headers["content-length"] = FRAMES, str(total)
-            req = httpx.Request(method, url, headers=headers, stream=_progress.UploadStream(parts, total, f"{method} {path}"),
+            req = httpx.Request(method, url, headers=headers, stream=UploadStream(parts, total, f"{method} {path}"),
                                 extensions=self._extensions)
         else:
             content = encode_body(body, True) if body is not None else b""
             headers = [*self._raw_headers, (b"content-length", str(len(content)).encode())] if content else self._raw_headers
             req = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
-            if len(content) > _progress.THRESHOLD:  # a bar for big uploads, where someone watches
-                req.stream = _progress.UploadStream([content], len(content), f"{method} {path}")
+            if shows_bar(len(content)):  # a bar for big uploads, where someone watches
+                req.stream = UploadStream([content], len(content), f"{method} {path}")
         delay = 0.05
         for attempt in range(self._retries + 1):
             try:
                 self.requests += 1
                 response = self._transport.handle_request(req)
                 try:
-                    data = _progress.read_body(response)
+                    data = read_body(response)
                 finally:
                     response.close()
                 break
@@ -100,6 +104,7 @@ class Transport:
         return decoded
 
     def close(self) -> None:
+        """Closes the httpx transport too, given or not (as ``httpx.Client`` does)."""
         self._transport.close()
 
 

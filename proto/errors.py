@@ -72,6 +72,13 @@ class ProtocolError(Exception):
     def to_wire(self) -> dict:
         return {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
 
+    def answer(self, results: list | None = None, program_id: str | None = None) -> dict:
+        """The protocol's error body: this error, the results of the steps before it, the program's id."""
+        body = {"error": self.to_wire(), "results": results if results is not None else []}
+        if program_id is not None:
+            body = {"id": program_id, **body}
+        return body
+
     def __repr__(self) -> str:
         return f"ProtocolError({self.code.value!r}, {self.message!r}, step={self.step}, op={self.op!r})"
 

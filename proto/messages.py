@@ -16,7 +16,12 @@ from .dtypes import DTYPES
 PROTOCOL_VERSION = "1"
 PROTOCOL_HEADER = "Remote-Autograd-Protocol"
 
-TensorId = Annotated[str, Field(min_length=1, max_length=128)]
+# Tensor ids appear in URLs (GET .../tensors/{tid}), so they are one plain path segment:
+# letters, digits, "_", "." and "-", not starting with "." or "-" (no "..", no "/", no
+# percent-encoding). ``out_many`` appends ".0", ".1", ... to one of them.
+TENSOR_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+TENSOR_ID_RULE = "a tensor id is 1 to 128 of A-Z a-z 0-9 _ . - and starts with a letter, a digit or _"
+TensorId = Annotated[str, Field(min_length=1, max_length=128, pattern=TENSOR_ID_PATTERN)]
 
 _DATA_SCHEMA = {
     "description": "msgpack: bin of raw little-endian C-contiguous bytes. "
@@ -278,4 +283,6 @@ def validate_program(obj: Any) -> Program:
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "string_pattern_mismatch":  # the one pattern is the tensor id's: say it in words
+            raise bad_request(f"{where}: {TENSOR_ID_RULE}; got {err['input']!r}") from None
         raise bad_request(f"{where}: {err['msg']}") from None

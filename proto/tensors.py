@@ -88,9 +88,9 @@ def check_shape(shape: Any, field: str) -> tuple[int, ...]:
         raise bad_request(f"{field}.shape: expected a list of non-negative integers, got {type(shape).__name__}")
     for i, d in enumerate(shape):
         if not isinstance(d, int) or isinstance(d, bool):
-            raise bad_request(f"{field}.shape[{i}]: expected an integer, got {d!r}")
+            raise bad_request(f"{field}.shape.{i}: expected an integer, got {d!r}")
         if d < 0:
-            raise bad_request(f"{field}.shape[{i}]: negative dimension {d}")
+            raise bad_request(f"{field}.shape.{i}: negative dimension {d}")
     return tuple(shape)
 
 
@@ -163,9 +163,9 @@ def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
     check = _value_check(dtype)
     for i, v in enumerate(data):
         if not isinstance(v, (int, float)):
-            raise bad_request(f"{field}.data[{i}]: expected a number, got {type(v).__name__}")
+            raise bad_request(f"{field}.data.{i}: expected a number, got {type(v).__name__}")
         if not check(v):
-            raise bad_request(f"{field}.data[{i}]: {v!r} is not a value of dtype {name}")
+            raise bad_request(f"{field}.data.{i}: {v!r} is not a value of dtype {name}")
     try:
         return torch.tensor(data, dtype=dtype, device=device).reshape(shape)
     except (RuntimeError, OverflowError, TypeError, ValueError) as exc:

@@ -23,7 +23,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SDK_NAMES = ("connect", "Session", "RemoteTensor", "RemoteError", "SessionLost", "grad")
+_SDK_NAMES = ("connect", "Session", "RemoteTensor", "RemoteError", "SessionLost", "grad", "InProcessTransport")
 __all__ = [*_SDK_NAMES, "__version__"]
 
 

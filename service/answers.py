@@ -59,7 +59,7 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     if sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
         err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
                             "fetched data to keep for a retry: fetch the tensors again")
-        return Outcome(err.status, {"id": program_id, "error": err.to_wire(), "results": []}, outcome.seconds)
+        return Outcome(err.status, err.answer(program_id=program_id), outcome.seconds)
     if not any(isinstance(d, memoryview) for d in data):
         return outcome
     body = dict(outcome.body)

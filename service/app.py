@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .auth import Tokens
+from .docs_page import install as install_docs_page
 from .answers import fetched_data
 from .guards import ProgramSlots, check_limits, read_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -74,9 +75,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request; the
     # service exports Prometheus metrics instead, so it is off (see service.metrics).
-    app = FastAPI(title="remote-autograd", version=__version__, docs_url="/docs", lifespan=lifespan,
+    app = FastAPI(title="remote-autograd", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     install_openapi(app)  # the protocol's message schemas in /docs
+    install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.store, app.state.metrics = settings, store, metrics
     app.add_middleware(Gatekeeper, tokens=Tokens(settings.tokens), metrics=metrics, routes=app.router.routes)
 
@@ -90,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(request: Request, exc: ProtocolError) -> Response:
-        return _reply(request, {"error": exc.to_wire(), "results": []}, exc.status)
+        return _reply(request, exc.answer(), exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_parameters(request: Request, exc: RequestValidationError) -> Response:
@@ -102,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _framework_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.BAD_REQUEST
         err = ProtocolError(code, f"{request.method} {request.url.path}: {exc.detail}")
-        return _reply(request, {"error": err.to_wire(), "results": []}, exc.status_code)
+        return _reply(request, err.answer(), exc.status_code)
 
     @app.get("/healthz", **route_doc(200, "Health", v1=False))
     async def healthz() -> dict:

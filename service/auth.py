@@ -2,8 +2,10 @@
 
 With no tokens configured the server is open (and ``__main__`` keeps it on loopback);
 with tokens, every path but ``PUBLIC_PATHS`` needs ``Authorization: Bearer <token>``,
-the docs and the metrics included. The answer to a missing or wrong token is the
-same either way and names no token.
+``/openapi.json`` and the metrics included. Public: the two probes, and the ``/docs``
+page with its Swagger UI files (they hold nothing of the server's; the page asks for
+a token to read the API). The answer to a missing or wrong token is the same either
+way and names no token.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import hmac
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+from .docs_page import PAGE_PATHS
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", *PAGE_PATHS})
 
 
 class Tokens:

@@ -2,7 +2,7 @@
 
 ``_custom_data`` is the value, live in the autograd graph; ``_custom_grad`` is
 its accumulated gradient (``None`` until a backward reaches it). The
-``from_torch``/``to_torch`` boundary follows the seed's rules: values and grads
+``from_torch``/``to_torch`` boundary follows these rules: values and grads
 cross it as ``detach().clone()``, never as references, and a missing grad
 stays ``None`` rather than becoming zeros.
 """

@@ -112,7 +112,7 @@ def check_limits(body: Any, settings: Settings) -> None:
                 if numel > settings.max_tensor_elements:
                     raise ProtocolError(
                         ErrorCode.TOO_LARGE,
-                        f"steps.{index}.{key}: shape {shape} has {numel} elements, over the limit "
+                        f"steps.{index}.put.{key}: shape {shape} has {numel} elements, over the limit "
                         f"max_tensor_elements={settings.max_tensor_elements}",
                         step=index, op="put",
                     )

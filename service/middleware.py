@@ -1,7 +1,7 @@
 """``Gatekeeper``: the one pure-ASGI middleware every request passes, before any route.
 
 It gives the request an id (echoed as ``X-Request-ID``), checks the bearer token
-on every path but ``/healthz`` and ``/readyz`` (FastAPI's docs and ``/metrics``
+on every path but ``auth.PUBLIC_PATHS`` (``/openapi.json`` and ``/metrics``
 included: they are not routes of ours, so a route-level check would miss them),
 and when the answer is sent counts it and writes one access-log line. Pure ASGI,
 not ``BaseHTTPMiddleware``: it adds a few microseconds, not a task per request.
@@ -18,6 +18,7 @@ from typing import Any, Callable
 from starlette.routing import Match
 
 from remote_autograd.proto import MSGPACK, ProtocolError, encode_body, is_msgpack
+from remote_autograd.proto.frames import FRAMES, is_frames
 
 from .auth import PUBLIC_PATHS, Tokens
 from .logs import REQUEST_ID, request_id_from
@@ -29,15 +30,19 @@ error_log = logging.getLogger("remote_autograd.service")
 
 
 def wants_msgpack(accept: str | None, content_type: str | None) -> bool:
-    """Answer in msgpack when asked to, or when the request came in msgpack and did not say."""
+    """Answer in msgpack when asked to, or when the request came in msgpack and did not say.
+
+    The framed type counts as msgpack both ways (its header is msgpack): a client that
+    accepts only frames gets frames or plain msgpack, never JSON (SPEC.md §1's table).
+    """
     if accept and accept != "*/*":
-        return "msgpack" in accept
-    return is_msgpack(content_type)
+        return "msgpack" in accept or FRAMES in accept
+    return is_msgpack(content_type) or is_frames(content_type)
 
 
 def error_response(err: ProtocolError, as_msgpack: bool) -> tuple[bytes, str]:
     """The protocol's error body for ``err`` and its media type."""
-    body = encode_body({"error": err.to_wire(), "results": []}, as_msgpack)
+    body = encode_body(err.answer(), as_msgpack)
     return body, MSGPACK if as_msgpack else "application/json"
 
 

@@ -62,8 +62,7 @@ def run_program(session: Session, program: Program, settings: Settings, *, as_js
                 results.append(_HANDLERS[type(step)](session, step, settings, as_json))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
-                return Outcome(err.status, {"id": program.id, "error": err.to_wire(), "results": results},
-                               perf_counter() - began)
+                return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
             if observe is not None:
                 observe(_step_op(step), perf_counter() - start)
     finally:

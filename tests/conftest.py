@@ -6,12 +6,6 @@ Tests that need other settings start their own with ``start_server(**env)``.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -19,49 +13,14 @@ import pytest
 
 from remote_autograd import client
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .servers import running
 
 
 @contextlib.contextmanager
 def start_server(**env: str) -> Iterator[str]:
     """A real ``python -m remote_autograd.service`` on a free loopback port; ``env`` adds REMOTE_AUTOGRAD_* settings."""
-    port = _free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
-    full_env.update(env)
-    if "REMOTE_AUTOGRAD_DEVICE" in os.environ and "REMOTE_AUTOGRAD_DEVICE" not in env:
-        full_env["REMOTE_AUTOGRAD_DEVICE"] = os.environ["REMOTE_AUTOGRAD_DEVICE"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "remote_autograd.service", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{out}")
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not become healthy in 60 s")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running(**env) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
-"""Servers the fault, security and observability tests drive by hand: a chosen port, signals, logs.
+"""The one launcher of real servers for tests: a chosen port, signals, logs.
 
-``conftest.start_server`` covers the usual case; these tests also need to restart a
-server on the same port, send it SIGTERM mid-request, or read what it logged (to a
-file: a pipe nobody reads would fill up and stall the server).
+``conftest.start_server`` (a URL) covers the usual case; the fault, security and
+observability tests also restart a server on the same port, send it SIGTERM
+mid-request, or read what it logged (to a file: a pipe nobody reads would fill up
+and stall the server).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,9 +22,14 @@ from typing import Iterator
 
 import httpx
 
-from .conftest import ROOT, _free_port
-
 AUTH = "Authorization"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -56,6 +63,8 @@ def launch(port: int | None = None, **env: str) -> Server:
     """``python -m remote_autograd.service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers."""
     port = port or _free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
+    if "REMOTE_AUTOGRAD_DEVICE" in os.environ:  # the suite on a GPU host: REMOTE_AUTOGRAD_DEVICE=cuda make test
+        full_env["REMOTE_AUTOGRAD_DEVICE"] = os.environ["REMOTE_AUTOGRAD_DEVICE"]
     full_env.update(env)
     log = Path(tempfile.mkstemp(prefix="remote-autograd-", suffix=".log")[1])
     with log.open("wb") as out:

@@ -1,4 +1,4 @@
-"""Unit tests of ``service.custom_tensor.CustomTensor``: the seed's boundary rules.
+"""Unit tests of ``service.custom_tensor.CustomTensor``: its boundary rules.
 
 ``from_torch`` keeps ``detach().clone()`` copies of the value and of a non-None grad; a
 missing grad stays ``None``; ``to_torch`` builds a new leaf with ``requires_grad`` as
@@ -56,7 +56,7 @@ def test_from_torch_of_a_non_leaf_is_detached_from_its_graph():
     x = torch.randn(3, requires_grad=True)
     y = x * 2
     ct = CustomTensor.from_torch(y)
-    assert ct.requires_grad  # carried, as the seed's `obj.requires_grad = t.requires_grad`
+    assert ct.requires_grad  # carried: `obj.requires_grad = t.requires_grad`
     assert ct.is_leaf and ct._custom_data.grad_fn is None
     # a backward through the stored value never reaches the source's graph
     ct._custom_data.sum().backward()

@@ -107,3 +107,85 @@ def test_dockerignore_keeps_secrets_and_venvs_out():
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     assert lines[[i for i, ln in enumerate(lines) if ln and not ln.startswith("#")][0]] == "*"
     assert not any(ln in ("!.env", "!.venv", "!.venv/") for ln in lines)
+
+
+# -- what an operator gets: closed by default, the tested torch, a clean image ------------------
+
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+ENV_EXAMPLE = ROOT / ".env.example"
+
+
+def _readme_operators() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Operators")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_env_example_leaves_tokens_empty_so_compose_refuses(tmp_path: Path):
+    """``cp .env.example .env && docker compose up`` must not serve with a guessable token."""
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("REMOTE_AUTOGRAD_TOKENS")] == ["REMOTE_AUTOGRAD_TOKENS="]
+    result = _compose(tmp_path, MAIN, env_file=ENV_EXAMPLE.read_text())
+    assert result.returncode != 0
+    assert "set REMOTE_AUTOGRAD_TOKENS in .env" in result.stderr
+    assert "secrets.token_urlsafe(32)" in _readme_operators()
+
+
+def test_image_default_base_ships_the_torch_the_tests_run_on():
+    import re
+
+    import torch
+    from packaging.requirements import Requirement
+
+    tested = torch.__version__.split("+")[0]
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M).group(1)
+    assert re.fullmatch(r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda[\d.]+-cudnn\d+-runtime", base), base
+    assert base.split(":")[1].split("-")[0] == tested
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (spec,) = [Requirement(r) for r in re.findall(r'^\s+"(torch[<>=!~][^"]*)",', pyproject, re.M)]
+    assert spec.specifier.contains(tested) and not spec.specifier.contains("2.4.0"), spec
+    assert f"TORCH_SPEC ?= torch=={tested}" in (ROOT / "Makefile").read_text()
+    assert f"# BASE_IMAGE={base}" in ENV_EXAMPLE.read_text() and base in _readme_operators()
+
+
+def test_image_user_gets_its_own_group_first():
+    text = DOCKERFILE.read_text()
+    group, user = text.index("RUN groupadd --gid 10001 app"), text.index("&& useradd ")
+    assert group < user
+    useradd = text[user:text.index("\n", user)]
+    assert "--gid 10001" in useradd and "--uid 10001" in useradd
+    assert "--system" not in useradd and "--user-group" not in useradd  # SYS_UID_MAX warning; a GID 999 group
+    assert "\nUSER 10001:10001\n" in text
+
+
+def test_local_check_files_are_mounted_never_copied():
+    """A CA bundle or torch wheel in docker/local/ must not stay in any image layer."""
+    text = DOCKERFILE.read_text()
+    assert not [ln for ln in text.splitlines() if ln.startswith(("COPY", "ADD")) and "docker/local" in ln]
+    runs = [block for block in text.split("\nRUN ")[1:] if "/tmp/local" in block]
+    assert len(runs) == 2 and all("--mount=type=bind,source=docker/local,target=/tmp/local" in r for r in runs)
+
+
+def test_readme_names_everything_an_operator_sets():
+    import re
+
+    section = _readme_operators()
+    example = ENV_EXAMPLE.read_text()
+    named = set(re.findall(r"^#? ?([A-Z][A-Z_]+)=", example, re.M)) | set(
+        re.findall(r"\$\{([A-Z_]+)", (ROOT / "docker-compose.yml").read_text()))
+    others = {name for name in named if not name.startswith("REMOTE_AUTOGRAD_")}
+    assert {"IMAGE", "BASE_IMAGE", "HOST_PORT", "CA_BUNDLE", "TORCH_WHEEL"} <= others
+    assert not [name for name in others | {"REMOTE_AUTOGRAD_TOKENS", "REMOTE_AUTOGRAD_DEVICE"}
+                if f"`{name}`" not in section]
+
+
+def test_readme_and_local_readme_agree_on_image_tags():
+    import re
+
+    local = (ROOT / "docker" / "local" / "README.md").read_text()
+    section = _readme_operators()
+    default = re.search(r"\$\{IMAGE:-([^}]+)\}", (ROOT / "docker-compose.yml").read_text()).group(1)
+    assert f"`{default}`" in section
+    local_tags = set(re.findall(r"remote-autograd:[\w.-]+", local))
+    assert local_tags and local_tags <= set(re.findall(r"remote-autograd:[\w.-]+", section))
+    assert "IMAGE=remote-autograd:cpu" in local and "IMAGE=remote-autograd:cpu" in section

@@ -1,20 +1,42 @@
-"""The docs say what the code does: the README's op table is generated and current."""
+"""The docs say what the code does: the op table of docs/ops.md is generated and current,
+every link and file name the documents cite exists, and nothing points to a document
+that is not in the repository."""
 
 from __future__ import annotations
 
+import ast
+import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from remote_autograd.service.ops.coverage import BEGIN, END, coverage_markdown, replace_block
 
 ROOT = Path(__file__).resolve().parent.parent
+OPS_DOC = ROOT / "docs" / "ops.md"
+DOCUMENTS = ["README.md", "ARCHITECTURE.md", "docs/ops.md", "bench/README.md", "proto/SPEC.md",
+             "proto/SPEC-examples.md", "docker/local/README.md"]
 
 
-def test_readme_op_coverage_table_is_current():
-    readme = (ROOT / "README.md").read_text()
-    assert BEGIN in readme and END in readme
-    assert replace_block(readme, coverage_markdown()) == readme, (
-        "README's op table is stale: run `python -m remote_autograd.service.ops.coverage --write README.md`"
+def _tracked_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [ROOT / name for name in out.splitlines() if (ROOT / name).is_file()]
+
+
+def test_op_coverage_table_is_current():
+    text = OPS_DOC.read_text()
+    assert BEGIN in text and END in text
+    assert replace_block(text, coverage_markdown()) == text, (
+        "docs/ops.md is stale: run `python -m remote_autograd.service.ops.coverage --write docs/ops.md`"
     )
+
+
+def test_readme_no_longer_carries_the_op_table():
+    readme = (ROOT / "README.md").read_text()
+    assert BEGIN not in readme and "docs/ops.md" in readme
+    assert len(readme) < 16_000, "the README is the user's entry: long material goes to its own document"
 
 
 def test_readme_quick_start_is_the_two_commands():
@@ -22,3 +44,84 @@ def test_readme_quick_start_is_the_two_commands():
     start = readme.index("## Quick start")
     block = readme[start:readme.index("```", readme.index("```sh", start) + 5)]
     assert "make serve" in block and "make test" in block
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_relative_links_resolve(name: str):
+    doc = ROOT / name
+    links = [link for link in re.findall(r"\]\(([^)#\s]+)", doc.read_text()) if "://" not in link]
+    missing = [link for link in links if not (doc.parent / link).exists()]
+    assert not missing, f"{name} links to files that do not exist: {missing}"
+
+
+def test_architecture_cites_only_files_that_exist():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    cited = set(re.findall(r"`((?:client|service|proto|tests|bench|docs)/[\w/.]+\.(?:py|md|json))`", text))
+    assert len(cited) > 40  # the map names the files; a regex that found nothing would pass anything
+    missing = sorted(path for path in cited if not (ROOT / path).is_file())
+    assert not missing, missing
+
+
+def test_architecture_walk_names_each_stage():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    walk = text[text.index("## The walk of one op"):]
+    stages = ["__torch_function__", "client/_dispatch.py", "client/_session.py", "client/_transport.py",
+              "service/raw_route.py", "service/app.py", "service/runner.py", "service/ops/"]
+    positions = [walk.index(stage) for stage in stages]
+    assert positions == sorted(positions), "the walk goes from the user's call to the op table in order"
+
+
+def test_no_pointer_to_a_document_outside_the_repository():
+    """A comment or document naming ``something.md`` names a file that is here; no notes of a
+    session, no shared folder of the team."""
+    files = _tracked_files()
+    present = {f.name for f in files}
+    bad = []
+    for f in files:
+        if f.suffix not in (".py", ".md", ".toml", ".yml", ".yaml", ".sh", ".txt", "") or f.name == "test_docs.py":
+            continue
+        text = f.read_text(errors="replace")
+        for name in re.findall(r"[\w-]+\.md\b", text):
+            if name not in present:
+                bad.append(f"{f.relative_to(ROOT)}: {name}")
+        for phrase in ("perf-notes", "shared/", "the seed's", "DESIGN:"):
+            if phrase in text:
+                bad.append(f"{f.relative_to(ROOT)}: {phrase!r}")
+    assert not bad, bad
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules of ours that ``path`` (a module of ``package``) imports, anywhere in it, as dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module and node.module.startswith("remote_autograd"):
+                found.add(node.module.removeprefix("remote_autograd."))
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("remote_autograd.") for a in node.names if a.name.startswith("remote_autograd")}
+    return found
+
+
+def _package_imports(folder: str) -> dict[str, set[str]]:
+    package = folder.replace("/", ".")
+    return {f"{folder}/{p.name}": _imports(p, package) for p in sorted((ROOT / folder).glob("*.py"))}
+
+
+def test_architecture_import_rules_hold():
+    """ARCHITECTURE.md's "who imports whom": proto imports nothing of ours; client and service never
+    each other (but the embedded server); service/ops nothing of service outside ops."""
+    for path, names in _package_imports("proto").items():
+        assert not [n for n in names if n.split(".")[0] in ("client", "service")], (path, names)
+    for path, names in _package_imports("client").items():
+        if path != "client/_embedded.py":
+            assert not [n for n in names if n.startswith("service")], (path, names)
+    for path, names in _package_imports("service").items():
+        assert not [n for n in names if n.startswith("client")], (path, names)
+    ops = _package_imports("service/ops")
+    assert ops
+    for path, names in ops.items():
+        assert not [n for n in names if n.startswith("service.") and not n.startswith("service.ops")], (path, names)
+    assert "service.app" in _package_imports("client")["client/_embedded.py"]

@@ -18,8 +18,7 @@ import torch
 from remote_autograd import client
 from remote_autograd.client._transport import Transport
 
-from .conftest import _free_port
-from .servers import api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
+from .servers import _free_port, api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
 
 # -- atomic steps under stress -------------------------------------------------------------
 
@@ -139,8 +138,11 @@ def test_the_server_answers_while_a_long_op_runs(server_url: str):
 # -- retries, restarts, shutdown -----------------------------------------------------------
 
 
-def _forward_later(listen_port: int, target_port: int, delay: float, stop: threading.Event) -> None:
-    """After ``delay`` s, accept connections on ``listen_port`` and pipe them to ``target_port``."""
+def _forward_after_dropping(server: socket.socket, target_port: int, drops: int, stop: threading.Event) -> None:
+    """Accept on ``server``; close the first ``drops`` connections unanswered, pipe the rest to ``target_port``.
+
+    A dropped connection is a connection error the client sees whatever the machine's load
+    (a proxy that starts listening late races the client on a busy machine)."""
 
     def pipe(src: socket.socket, dst: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -149,13 +151,16 @@ def _forward_later(listen_port: int, target_port: int, delay: float, stop: threa
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
-    time.sleep(delay)
-    with socket.create_server(("127.0.0.1", listen_port)) as server:
+    with server:
         server.settimeout(0.1)
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
             except TimeoutError:
+                continue
+            if drops:
+                drops -= 1
+                conn.close()
                 continue
             upstream = socket.create_connection(("127.0.0.1", target_port))
             for a, b in ((conn, upstream), (upstream, conn)):
@@ -163,8 +168,10 @@ def _forward_later(listen_port: int, target_port: int, delay: float, stop: threa
 
 
 def test_client_retries_connection_errors_with_backoff(server_url: str):
-    port, stop = _free_port(), threading.Event()
-    proxy = threading.Thread(target=_forward_later, args=(port, httpx.URL(server_url).port, 0.15, stop), daemon=True)
+    listener, stop = socket.create_server(("127.0.0.1", 0)), threading.Event()
+    port = listener.getsockname()[1]
+    proxy = threading.Thread(target=_forward_after_dropping, args=(listener, httpx.URL(server_url).port, 1, stop),
+                             daemon=True)
     proxy.start()
     try:
         transport = Transport(f"http://127.0.0.1:{port}", retries=3)

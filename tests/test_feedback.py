@@ -1,79 +1,53 @@
-"""What the SDK tells its user about the connection (client/_progress.py): one clear
+"""What the SDK tells its user about the connection (client/_protocol_advice.py, _banner.py, _progress.py): one clear
 error on a protocol mismatch, a one-line summary on connect in notebooks only, and
 progress bars for big transfers only where someone watches.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
-
 import pytest
 import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from remote_autograd import client
-from remote_autograd.client import _progress, _transport
+from remote_autograd.client import _banner, _progress
 
 
-@pytest.fixture
-def newer_server() -> Iterator[str]:
-    """A stand-in for a server that speaks protocol 2: /healthz says so, /v1 refuses protocol 1."""
+def server_speaking(protocol: str) -> client.InProcessTransport:
+    """A stand-in for a server of another protocol version, in process: /healthz says which it
+    speaks, /v1 refuses ours."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "device": "cpu", "protocol": protocol})
 
-        def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
-            if self.path == "/healthz":
-                self._answer(200, {"status": "ok", "device": "cpu", "protocol": "2"})
-            else:
-                self._refuse()
+    async def refuse(request: Request) -> JSONResponse:
+        sent = request.headers.get("Remote-Autograd-Protocol")
+        message = f"protocol version mismatch: client sent Remote-Autograd-Protocol: {sent}, server speaks {protocol}"
+        return JSONResponse({"error": {"code": "protocol_mismatch", "message": message, "step": None, "op": None},
+                             "results": []}, status_code=400)
 
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._refuse()
-
-        def _refuse(self) -> None:
-            sent = self.headers.get("Remote-Autograd-Protocol")
-            message = f"protocol version mismatch: client sent Remote-Autograd-Protocol: {sent}, server speaks 2"
-            self._answer(400, {"error": {"code": "protocol_mismatch", "message": message, "step": None, "op": None},
-                               "results": []})
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return client.InProcessTransport(Starlette(routes=[Route("/healthz", health),
+                                                       Route("/v1/{rest:path}", refuse, methods=["GET", "POST"])]))
 
 
-def test_a_newer_server_says_upgrade_the_client(newer_server: str):
+def test_a_newer_server_says_upgrade_the_client():
     with pytest.raises(client.RemoteError) as info:
-        client.connect(newer_server)
+        client.connect(transport=server_speaking("2"))
     message = str(info.value)
     assert info.value.code == "protocol_mismatch"
     assert "speaks protocol 1" in message and "speaks protocol 2" in message
     assert "upgrade this client" in message and "pip install -U remote-autograd" in message
 
 
-def test_an_older_server_says_upgrade_the_server(server_url: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(_transport, "PROTOCOL_VERSION", "2")  # this client now sends protocol 2
+def test_an_older_server_says_upgrade_the_server():
     with pytest.raises(client.RemoteError) as info:
-        client.connect(server_url)
+        client.connect(transport=server_speaking("0"))
     message = str(info.value)
-    assert "speaks protocol 2" in message and "speaks protocol 1" in message
+    assert info.value.code == "protocol_mismatch"
+    assert "speaks protocol 1" in message and "speaks protocol 0" in message
     assert "upgrade the server" in message
 
 
@@ -90,11 +64,11 @@ def test_other_errors_on_connect_are_unchanged():
 def test_summary_names_server_device_and_gpu():
     info = {"session_id": "s1", "protocol": "1", "device": "cuda:0", "server_version": "0.1.0",
             "gpu_name": "NVIDIA H200", "gpu_memory_bytes": 150 * 2**30}
-    line = _progress.summary(info, "http://gpu-host:8000")
+    line = _banner.summary(info, "http://gpu-host:8000")
     assert line == ("remote-autograd: session s1 on http://gpu-host:8000: server 0.1.0 (protocol 1), "
                     "cuda:0, NVIDIA H200 (150 GiB)")
     assert "\n" not in line
-    cpu = _progress.summary({**info, "device": "cpu", "gpu_name": None, "gpu_memory_bytes": None}, "u")
+    cpu = _banner.summary({**info, "device": "cpu", "gpu_name": None, "gpu_memory_bytes": None}, "u")
     assert cpu.endswith("(protocol 1), cpu")
 
 

@@ -17,6 +17,7 @@ checkout is importable except through the wheel.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, _free_port
+from .servers import ROOT, _free_port
 
 pytestmark = pytest.mark.tooling
 
@@ -39,8 +40,11 @@ def _run(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT),
+    # Built from a copy: setuptools keeps a build/ folder beside the sources, and files left there
+    # by an earlier build (a module since deleted) would go into the wheel.
+    source, out = tmp_path_factory.mktemp("source") / "tree", tmp_path_factory.mktemp("dist")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source),
          cwd=out)
     (built,) = out.glob("remote_autograd-*.whl")
     return built
@@ -51,6 +55,7 @@ def test_wheel_has_one_top_level_name(wheel: Path):
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"remote_autograd"}, sorted(top)
     assert "remote_autograd/proto/SPEC.md" in names and "remote_autograd/service/ops/__init__.py" in names
+    assert "remote_autograd/proto/SPEC-examples.md" in names  # SPEC.md links to it
 
 
 def test_installs_beside_proto_plus(wheel: Path, tmp_path: Path):

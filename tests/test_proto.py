@@ -273,13 +273,13 @@ def test_unknown_dtype():
 
 
 def test_negative_dim():
-    err = _raises({**GOOD, "shape": [2, -1]}, names="value.shape[1]")
+    err = _raises({**GOOD, "shape": [2, -1]}, names="value.shape.1")
     assert "negative" in err.message
 
 
 def test_non_int_dim():
     for dim in (2.0, "2", None, True, [2]):
-        _raises({**GOOD, "shape": [dim]}, names="value.shape[0]")
+        _raises({**GOOD, "shape": [dim]}, names="value.shape.0")
     for shape in ("2", 2, None, {"a": 1}):
         _raises({**GOOD, "shape": shape}, names="value.shape")
 
@@ -314,10 +314,10 @@ def test_invalid_base64():
 
 
 def test_list_with_a_string_inside():
-    err = _raises({**GOOD, "data": [1.0, "2"]}, names="value.data[1]")
+    err = _raises({**GOOD, "data": [1.0, "2"]}, names="value.data.1")
     assert "str" in err.message
-    _raises({**GOOD, "data": [None, 1.0]}, names="value.data[0]")
-    _raises({**GOOD, "data": [{"a": 1}, 1.0]}, names="value.data[0]")
+    _raises({**GOOD, "data": [None, 1.0]}, names="value.data.0")
+    _raises({**GOOD, "data": [{"a": 1}, 1.0]}, names="value.data.0")
 
 
 def test_list_value_out_of_range():

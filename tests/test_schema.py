@@ -1,5 +1,5 @@
 """The machine-readable descriptions match the code: proto/schema.json is current,
-every message example in SPEC.md is valid in both encodings, and /openapi.json
+every message example in SPEC-examples.md is valid in both encodings, and /openapi.json
 documents the raw-body routes with real schemas.
 """
 
@@ -21,6 +21,7 @@ from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.schema import SCHEMA_PATH, document, render
 
 SPEC = Path(__file__).resolve().parent.parent / "proto" / "SPEC.md"
+EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
 # Shown inside another message's example instead of on their own.
 EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList"}
 
@@ -34,8 +35,8 @@ def test_schema_file_is_valid_json_schema():
 
 
 def _blocks(kind: str) -> dict[str, str]:
-    """``<!-- KIND: Name -->`` followed by a fenced block in SPEC.md: name -> block text."""
-    found = re.findall(rf"<!-- {kind}: (\w+) -->\s*```\w*\n(.*?)```", SPEC.read_text(), re.S)
+    """``<!-- KIND: Name -->`` followed by a fenced block in SPEC-examples.md: name -> block text."""
+    found = re.findall(rf"<!-- {kind}: (\w+) -->\s*```\w*\n(.*?)```", EXAMPLES.read_text(), re.S)
     names = [name for name, _ in found]
     assert len(names) == len(set(names)), f"duplicate {kind} examples"
     return dict(found)

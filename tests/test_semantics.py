@@ -154,4 +154,4 @@ def test_small_cnn_matches_local_training_step_by_step(sess):
         assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     sd = remote.state_dict()
     for k, v in local.state_dict().items():
-        torch.testing.assert_close(sd[k], v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(sd[k].cpu(), v, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench import _hot
 from remote_autograd import client
 
 
@@ -50,9 +51,10 @@ OPTIMIZERS = {
 
 
 def _assert_same_params(remote: nn.Module, local: nn.Module) -> None:
-    got = remote.state_dict()
+    got = remote.state_dict()  # keeps the device, as torch's does: values come back with .cpu()
     for k, v in local.state_dict().items():
-        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=k)
+        assert got[k].device == remote[0].weight.device, "state_dict moved off the device"
+        torch.testing.assert_close(got[k].cpu(), v, rtol=1e-5, atol=1e-6, msg=k)
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
@@ -88,32 +90,25 @@ def test_eager_and_pipelined_training_are_identical(server_url):
         with client.connect(server_url, pipeline=pipeline) as s:
             model = s.module(_mlp())
             losses = _train(model, torch.optim.Adam(model.parameters(), lr=0.01), s.tensor(X), s.tensor(Y), steps=5)
-            results.append((losses, model.state_dict()))
+            results.append((losses, {k: v.cpu() for k, v in model.state_dict().items()}))
     assert results[0][0] == results[1][0]
     for k in results[0][1]:
         assert torch.equal(results[0][1][k], results[1][1][k])
 
 
-def test_a_training_step_costs_at_most_two_requests_and_no_upload(sess):
+def test_a_training_step_costs_at_most_two_requests_and_no_upload():
     X, Y = _data()
-    model = sess.module(_mlp())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    Xr, Yr = sess.tensor(X), sess.tensor(Y)
-    _train(model, opt, Xr, Yr, steps=2)  # momentum buffers exist from here on
-    sent = []
-    original = sess._transport.request
-
-    def counting(method, path, body=None, **kw):
-        sent.append(body)
-        return original(method, path, body, **kw)
-
-    sess._transport.request = counting
-    try:
-        _train(model, opt, Xr, Yr, steps=10)
-    finally:
-        sess._transport.request = original
-    assert len(sent) <= 2 * 10
-    puts = [s for body in sent if body for s in body.get("steps", []) if s["kind"] == "put"]
+    tap = _hot.Tap(client.InProcessTransport())  # counts and records what reaches the server
+    with client.connect(transport=tap) as sess:
+        model = sess.module(_mlp())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        Xr, Yr = sess.tensor(X), sess.tensor(Y)
+        _train(model, opt, Xr, Yr, steps=2)  # momentum buffers exist from here on
+        before = tap.forwarded
+        with _hot.recording(tap) as programs:
+            _train(model, opt, Xr, Yr, steps=10)
+        assert tap.forwarded - before <= 2 * 10
+        puts = [s for body in programs() for s in body["steps"] if s["kind"] == "put"]
     assert puts == [], "the data set was uploaded again"
 
 
@@ -132,16 +127,18 @@ def test_zero_grad_without_set_to_none(sess):
 
 def test_state_dict_round_trips_exactly(sess):
     model = _mlp()
+    before = copy.deepcopy(model.state_dict())
     remote = sess.module(model)
+    assert remote is model, "sess.module(m) is m.to(sess.device): moved in place"
     sd = remote.state_dict()
-    assert all(type(v) is torch.Tensor for v in sd.values())
-    for k, v in model.state_dict().items():
-        assert torch.equal(sd[k], v)
-    new = {k: torch.randn_like(v) for k, v in sd.items()}
-    remote.load_state_dict(new)
+    assert all(isinstance(v, client.RemoteTensor) and v.device == sess.device for v in sd.values())
+    for k, v in before.items():
+        assert torch.equal(sd[k].cpu(), v)
+    new = {k: torch.randn_like(v) for k, v in before.items()}
+    remote.load_state_dict(new)  # local values into remote parameters: copy_ uploads them
     back = remote.state_dict()
     for k in new:
-        assert torch.equal(back[k], new[k])
+        assert torch.equal(back[k].cpu(), new[k])
 
 
 def test_optimizer_state_dict_round_trip_through_torch_save(sess):

@@ -33,6 +33,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     optim,
     pointwise,
     pooling,
+    random_fills,
     recurrent,
     reductions,
     selection,

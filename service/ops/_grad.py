@@ -14,6 +14,11 @@ class TensorLike(NamedTuple):
     dtype: torch.dtype
 
 
+def like_of(x) -> TensorLike | None:
+    """What backward needs to know about an input: the tensor's (shape, dtype), or None for a number."""
+    return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
+
+
 def sum_to(grad: torch.Tensor, like: torch.Tensor | TensorLike | None) -> torch.Tensor | None:
     """``grad`` reduced over broadcast dims to ``like``'s shape and cast to its dtype.
 

@@ -1,7 +1,7 @@
-"""The README's op-coverage table, generated from the op table.
+"""The op-coverage table of ``docs/ops.md``, generated from the op table.
 
-``python -m remote_autograd.service.ops.coverage`` prints it; ``--write README.md`` replaces the
-block between the coverage markers (a test checks the README is current).
+``python -m remote_autograd.service.ops.coverage`` prints it; ``--write docs/ops.md`` replaces the
+block between the coverage markers (``tests/test_docs.py`` checks the file is current).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def replace_block(text: str, table: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m remote_autograd.service.ops.coverage")
-    parser.add_argument("--write", type=Path, help="rewrite the table block in this file (README.md)")
+    parser.add_argument("--write", type=Path, help="rewrite the table block in this file (docs/ops.md)")
     args = parser.parse_args()
     table = coverage_markdown()
     if args.write:

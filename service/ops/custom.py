@@ -1,4 +1,4 @@
-"""Custom-gradient ops: the seed's use case. Both are not exact by design.
+"""Custom-gradient ops: the use case this project started from. Both are not exact by design.
 
 Register your own the same way: write the Function, then an ``@op`` function
 with samples (see README, "Custom ops").

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.autograd import Function
 
-from ._grad import TensorLike, needs, sum_to
+from ._grad import like_of, needs, sum_to
 from ._registry import op
 from ._samples import S, T
 
@@ -29,7 +29,7 @@ _BINARY_SAMPLES = (
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b, alpha=1):
-        ctx.a, ctx.b, ctx.alpha = _like(a), _like(b), alpha
+        ctx.a, ctx.b, ctx.alpha = like_of(a), like_of(b), alpha
         if not isinstance(a, torch.Tensor):
             if alpha != 1:
                 raise TypeError("add(): alpha is only supported when input is a tensor")
@@ -55,7 +55,7 @@ def add(input, other, *, alpha=1):
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b, alpha=1):
-        ctx.a, ctx.b, ctx.alpha = _like(a), _like(b), alpha
+        ctx.a, ctx.b, ctx.alpha = like_of(a), like_of(b), alpha
         if not isinstance(a, torch.Tensor):
             return torch.rsub(b, a, alpha=alpha)
         return torch.sub(a, b, alpha=alpha)
@@ -81,7 +81,7 @@ def sub(input, other, *, alpha=1):
 class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.a, ctx.b = _like(a), _like(b)
+        ctx.a, ctx.b = like_of(a), like_of(b)
         # Save only what a needed gradient uses (as torch does): a saved tensor whose
         # base is later changed in place would make backward fail for nothing.
         need_a, need_b = ctx.needs_input_grad[:2]
@@ -109,7 +109,7 @@ def mul(input, other):
 class Div(Function):
     @staticmethod
     def forward(ctx, a, b, rounding_mode=None):
-        ctx.a, ctx.b, ctx.rounding = _like(a), _like(b), rounding_mode
+        ctx.a, ctx.b, ctx.rounding = like_of(a), like_of(b), rounding_mode
         _save(ctx, a if ctx.needs_input_grad[1] else None, b)
         if not isinstance(a, torch.Tensor):
             if rounding_mode is not None:
@@ -173,7 +173,7 @@ def neg(input):
 class Pow(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.a, ctx.b = _like(a), _like(b)
+        ctx.a, ctx.b = like_of(a), like_of(b)
         out = torch.pow(a, b)
         _save(ctx, a, b, out)
         return out
@@ -274,7 +274,7 @@ def minimum(input, other):
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        ctx.a, ctx.b = _like(a), _like(b)
+        ctx.a, ctx.b = like_of(a), like_of(b)
         ctx.save_for_backward(condition)
         return torch.where(condition, a, b)
 
@@ -396,10 +396,6 @@ def clamp_max(input, max):
     """clamp(input, max=max)"""
     return Clamp.apply(input, None, max)
 
-
-def _like(x):
-    """What backward needs to know about an input: the tensor's (shape, dtype), or None for a number."""
-    return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
 
 
 def _save(ctx, *values):

@@ -127,6 +127,13 @@ def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad
                          requires_grad=requires_grad)
 
 
+@_factory("randperm", (S(5), S(0), S(4, dtype=torch.float64)), torch.randperm)
+def randperm(n, *, dtype=None, device=None, requires_grad=False):
+    """a random permutation of 0..n-1, int64 by default, from the session's generator"""
+    return torch.randperm(n, generator=current().generator, dtype=dtype or torch.int64, device=current().device,
+                          requires_grad=requires_grad)
+
+
 # -- *_like: the input's shape, device and (by default) dtype and layout --------------------
 
 _X = T((2, 3), requires_grad=False)

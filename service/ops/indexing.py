@@ -13,15 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
-from ._grad import TensorLike, needs, sum_to
+from ._grad import TensorLike, like_of, needs, sum_to
 from ._registry import op
 from ._samples import S, T
 
 _HOLE = object()  # where an index tensor sits in a key's template
 
-
-def _like(x):
-    return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
 
 
 def _key(key, device) -> tuple:
@@ -157,7 +154,7 @@ def _grad_for_value(g: torch.Tensor, like: TensorLike | None):
 class SetItem(Function):
     @staticmethod
     def forward(ctx, x, value, template, *tensors):
-        ctx.template, ctx.value = template, _like(value)
+        ctx.template, ctx.value = template, like_of(value)
         ctx.save_for_backward(*tensors)
         out = x.clone()
         out[_unpack(template, tensors)] = value
@@ -225,7 +222,7 @@ def _src_grad(g: torch.Tensor, dim: int, index: torch.Tensor, like: TensorLike) 
 class Scatter(Function):
     @staticmethod
     def forward(ctx, x, dim, index, src):
-        ctx.dim, ctx.src = dim, _like(src)
+        ctx.dim, ctx.src = dim, like_of(src)
         ctx.save_for_backward(index)
         return torch.scatter(x, dim, index, src)
 
@@ -260,7 +257,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
 class ScatterAdd(Function):
     @staticmethod
     def forward(ctx, x, dim, index, src):
-        ctx.dim, ctx.src = dim, _like(src)
+        ctx.dim, ctx.src = dim, like_of(src)
         ctx.save_for_backward(index)
         return torch.scatter_add(x, dim, index, src)
 
@@ -307,7 +304,7 @@ def index_select(input, dim, index):
 class MaskedFill(Function):
     @staticmethod
     def forward(ctx, x, mask, value):
-        ctx.x, ctx.value = _like(x), _like(value)
+        ctx.x, ctx.value = like_of(x), like_of(value)
         ctx.save_for_backward(mask)
         return torch.masked_fill(x, mask, value)
 
@@ -331,7 +328,7 @@ def masked_fill(input, mask, value):
 class MaskedSelect(Function):
     @staticmethod
     def forward(ctx, x, mask):
-        ctx.x = _like(x)
+        ctx.x = like_of(x)
         ctx.save_for_backward(mask)
         return torch.masked_select(x, mask)
 

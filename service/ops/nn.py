@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
-from ._grad import TensorLike, needs, sum_to
+from ._grad import like_of, needs, sum_to
 from ._registry import op
 from ._native import native_op
 from ._samples import S, T
@@ -20,15 +20,12 @@ from ._samples import S, T
 aten = torch.ops.aten
 
 
-def _like(x):
-    return TensorLike(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None
-
 
 class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
-        ctx.w, ctx.b = _like(w), _like(b)
+        ctx.w, ctx.b = like_of(w), like_of(b)
         out = F.linear(x, w, b)
         ctx.out_shape = out.shape
         return out
@@ -70,7 +67,7 @@ class Bilinear(Function):
     @staticmethod
     def forward(ctx, x1, x2, w, b):
         ctx.save_for_backward(x1, x2, w)
-        ctx.b = _like(b)
+        ctx.b = like_of(b)
         return F.bilinear(x1, x2, w, b)
 
     @staticmethod

@@ -1,0 +1,228 @@
+"""Moves between the client and a session: ``.to(device)``, ``.cpu()``, ``module.to``, ``.data``.
+
+Moves are **not differentiable** across the wire: an upload is a new leaf on the server
+and a download is a local tensor whose history stops there. So that no gradient can
+vanish silently, uploading a tensor that requires grad while grad mode is on raises
+(move the leaf itself, or ``.detach()`` first), and a download of a tensor that requires
+grad requires grad too (as torch's) but raises if a backward reaches it; inside ``Module.to``/``cpu`` (run under
+``no_grad`` by torch) parameters move with their ``requires_grad`` and ``.grad``.
+
+``nn.Module._apply`` keeps a Parameter's identity only when the converted tensor can be
+put into the old one (``param.data = new``), which a CPU tensor and a remote handle
+cannot share. So when ``_apply`` converts a parameter, the move converts *that object*
+in place (``torch._C._swap_tensor_impl`` plus the Python class and ``__dict__``, what
+``torch.utils.swap_tensors`` does) and hands it back; ``_apply`` then sees the same
+object and keeps it. Optimizers built before or after the move hold the same Parameters.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._device import DEVICE_TYPE
+from ._dispatch import where
+from ._local import T, _local, _parse_to
+from ._session import Session, _Origin
+
+_APPLY_CODE = nn.Module._apply.__code__
+
+
+def _converting_param(t: torch.Tensor) -> bool:
+    """Whether ``nn.Module._apply`` is converting the parameter ``t`` right now (a few frames up)."""
+    f = sys._getframe(2)
+    for _ in range(12):
+        if f is None:
+            return False
+        if f.f_code is _APPLY_CODE:
+            return f.f_locals.get("param") is t
+        f = f.f_back
+    return False
+
+
+def _swap(a: torch.Tensor, b: torch.Tensor) -> None:
+    """``a`` becomes what ``b`` was and ``b`` what ``a`` was, each keeping its Python identity."""
+    a.__class__, b.__class__ = b.__class__, a.__class__
+    a.__dict__, b.__dict__ = b.__dict__, a.__dict__
+    torch._C._swap_tensor_impl(a, b)
+
+
+def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str) -> None:
+    if requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{what} on a tensor that requires grad: moves between the client and the remote device are not "
+            f"differentiable here, so its gradient would be lost. Move the leaf itself (create it on the "
+            f"device, or `t.detach().to(device).requires_grad_()`), or `.detach()` first ({where() or '?'})"
+        )
+
+
+def upload_move(src: torch.Tensor, session: Session, dtype: torch.dtype | None) -> torch.Tensor:
+    """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
+    from ._tensor import RemoteTensor
+
+    if _converting_param(src):
+        value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
+        grad = None if src.grad is None else src.grad.detach().to(value.dtype)
+        remote = RemoteTensor._upload(session, value, requires_grad=False, grad=grad)
+        remote._is_param = True
+        requires_grad = src.requires_grad
+        src.grad = None  # its grad now lives on the server; the local one would pin a use of the tensor
+        _swap(src, remote)
+        if requires_grad:  # registered on the object that stays (the weakly held map)
+            src._rg, src._leaves = True, frozenset({src._id})
+            session.enqueue({"kind": "set_requires_grad", "id": src._id, "requires_grad": True},
+                            _Origin("Module.to", where()))
+            session._grad_tracked[src._id] = src
+        return src
+    _refuse_differentiable_move(src, src.requires_grad, f"Tensor.to({session.device})")
+    value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
+    return RemoteTensor._upload(session, value, requires_grad=False, grad=None)
+
+
+def _download(t, device: torch.device, dtype: torch.dtype | None, what: str) -> torch.Tensor:
+    """A remote tensor brought to a local device (a parameter of a module being moved: in place)."""
+    if _converting_param(t):
+        value, grad = t._fetch(value=True, grad=t._has_grad)
+        local = nn.Parameter(value.to(device=device, dtype=dtype or value.dtype), requires_grad=t._rg)
+        if grad is not None:
+            local.grad = grad.to(device=device, dtype=local.dtype)
+        t._session._grad_tracked.pop(t._id, None)
+        _swap(t, local)  # `local` now holds the handle and frees the server's copy when dropped
+        return t
+    value = t._value()
+    value = value.to(device=device, dtype=dtype or value.dtype)
+    if t._rg and torch.is_grad_enabled():  # requires grad, as torch's would; backward through it refuses
+        return _Downloaded.apply(_ANCHOR, value, f"{what} at {where() or '?'}")
+    return value
+
+
+class _Downloaded(torch.autograd.Function):
+    """A downloaded value that requires grad like torch's ``.cpu()`` result, and whose backward
+    raises: the gradient would have to go back to the server, which moves do not do."""
+
+    @staticmethod
+    def forward(ctx, anchor, value, what):
+        ctx.what = what
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(
+            f"a gradient reached {ctx.what}, a move off the remote device: moves are not differentiable, so it "
+            f"cannot reach the server. Compute the loss on the remote device (keep the tensors there), or "
+            f"`.detach()` before moving"
+        )
+
+
+_ANCHOR = torch.zeros((), requires_grad=True)  # gives _Downloaded's output a graph to hang on
+
+
+@_local(T.cpu)
+def _cpu(t, memory_format=None):
+    return _download(t, torch.device("cpu"), None, "Tensor.cpu()")
+
+
+@_local(T.to)
+def _to(t, *args, **kwargs):
+    """``.to(dtype)`` is a server op; ``.to('cpu')`` a download; ``.to(t.device)`` is t; other devices refuse."""
+    device, dtype = _parse_to(args, kwargs)
+    if device is not None and device != t._session.device:
+        if device.type == DEVICE_TYPE:
+            raise RuntimeError(
+                f"Tensor.to({device}): this tensor lives in the session on {t._session.device}; tensors do not "
+                "move between sessions (bring it to the client with .cpu(), then .to(the other device))"
+            )
+        if device.type != "cpu":
+            raise RuntimeError(f"Tensor.to({device}): a remote tensor moves only to the client ('cpu') or stays "
+                               f"on {t._session.device}")
+        return _download(t, device, dtype, f"Tensor.to({device})")
+    bools = [a for a in args if isinstance(a, bool)]  # to(dtype, non_blocking, copy)
+    copy = kwargs.get("copy", bools[1] if len(bools) > 1 else False)
+    if (dtype is None or dtype == t._dtype) and not copy:
+        return t
+    route = t._session._routes.lookup(T.to)
+    if route is None:
+        raise NotImplementedError("torch.Tensor.to(dtype) is not in the server's op table")
+    from ._dispatch import apply_route
+
+    return apply_route(t._session, T.to, route, (t, dtype or t._dtype), {"copy": True} if copy else {})
+
+
+@_local(torch._has_compatible_shallow_copy_type)
+def _compatible(t, other) -> bool:
+    # Module._apply asks this before `param.data = new`; a handle and itself are compatible
+    # (the in-place moves above hand back the same object), two handles of one session too.
+    return t is other or (type(t) is type(other) and getattr(t, "_session", None) is getattr(other, "_session", 0))
+
+
+# -- Tensor.data -----------------------------------------------------------------------------
+
+
+@_local(T.data.__get__)
+def _data_get(t):
+    """A new handle on the same server storage, cut from the graph, with its own version counter."""
+    return t._session._call_op("data", [t], {})
+
+
+@_local(T.data.__set__)
+def _data_set(t, value):
+    if value is t:
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Tensor.data must be set to a Tensor, not {type(value).__name__}")
+    from ._tensor import RemoteTensor
+
+    if not isinstance(value, RemoteTensor) or value._session is not t._session:
+        raise RuntimeError(
+            f"Tensor.data = <a tensor on {value.device}>: the target lives on {t._session.device}; assign a "
+            f"tensor of the same device (`.to({t._session.device})` first)"
+        )
+    if t._grad_owner is not None:  # `p.grad.data = g`: the gradient itself is replaced
+        t._grad_owner.grad = value
+        return
+    with torch.no_grad():
+        t._session._call_op("set_data", [t, value], {})  # adopt_metadata runs as it is queued
+
+
+def adopt_metadata(t, value) -> None:
+    """After ``t.data = value`` on the server: the handle's shape and dtype (and C++'s sizes) follow."""
+    if (value._shape, value._dtype) == (t._shape, t._dtype):
+        return
+    t._shape, t._dtype, t._meta_t = value._shape, value._dtype, None
+    wrapper = torch.Tensor._make_wrapper_subclass(type(t), value._shape, dtype=value._dtype, device=t._session.device)
+    with torch._C.DisableTorchFunctionSubclass():
+        torch._C.TensorBase.data.__set__(t, wrapper)
+
+
+# -- x.new_*: factories on x's device with x's dtype --------------------------------------------
+
+
+def _new_factory(factory, *, with_fill: bool = False):
+    def handler(t, *args, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+        fill = ()
+        if with_fill:
+            *args, fill_value = args
+            fill = (fill_value,)
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+        return factory(size, *fill, dtype=dtype or t._dtype, device=device or t._session.device,
+                       requires_grad=requires_grad)
+
+    return handler
+
+
+_local(T.new_zeros)(_new_factory(torch.zeros))
+_local(T.new_ones)(_new_factory(torch.ones))
+_local(T.new_empty)(_new_factory(torch.empty))
+_local(T.new_full)(_new_factory(torch.full, with_fill=True))
+
+
+@_local(T.new_tensor)
+def _new_tensor(t, data, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+    dtype, device = dtype or t._dtype, device or t._session.device
+    if isinstance(data, torch.Tensor):  # torch: a copy, cut from the graph
+        out = data.detach().to(device=device, dtype=dtype, copy=True)
+        return out.requires_grad_(requires_grad) if requires_grad else out
+    return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)

@@ -1,0 +1,75 @@
+"""Errors for torch calls the SDK does not run, in the words the user wrote.
+
+``not_in_table`` names the call as the user spelled it (``Tensor.data``, ``nn.LSTM``),
+not torch's internal (``Tensor.data.__get__``, ``torch._VF.lstm``), and says what to do.
+The "register a custom op" hint is given only for a plain torch function the server's
+table lacks; calls that cannot work through a proxy (hooks on tensors, storage access,
+function transforms) say why instead.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._routes import torch_name
+
+# torch internals that public modules and functions call: the name the user wrote.
+_MODULE_NAMES = {  # torch._VF.<name> reaches us as torch.<name>
+    "lstm": "nn.LSTM", "gru": "nn.GRU", "rnn_tanh": "nn.RNN", "rnn_relu": "nn.RNN(nonlinearity='relu')",
+    "lstm_cell": "nn.LSTMCell", "gru_cell": "nn.GRUCell", "rnn_tanh_cell": "nn.RNNCell", "rnn_relu_cell": "nn.RNNCell",
+    "_native_multi_head_attention": "nn.MultiheadAttention", "embedding_bag": "nn.EmbeddingBag",
+}
+_USER_NAMES = {
+    **{f"torch.{k}": v for k, v in _MODULE_NAMES.items()}, **{f"torch._VF.{k}": v for k, v in _MODULE_NAMES.items()},
+    "torch._C._nn.scaled_dot_product_attention": "F.scaled_dot_product_attention",
+    "torch._C._nn.pad": "F.pad",
+}
+
+# Calls that cannot be honoured through a proxy whose values live elsewhere.
+_WHY_NOT = {
+    "Tensor.register_hook": "a tensor hook runs inside the server's backward, which a client-side function "
+                            "cannot join; compute what the hook would do after backward, on `.grad`",
+    "Tensor.register_post_accumulate_grad_hook": "hooks run inside the server's backward; act on `.grad` "
+                                                 "after backward instead",
+    "Tensor.data_ptr": "the values live on the server: there is no client memory to point at",
+    "Tensor.untyped_storage": "the values live on the server: there is no client storage",
+    "Tensor.storage": "the values live on the server: there is no client storage",
+    "Tensor.share_memory_": "the values live on the server",
+    "Tensor.pin_memory": "the values live on the server",
+}
+
+
+def user_name(func: Callable) -> str:
+    """``Tensor.data`` for ``Tensor.data.__get__``, ``nn.LSTM`` for ``torch._VF.lstm``."""
+    name = torch_name(func)
+    for suffix in (".__get__", ".__set__", ".__delete__"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)] + (" = ..." if suffix == ".__set__" else "")
+    name = name.replace("torch._C.TensorBase.", "Tensor.").replace("torch.Tensor.", "Tensor.")
+    return _USER_NAMES.get(name, name)
+
+
+def not_in_table(func: Callable) -> Exception:
+    name = user_name(func)
+    why = _WHY_NOT.get(name)
+    if why is not None:
+        return RuntimeError(f"{name} is not supported on a remote tensor: {why}")
+    if name.startswith("torch._") or name.startswith("nn."):
+        return NotImplementedError(f"{name} is not supported on a remote tensor yet: the server's op table has no "
+                                   "entry for it (GET /v1/ops lists the table)")
+    return NotImplementedError(
+        f"{name} is not supported on RemoteTensor: the server's op table has no entry for it "
+        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
+    )
+
+
+def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
+    """A local tensor that requires grad, in an op with remote tensors while grad is recorded: it would
+    be uploaded as a constant and never get its gradient. Raised, never ignored."""
+    raise RuntimeError(
+        f"a local tensor that requires grad (shape {list(t.shape)}) is used with remote tensors: it would be "
+        f"uploaded as a constant and never get a gradient. Move it to the remote device first "
+        f"(`t.to(device)`, or `model.to(device)` for the module that owns it) ({where or '?'})"
+    )

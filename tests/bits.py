@@ -1,0 +1,13 @@
+"""One comparison for the fast-path tests: the same dtype, shape, strides and bytes (NaNs included)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` is ``want`` bit for bit, laid out alike, and alike in whether it records a graph."""
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride(), (got, want)
+    assert got.requires_grad == want.requires_grad
+    as_bytes = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)  # noqa: E731  (NaNs compare too)
+    assert torch.equal(as_bytes(got), as_bytes(want)), (got, want)

@@ -1,0 +1,118 @@
+"""``/docs`` works offline and on a server with tokens: the page and its Swagger UI files
+come from this server without a token, name no outside host, and the page's script puts
+the token it is given on the requests Swagger UI makes (run in node when it is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from typing import Iterator
+
+import httpx
+import pytest
+
+from .servers import AUTH, running
+
+TOKEN = "tok-docs-0123456789"
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[str]:
+    with running(REMOTE_AUTOGRAD_TOKENS=TOKEN) as server:
+        yield server.url
+
+
+class _Links(HTMLParser):
+    """Every URL the page makes the browser load (scripts, stylesheets, icons, images) and its inline scripts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        found = dict(attrs)
+        for key in ("src", "href"):
+            if found.get(key):
+                self.urls.append(found[key])
+        self._in_script = tag == "script" and not found.get("src")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:
+            self.scripts.append(data)
+
+
+def _page(url: str) -> _Links:
+    r = httpx.get(url + "/docs", timeout=30)  # no token
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    links = _Links()
+    links.feed(r.text)
+    return links
+
+
+def test_docs_page_and_its_assets_load_without_a_token_or_another_host(secured: str):
+    links = _page(secured)
+    assert sorted(links.urls) == ["/docs/assets/favicon.png", "/docs/assets/swagger-ui-bundle.js",
+                                  "/docs/assets/swagger-ui.css"]
+    for path in links.urls:  # relative to this server: no CDN, nothing a host offline cannot reach
+        r = httpx.get(secured + path, timeout=30)
+        assert r.status_code == 200 and len(r.content) > 1000, path
+    assert "SwaggerUIBundle" in httpx.get(secured + "/docs/assets/swagger-ui-bundle.js", timeout=30).text
+    (script,) = links.scripts
+    assert not re.search(r"https?://|//[a-z]", script), "the page's script names an outside host"
+    assert '"validatorUrl": null' in script  # Swagger UI would otherwise call validator.swagger.io
+
+
+def test_openapi_still_needs_the_token_the_page_sends(secured: str):
+    assert httpx.get(secured + "/openapi.json", timeout=30).status_code == 401
+    r = httpx.get(secured + "/openapi.json", headers={AUTH: f"Bearer {TOKEN}"}, timeout=30)
+    assert r.status_code == 200
+    schemes = r.json()["components"]["securitySchemes"]
+    assert schemes["bearer"] == {**schemes["bearer"], "type": "http", "scheme": "bearer"}  # the Authorize button
+    assert "/docs" not in r.json()["paths"] and "/redoc" not in r.json()["paths"]
+
+
+NODE_HARNESS = r"""
+// The page's script with the browser's objects it touches replaced by stand-ins.
+const store = new Map();
+globalThis.sessionStorage = {getItem: (k) => store.has(k) ? store.get(k) : null,
+                             setItem: (k, v) => store.set(k, v), removeItem: (k) => store.delete(k)};
+const element = {addEventListener: () => {}, textContent: "", value: ""};
+globalThis.document = {getElementById: () => element};
+globalThis.location = {reload: () => {}};
+let config = null;
+globalThis.SwaggerUIBundle = (c) => { config = c; return {}; };
+SwaggerUIBundle.presets = {apis: "apis-preset"};
+globalThis.window = globalThis;
+const script = require("fs").readFileSync(0, "utf8");
+eval(script);
+const without = config.requestInterceptor({headers: {}});
+store.set("remote-autograd-token", "tok-1");
+const withToken = config.requestInterceptor({headers: {}});
+const authorized = config.requestInterceptor({headers: {Authorization: "Bearer from-dialog"}});
+console.log(JSON.stringify({url: config.url, validatorUrl: config.validatorUrl, without: without.headers,
+                            withToken: withToken.headers, authorized: authorized.headers}));
+"""
+
+
+def test_page_script_sends_the_token_on_every_swagger_request(secured: str, tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    (script,) = _page(secured).scripts
+    harness = tmp_path / "harness.js"
+    harness.write_text(NODE_HARNESS)
+    out = subprocess.run([node, str(harness)], input=script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["url"] == "/openapi.json" and seen["validatorUrl"] is None
+    assert seen["without"] == {}
+    assert seen["withToken"] == {"Authorization": "Bearer tok-1"}
+    assert seen["authorized"] == {"Authorization": "Bearer from-dialog"}  # the Authorize dialog's token wins
