@@ -23,7 +23,8 @@ def _local_copy(t):
 
 def _server_half(func, args: tuple, kwargs: dict):
     """``func(*args)`` run on the server: the first output (the data) of its two."""
-    from ._dispatch import apply_route, not_in_table
+    from ._dispatch import apply_route
+    from ._unsupported import not_in_table
 
     session = args[0]._session
     route = session._routes.lookup(func)
