@@ -257,7 +257,7 @@ def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | Non
     step["op"] = route.wire_name
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
-    for t in targets:
+    for t in enc.inputs:  # every tensor argument may be written (GradScaler's found_inf too): drop local copies
         t._after_inplace(False, frozenset())
 
 

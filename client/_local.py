@@ -200,3 +200,4 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dty
 
 
 from . import _autograd  # noqa: E402,F401  (registers the autograd handlers in LOCAL_HANDLERS)
+from . import _packed  # noqa: E402,F401  (registers the packed-sequence handlers)

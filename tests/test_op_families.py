@@ -47,7 +47,7 @@ def _to_remote(v, sess):
 def _run_both(sess, module, *inputs, **kwargs):
     """``module(*inputs)`` locally and on the server; the outputs, the first input's grad and every
     parameter's grad must match. Returns the remote module."""
-    remote = sess.module(module)
+    remote = sess.module(copy.deepcopy(module))  # sess.module moves in place, as module.to(device)
     local_in = [_local_copy(x) for x in inputs]
     remote_in = [_to_remote(x, sess) for x in local_in]
     local_out, remote_out = _flat(module(*local_in, **kwargs)), _flat(remote(*remote_in, **kwargs))
@@ -83,9 +83,6 @@ def test_bidirectional_multilayer_recurrent_layers(sess, kind):
     _run_both(sess, layer, _data(5, 2, 3), _hx(kind, 4))
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="hx=None makes torch.zeros(..., device=input.device): needs `remote` as a real device "
-                          "(issue 13 point 1, the DEVICE branch); drop this mark when that lands")
 def test_recurrent_layer_without_hx(sess):
     _run_both(sess, _recurrent("LSTM"), _data(5, 2, 3))
 
@@ -169,12 +166,12 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizers_match_local_torch(sess, name):
     local = _mlp()
-    remote = sess.module(local)
+    remote = sess.module(copy.deepcopy(local))
     want = _train(local, OPTIMIZERS[name](local.parameters()))
     got = _train(remote, OPTIMIZERS[name](remote.parameters()))
     torch.testing.assert_close(got, want, **TOL)
     for k, v in local.state_dict().items():
-        torch.testing.assert_close(remote.state_dict()[k], v, **TOL, msg=k)
+        torch.testing.assert_close(remote.state_dict()[k].cpu(), v, **TOL, msg=k)
 
 
 def test_out_argument_writes_the_given_tensor(sess):
@@ -221,8 +218,62 @@ def test_lbfgs_matches_local_torch(sess, line_search):
         return losses
 
     local = _mlp()
-    remote = sess.module(local)
+    remote = sess.module(copy.deepcopy(local))
     want, got = run(local), run(remote)
     torch.testing.assert_close(got, want, **TOL)
     for k, v in local.state_dict().items():
-        torch.testing.assert_close(remote.state_dict()[k], v, **TOL, msg=k)
+        torch.testing.assert_close(remote.state_dict()[k].cpu(), v, **TOL, msg=k)
+
+
+def _scaled_training(model, steps=4, grads_inf_at=2):
+    """GradScaler steps; at step ``grads_inf_at`` one grad is made inf, so that step is skipped
+    and the scale backs off, as in torch."""
+    x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    device_type = next(model.parameters()).device.type  # "cpu", or "remote": the scaler of the model's device
+    scaler = torch.amp.GradScaler(device_type, init_scale=2.0 ** 4, growth_interval=1)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        if step == grads_inf_at:
+            with torch.no_grad():
+                model[0].bias.grad.mul_(float("inf"))
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def test_grad_scaler_unscales_and_skips_inf_steps_on_the_server(sess):
+    local = _mlp()
+    remote = sess.module(copy.deepcopy(local))
+    want, got = _scaled_training(local), _scaled_training(remote)
+    assert got == want and want[2] < want[1]  # the inf step backed off
+    for k, v in local.state_dict().items():
+        torch.testing.assert_close(remote.state_dict()[k].cpu(), v, **TOL, msg=k)
+
+
+def test_packed_sequences_through_an_lstm(sess):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+
+        def forward(self, x, hx):
+            out, _ = self.lstm(pack_padded_sequence(x, [5, 3], enforce_sorted=True), hx)
+            return pad_packed_sequence(out, total_length=6)[0]
+
+    torch.manual_seed(0)
+    _run_both(sess, Packed(), _data(6, 2, 3), _hx("LSTM", 4))
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD"])
+def test_fused_optimizers_match_local_torch(sess, name):
+    make = lambda p: getattr(torch.optim, name)(p, lr=0.01, fused=True)  # noqa: E731
+    local = _mlp()
+    remote = sess.module(copy.deepcopy(local))
+    want, got = _train(local, make(local.parameters())), _train(remote, make(remote.parameters()))
+    torch.testing.assert_close(got, want, **TOL)

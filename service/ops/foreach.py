@@ -68,3 +68,38 @@ for _name, _samples in _FOREACH.items():
     native_op(f"_foreach_{_name}_", _writing(_inplace), torch_names=(f"torch._foreach_{_name}_",),
               samples=tuple(_no_grad(s) for s in _samples), inplace=True, differentiable=False,
               shape_rule="none")
+
+
+# -- what torch.amp.GradScaler calls: unscale-and-check-for-inf over a list of grads, and the scale update
+# GradScaler keeps its scale, inv_scale and found_inf in float32 whatever the grads' dtype
+_FOUND_INF = T((1,), low=0.0, high=0.5, integers=True, dtype="float32", requires_grad=False)  # 0: none found yet
+_INV_SCALE = T((1,), low=0.25, high=0.75, dtype="float32", requires_grad=False)
+
+native_op("_amp_foreach_non_finite_check_and_unscale_", _writing(torch._amp_foreach_non_finite_check_and_unscale_),
+          torch_names=("torch._amp_foreach_non_finite_check_and_unscale_",), inplace=True, differentiable=False,
+          shape_rule="none", samples=(S(_xs(*_SHAPES, requires_grad=False), _FOUND_INF, _INV_SCALE),))
+_SCALE = T((1,), low=1.0, high=8.0, dtype="float32", requires_grad=False)
+native_op("_amp_update_scale_", torch._amp_update_scale_, torch_names=("torch._amp_update_scale_",), inplace=True,
+          differentiable=False, shape_rule="none",
+          samples=(S(_SCALE, T((1,), dtype="int32", low=0, high=3, requires_grad=False), _FOUND_INF, 2.0, 0.5, 2),
+                   S(_SCALE, T((1,), dtype="int32", low=0, high=1, requires_grad=False),
+                     T((1,), low=1.0, high=1.5, integers=True, dtype="float32", requires_grad=False), 2.0, 0.5, 2)))
+
+
+# -- torch._fused_*: what Adam/AdamW/SGD(fused=True) call on a device torch lists as fused-capable;
+# torch has CPU and CUDA kernels for all three. Each updates params and state lists in place.
+_PARAMS, _STEPS = _xs(*_SHAPES, requires_grad=False), [T((), low=1.0, high=4.0, integers=True, requires_grad=False)] * 2
+_ADAM = dict(lr=0.01, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, maximize=False)
+_ADAM_SAMPLES = (S(_PARAMS, _PARAMS, _PARAMS, _xs(*_SHAPES, low=0.1, requires_grad=False), [], _STEPS, amsgrad=False,
+                   **_ADAM),
+                 S(_PARAMS, _PARAMS, _PARAMS, _xs(*_SHAPES, low=0.1, requires_grad=False),
+                   _xs(*_SHAPES, low=0.1, requires_grad=False), _STEPS, amsgrad=True, **_ADAM))
+for _name in ("adam", "adamw"):
+    native_op(f"_fused_{_name}_", _writing(getattr(torch, f"_fused_{_name}_")), torch_names=(f"torch._fused_{_name}_",),
+              inplace=True, differentiable=False, shape_rule="none", samples=_ADAM_SAMPLES)
+native_op("_fused_sgd_", _writing(torch._fused_sgd_), torch_names=("torch._fused_sgd_",), inplace=True,
+          differentiable=False, shape_rule="none",
+          samples=(S(_PARAMS, _PARAMS, [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0, nesterov=False,
+                     maximize=False, is_first_step=True),
+                   S(_PARAMS, _PARAMS, _PARAMS, weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True,
+                     maximize=False, is_first_step=False)))

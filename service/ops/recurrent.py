@@ -36,21 +36,41 @@ def _h(layers: int = 1, directions: int = 1) -> T:
     return T((layers * directions, _N, _H), low=-0.5, high=0.5)
 
 
+def _batch_sizes_on_cpu(torch_fn):
+    """``torch_fn`` with an int64 second argument (a packed sequence's ``batch_sizes`` or ``lengths``)
+    moved to the CPU, where torch requires it; a GPU server keeps uploads on the GPU. Unpacked calls
+    (a float ``hx`` second) pass unchanged."""
+    def run(input, second, *rest, **kwargs):
+        if isinstance(second, torch.Tensor) and second.dtype == torch.int64:
+            second = second.cpu()
+        return torch_fn(input, second, *rest, **kwargs)
+    run.__name__ = torch_fn.__name__
+    return run
+
+
 _SEQ = T((_L, _N, _IN))
 _SEQ_BATCH_FIRST = T((_N, _L, _IN))
 
 # torch.lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-native_op("lstm", torch.lstm, torch_names=("torch.lstm",), random=True, exact=True,
+_PACKED, _BATCH_SIZES = T((5, _IN)), torch.tensor([2, 2, 1])  # packed data of lengths 3 and 2, and its batch sizes
+
+native_op("lstm", _batch_sizes_on_cpu(torch.lstm), torch_names=("torch.lstm",), reference=torch.lstm, random=True,
+          exact=True,
           samples=(S(_SEQ, [_h(), _h()], _weights(4), True, 1, 0.0, True, False, False),
+                   # the packed overload: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidir)
+                   S(_PACKED, _BATCH_SIZES, [_h(1, 2), _h(1, 2)], _weights(4, 1, 2), True, 1, 0.0, True, True),
                    S(_SEQ_BATCH_FIRST, [_h(2, 2), _h(2, 2)], _weights(4, 2, 2), True, 2, 0.0, True, True, True),
                    S(_SEQ, [_h(1, 2), _h(1, 2)], _weights(4, 1, 2, bias=False), False, 1, 0.0, False, True, False)))
-native_op("gru", torch.gru, torch_names=("torch.gru",), random=True, exact=True,
+native_op("gru", _batch_sizes_on_cpu(torch.gru), torch_names=("torch.gru",), reference=torch.gru, random=True,
+          exact=True,
           samples=(S(_SEQ, _h(), _weights(3), True, 1, 0.0, True, False, False),
                    S(_SEQ_BATCH_FIRST, _h(2, 2), _weights(3, 2, 2), True, 2, 0.0, True, True, True)))
-native_op("rnn_tanh", torch.rnn_tanh, torch_names=("torch.rnn_tanh",), random=True, exact=True,
+native_op("rnn_tanh", _batch_sizes_on_cpu(torch.rnn_tanh), torch_names=("torch.rnn_tanh",), reference=torch.rnn_tanh,
+          random=True, exact=True,
           samples=(S(_SEQ, _h(), _weights(1), True, 1, 0.0, True, False, False),
                    S(_SEQ, _h(2, 2), _weights(1, 2, 2), True, 2, 0.0, True, True, False)))
-native_op("rnn_relu", torch.rnn_relu, torch_names=("torch.rnn_relu",), random=True, exact=True,
+native_op("rnn_relu", _batch_sizes_on_cpu(torch.rnn_relu), torch_names=("torch.rnn_relu",), reference=torch.rnn_relu,
+          random=True, exact=True,
           samples=(S(_SEQ_BATCH_FIRST, _h(), _weights(1), True, 1, 0.0, True, False, True),))
 
 _X, _HX = T((_N, _IN)), T((_N, _H), low=-0.5, high=0.5)
@@ -69,3 +89,15 @@ native_op("rnn_tanh_cell", torch.rnn_tanh_cell, torch_names=("torch.rnn_tanh_cel
           samples=(S(_X, _HX, *_cell(1)),))
 native_op("rnn_relu_cell", torch.rnn_relu_cell, torch_names=("torch.rnn_relu_cell",),
           samples=(S(_X, _HX, *_cell(1)),))
+
+
+# Packed sequences: pack_padded_sequence / pad_packed_sequence call these; the layers then take
+# torch.lstm's packed overload (data, batch_sizes, hx, params, ...). ``lengths`` and ``batch_sizes``
+# are int64 tensors that torch wants on the CPU, as they are on a CPU server.
+_LENGTHS = torch.tensor([3, 2])  # the lengths of _SEQ's two sequences
+native_op("_pack_padded_sequence", _batch_sizes_on_cpu(torch._pack_padded_sequence),
+          reference=torch._pack_padded_sequence, torch_names=("torch._pack_padded_sequence",),
+          samples=(S(_SEQ, _LENGTHS, False), S(_SEQ_BATCH_FIRST, _LENGTHS, True)))
+native_op("_pad_packed_sequence", _batch_sizes_on_cpu(torch._pad_packed_sequence),
+          reference=torch._pad_packed_sequence, torch_names=("torch._pad_packed_sequence",),
+          samples=(S(_PACKED, _BATCH_SIZES, False, 0.0, 3), S(_PACKED, _BATCH_SIZES, True, -1.0, 4)))
