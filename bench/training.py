@@ -48,7 +48,7 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
     local = row("local torch", measure(_step_fn(local_model, make_opt(local_model), x, y), repeat=repeat, warmup=5))
     for pipeline in (True, False):
         with client.connect(url, pipeline=pipeline) as sess, _hot.recording(sess) as programs:
-            model = sess.module(base)
+            model = sess.module(copy.deepcopy(base))  # moved in place: each session gets its own copy
             opt = make_opt(model)
             xr, yr = sess.tensor(x), sess.tensor(y)
             step = _step_fn(model, opt, xr, yr)

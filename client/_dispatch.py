@@ -165,6 +165,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
     if kwargs:
         if kwargs.get("inplace") is True:
             inplace = True
+        if kwargs.get("device") is not None:
+            _check_same_device(session, route.torch_name, kwargs["device"])
         kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS and k != "inplace"}
     wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
     enc = Encoder(session)
@@ -200,6 +202,13 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=kwargs.get("requires_grad") is True)
+
+
+def _check_same_device(session: Session, name: str, device: Any) -> None:
+    """``zeros_like(x, device=...)`` and friends run on the session: any other device is refused, never ignored."""
+    if torch.device(device) != session.device and torch.device(device) != torch.device(session.device.type):
+        raise RuntimeError(f"{name}(..., device={device}) of a remote tensor: it would be made on {session.device}; "
+                           f"make it on {device} from local values instead (e.g. torch.zeros(x.shape, device=...))")
 
 
 def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,

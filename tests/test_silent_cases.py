@@ -138,3 +138,10 @@ def test_the_custom_op_hint_only_where_a_custom_op_is_the_answer(sess):
     assert w.is_xpu is False and w.is_cuda is False  # DCGAN's check: answered, not an error
     with pytest.raises(NotImplementedError, match="custom ops are registered on the server"):
         w.i0()  # a plain torch function the table lacks: there a custom op is an answer
+
+
+def test_a_like_factory_asked_for_another_device_is_refused(sess):
+    x = torch.ones(2, device=sess.device)
+    assert torch.zeros_like(x, device=sess.device).device == sess.device
+    with pytest.raises(RuntimeError, match="device=cpu"):
+        torch.zeros_like(x, device="cpu")
