@@ -128,13 +128,7 @@ def _data(model_fn, device):
     return torch.randn(*shape, generator=g).to(device), torch.randint(0, 3, (16,), generator=g).to(device)
 
 
-def train_built_on(model_fn, device, steps=4):
-    """Built inside ``with torch.device(device)``: parameters are created (and initialised) there."""
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = model_fn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    X, Y = _data(model_fn, device)
+def _fit(model, opt, X, Y, steps):
     losses = []
     for _ in range(steps):
         opt.zero_grad()
@@ -143,6 +137,15 @@ def train_built_on(model_fn, device, steps=4):
         opt.step()
         losses.append(loss.item())
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+def train_built_on(model_fn, device, steps=4):
+    """Built inside ``with torch.device(device)``: parameters are created (and initialised) there."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return _fit(model, opt, *_data(model_fn, device), steps)
 
 
 def train_moved_to(model_fn, device, steps=4):
@@ -151,15 +154,7 @@ def train_moved_to(model_fn, device, steps=4):
     model = model_fn()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     model.to(device)
-    X, Y = _data(model_fn, device)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(X), Y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+    return _fit(model, opt, *_data(model_fn, device), steps)
 
 
 def _assert_same_run(got, want):
@@ -255,9 +250,13 @@ class TinyGPTish(nn.Module):
         return self.head(self.ln(self.tok(idx) + self.pos(pos)))
 
 
-def train_gptish(device, steps=4):
+def train_gptish(device, steps=4, *, build_there=False):
     torch.manual_seed(0)
-    model = TinyGPTish().to(device)
+    if build_there:  # Embedding (normal_), LayerNorm (ones_/zeros_), Linear (kaiming_uniform_) on the server
+        with torch.device(device):
+            model = TinyGPTish()
+    else:
+        model = TinyGPTish().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
     g = torch.Generator().manual_seed(2)
     data = torch.randint(0, 11, (4, 9), generator=g).to(device)
@@ -274,8 +273,20 @@ def train_gptish(device, steps=4):
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}
 
 
-def test_nanogpt_arange_idiom_and_weight_tying(sess):
-    _assert_same_run(train_gptish(sess.device), train_gptish("cpu"))
+@pytest.mark.parametrize("build_there", [False, True], ids=["moved", "built-there"])
+def test_nanogpt_arange_idiom_and_weight_tying(sess, build_there):
+    _assert_same_run(train_gptish(sess.device, build_there=build_there), train_gptish("cpu", build_there=build_there))
+
+
+def test_dtype_conversions_of_a_moved_module_keep_its_parameters(sess):
+    model = _mlp().to(sess.device)
+    params = list(model.parameters())
+    model.double()
+    assert list(model.parameters()) == params
+    assert all(p.dtype == torch.float64 and p.device == sess.device and p.requires_grad for p in params)
+    out = model(torch.ones(2, 8, dtype=torch.float64, device=sess.device))
+    out.sum().backward()
+    assert params[0].grad.dtype == torch.float64 and params[0].grad.shape == (16, 8)
 
 
 def train_word_lm_style(device, steps=4, lr=0.5):
