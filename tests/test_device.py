@@ -323,3 +323,27 @@ def test_sess_module_is_module_to_device(sess):
     assert list(model.parameters()) == params and all(p.device == sess.device for p in params)
     sd = model.state_dict()
     assert all(v.device == sess.device for v in sd.values()), "state_dict keeps the device, as torch's does"
+
+
+def test_a_module_trained_locally_first_moves_and_goes_on_like_cpu(sess):
+    def run(device):
+        torch.manual_seed(0)
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        X, Y = _data(_mlp, "cpu")
+        F.cross_entropy(model(X), Y).backward()  # local autograd has seen the parameters; grads are set
+        opt.step()
+        model.to(device)  # the grads move too; the optimizer keeps its parameters
+        return _fit(model, opt, X.to(device), Y.to(device), 3)
+
+    _assert_same_run(run(sess.device), run("cpu"))
+
+
+def test_moving_a_module_back_frees_the_server_copies(sess):
+    import gc
+
+    model = _mlp().to(sess.device)
+    assert sess.stats()["tensors"] == 4
+    model.cpu()
+    gc.collect()
+    assert sess.stats()["tensors"] == 0
