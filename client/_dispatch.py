@@ -27,6 +27,7 @@ _CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__
+_COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 
@@ -187,6 +188,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
     if inplace:
         target = wire_args_src[0]
         if not isinstance(target, _tensor.RemoteTensor):
+            if func is _COPY and isinstance(wire_args_src[1], _tensor.RemoteTensor):  # local.copy_(remote)
+                return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)

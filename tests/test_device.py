@@ -323,6 +323,10 @@ def test_sess_module_is_module_to_device(sess):
     assert list(model.parameters()) == params and all(p.device == sess.device for p in params)
     sd = model.state_dict()
     assert all(v.device == sess.device for v in sd.values()), "state_dict keeps the device, as torch's does"
+    local = _mlp()
+    local.load_state_dict(sd)  # a remote state into a local model, as a CUDA one loads into a CPU model
+    for k, v in local.state_dict().items():
+        assert type(v) is torch.Tensor and torch.equal(v, sd[k].cpu())
 
 
 def test_a_module_trained_locally_first_moves_and_goes_on_like_cpu(sess):
