@@ -351,3 +351,10 @@ def test_moving_a_module_back_frees_the_server_copies(sess):
     model.cpu()
     gc.collect()
     assert sess.stats()["tensors"] == 0
+
+
+def test_dataloader_workers_seeding_themselves_leave_the_session_alone(sess):
+    # Each worker calls torch.manual_seed; in a forked child that must not touch the parent's sessions.
+    ds = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2))
+    sums = [b.to(sess.device).sum().item() for (b,) in torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)]
+    assert sums == [6.0, 22.0]
