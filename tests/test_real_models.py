@@ -32,13 +32,16 @@ local ones.
 
 from __future__ import annotations
 
+import ast
 import copy
+from pathlib import Path
 from typing import Callable
 
 import httpx
 import pytest
 import torch
 
+from . import models
 from .models import char_lstm, dcgan, gpt, resnet, sine_lstm, transformer_classifier, vae
 
 SEED = 2026
@@ -161,3 +164,20 @@ def test_transformer_encoder_classifier(second):
 
 def test_lstm_cell_with_lbfgs_built_under_torch_device(second):
     train_both(second, lambda: sine_lstm.SineLSTM().double(), sine_lstm.train, 2)
+
+
+SDK_NAMES = {"remote_autograd", "client", "sess", "session", "RemoteTensor"}
+
+
+@pytest.mark.parametrize("path", sorted(Path(models.__file__).parent.glob("*.py")), ids=lambda p: p.name)
+def test_model_code_makes_no_sdk_call(path):
+    """The promise under test: the device is the only difference. No model file may reach for the SDK,
+    nor seed the global generator (the harness seeds both runs alike; a model's own CPU generator is fine)."""
+    tree = ast.parse(path.read_text())
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    used |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not used & SDK_NAMES
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "manual_seed"
+                and isinstance(n.value, ast.Name) and n.value.id == "torch"], "torch.manual_seed in model code"

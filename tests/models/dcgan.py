@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._data import batches
+
 NZ, NGF, NDF, NC = 8, 8, 8, 1
 
 
@@ -82,9 +84,8 @@ def train(model: DCGAN, device, steps: int, real_images: torch.Tensor, *, batch_
     cpu_noise = torch.Generator().manual_seed(noise_seed)
     real_label, fake_label = 1.0, 0.0
     losses = []
-    for step in range(steps):
-        i = (step * batch_size) % real_images.size(0)
-        real = real_images[i:i + batch_size].to(device)
+    for (real,) in batches(real_images, batch_size=batch_size, steps=steps):
+        real = real.to(device)
         b = real.size(0)
         # (1) the discriminator: maximise log(D(x)) + log(1 - D(G(z)))
         netD.zero_grad()

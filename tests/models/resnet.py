@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._data import batches
+
 
 def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
@@ -57,9 +59,8 @@ def train(model: ResNet, device, steps: int, images: torch.Tensor, labels: torch
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     losses = []
-    for step in range(steps):
-        i = (step * batch_size) % images.size(0)
-        x, y = images[i:i + batch_size].to(device), labels[i:i + batch_size].to(device)
+    for x, y in batches(images, labels, batch_size=batch_size, steps=steps):
+        x, y = x.to(device), y.to(device)
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()

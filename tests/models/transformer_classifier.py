@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._data import batches
+
 PAD = 0
 
 
@@ -49,9 +51,8 @@ def train(model: TransformerClassifier, device, steps: int, tokens: torch.Tensor
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for step in range(steps):
-        i = (step * batch_size) % tokens.size(0)
-        x, y = tokens[i:i + batch_size].to(device), labels[i:i + batch_size].to(device)
+    for x, y in batches(tokens, labels, batch_size=batch_size, steps=steps):
+        x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._data import batches
+
 PIXELS, HIDDEN, LATENT = 16, 12, 3
 
 
@@ -53,9 +55,8 @@ def train(model: VAE, device, steps: int, images: torch.Tensor, *, batch_size: i
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for step in range(steps):
-        i = (step * batch_size) % images.size(0)
-        data = images[i:i + batch_size].to(device)
+    for (data,) in batches(images, batch_size=batch_size, steps=steps):
+        data = data.to(device)
         optimizer.zero_grad()
         recon, mu, logvar = model(data)
         loss = loss_function(recon, data, mu, logvar)
