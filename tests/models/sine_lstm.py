@@ -38,14 +38,14 @@ class SineLSTM(nn.Module):
         return torch.cat(outputs, dim=1)
 
 
-def sine_waves(n: int = 6, length: int = 12) -> torch.Tensor:
+def sine_waves(n: int = 4, length: int = 10) -> torch.Tensor:
     """``n`` sine waves, each with its own phase, sampled at ``length`` points (on the current device)."""
     t = torch.arange(length, dtype=torch.float64)
     phase = torch.linspace(0.0, 3.0, n, dtype=torch.float64).unsqueeze(1)
     return torch.sin(t / 2.0 + phase)
 
 
-def train(model: SineLSTM, device, steps: int, *, max_iter: int = 4):
+def train(model: SineLSTM, device, steps: int, *, max_iter: int = 3):
     with torch.device(device):
         seq = SineLSTM(model.hidden).double()
         waves = sine_waves()
