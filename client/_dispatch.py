@@ -18,7 +18,7 @@ import torch
 
 from remote_autograd.proto import dtype_name
 
-from . import _infer
+from . import _infer, _views
 from ._routes import Route, torch_name
 from ._session import Session, _Origin, meta_from_result
 
@@ -178,7 +178,7 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         if not isinstance(target, _tensor.RemoteTensor):
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
-        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)
+        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
         return None if func is _SETITEM else target
 
     rule = route.op.shape_rule
@@ -186,18 +186,35 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         if _value_dependent_index(args[1]):
             rule = "none"
         args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-    metas, container = _infer_outputs(rule, func, args, kwargs)
+    raw: list = []  # torch's meta outputs, when it ran: they say which outputs are views
+    metas, container = _infer_outputs(rule, func, args, kwargs, raw)
     if metas is None:
-        return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
-    return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
-                          new_leaves=kwargs.get("requires_grad") is True)
+        result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+        if func is _INDEXING[0]:
+            _views.index_view(_as_list(result), args[0], args[1])
+        else:
+            _views.settle(_as_list(result), enc.inputs, [], route.op.name, route.op.differentiable)
+        return result
+    result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
+                            new_leaves=kwargs.get("requires_grad") is True)
+    _views.settle(_as_list(result), enc.inputs, raw, route.op.name, route.op.differentiable)
+    return result
+
+
+def _as_list(result) -> list:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
-                   nbytes: int) -> None:
-    """Queue an in-place step (no new ids) and update the target's local history."""
+                   nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
+    """Queue an in-place step (no new ids) and update the local history of the target and of
+    every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
+    _views.check_inplace(target, step["op"], rg)
+    layout = _views.reshape_inplace_meta(step["op"], target, tuple(op_args), op_kwargs or {})
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    if layout is not None:
+        _views.set_layout(target, layout, type(target))
     target._after_inplace(rg, leaves)
 
 
@@ -232,8 +249,9 @@ def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: b
     return tuple(outs) if result.get("tuple") else outs[0]
 
 
-def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
-    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server."""
+def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict, raw: list | None = None):
+    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server.
+    ``raw`` receives torch's meta outputs when the metadata came from running ``func`` on meta."""
     if rule in ("elementwise", "elementwise_float"):
         operands = [a if isinstance(a, (bool, int, float)) else _shape_dtype(a) for a in args]
         if None not in operands:
@@ -254,7 +272,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
         return [((), first[1])], None
     if func is None or rule == "none":
         return None, None
-    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()})
+    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}, raw)
 
 
 def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
@@ -322,7 +340,7 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     inplace = name.endswith("_") or (spec is not None and spec.inplace)
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
         if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
-            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
+            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes, tuple(args[1:]), kwargs)
             return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)

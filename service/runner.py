@@ -207,6 +207,10 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
     target = args[0]
     needs_grad = _requires_grad(args, kwargs)
     recording = step.grad_enabled and needs_grad
+    if entry.shape_inplace:  # torch's own op on the stored tensor: its own checks come before any change
+        with _grad_mode(step.grad_enabled, matters=needs_grad):
+            entry.fn(*args, **kwargs)
+        return None
     if recording and target.is_leaf and target.requires_grad:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             "a leaf Variable that requires grad is being used in an in-place operation.")

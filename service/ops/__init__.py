@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     factories,
     indexing,
     inplace,
+    inplace_shape,
     joins,
     linalg,
     losses,
