@@ -18,7 +18,7 @@ import torch
 
 from remote_autograd.proto import dtype_name
 
-from . import _infer, _views
+from . import _autocast, _infer, _views
 from ._routes import Route, torch_name
 from ._session import Session, _Origin, meta_from_result
 
@@ -169,6 +169,9 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
     if not grad_on:
         step["grad_enabled"] = False
+    autocast = None if inplace else _autocast.server_dtype()  # torch's autocast leaves in-place ops alone
+    if autocast is not None:
+        step["autocast"] = dtype_name(autocast)
     grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)
     rg = grad_on and route.op.differentiable and any(t._rg for t in grad_inputs)
     leaves = _union_leaves(grad_inputs) if rg else frozenset()
@@ -188,6 +191,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
     raw: list = []  # torch's meta outputs, when it ran: they say which outputs are views
     metas, container = _infer_outputs(rule, func, args, kwargs, raw)
+    if autocast is not None and not _views.is_view_call(raw, enc.inputs):
+        metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
         result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
         if func is _INDEXING[0]:
@@ -349,7 +354,10 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     if factory is not None:
         metas, container = _infer_outputs("meta", factory, tuple(args), {**kwargs, "device": "meta"})
     else:
-        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" else "none"
+        autocast = _autocast.server_dtype()
+        if autocast is not None:  # the server's autocast rules decide the dtypes: ask it
+            step["autocast"] = dtype_name(autocast)
+        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" and autocast is None else "none"
         metas, container = _infer_outputs(rule, None, tuple(args), kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)

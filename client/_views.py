@@ -119,6 +119,16 @@ def alias(out, base, *, differentiable: bool) -> None:
     _join(out, base, differentiable=differentiable)
 
 
+def _source(o: torch.Tensor, inputs: list):
+    """The input RemoteTensor whose meta stand-in ``o`` is (a view of), or None."""
+    return next((t for t in inputs if t._meta_t is not None and (o is t._meta_t or o._base is t._meta_t)), None)
+
+
+def is_view_call(raw: list, inputs: list) -> bool:
+    """Whether torch on meta returned a view of (or the same) input: a view op."""
+    return any(_source(o, inputs) is not None for o in raw)
+
+
 def settle(outs: list, inputs: list, raw: list, op_name: str, differentiable: bool) -> None:
     """Layout and aliasing of a call's new outputs.
 
@@ -132,7 +142,7 @@ def settle(outs: list, inputs: list, raw: list, op_name: str, differentiable: bo
         return
     maybe = op_name in MAYBE_VIEWS
     for out, o in zip(outs, raw):
-        src = next((t for t in inputs if t._meta_t is not None and (o is t._meta_t or o._base is t._meta_t)), None)
+        src = _source(o, inputs)
         if src is None and maybe and inputs and inputs[0]._strides is UNKNOWN:
             src = inputs[0]  # torch on meta saw contiguous strides; the server's may differ
         if src is None:
