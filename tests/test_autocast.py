@@ -1,7 +1,7 @@
 """``torch.autocast`` around remote ops, against the same code on local torch.
 
-The test server runs on the CPU, so the local reference is ``autocast("cpu")`` on CPU
-tensors; for remote tensors the autocast that applies is the one for ``"cuda"`` (or the
+The local reference runs on the server's device under its autocast (``autocast("cpu")`` on
+CPU tensors for the CPU test server); for remote tensors the autocast that applies is the one for ``"cuda"`` (or the
 SDK's own device type), meaning the server's device. On a client without CUDA,
 ``torch.autocast("cuda")`` switches itself off with a warning, so these tests enable
 CUDA autocast through torch's own state setters, which is what the context does on a
@@ -57,7 +57,7 @@ def _run(model, x, target, ctx):
     with ctx:
         out = model(x)
         probs = out.softmax(-1)
-        loss = F.cross_entropy(out, target) + (probs @ torch.ones(5, 2)).pow(2).mean()
+        loss = F.cross_entropy(out, target) + (probs @ torch.ones(5, 2, device=target.device)).pow(2).mean()
     loss.backward()
     return out, probs, loss
 
@@ -67,23 +67,24 @@ def test_autocast_forward_backward_matches_torch(sess, dtype):
     torch.manual_seed(0)
     model = Net()
     x, target = torch.randn(3, 2, 8), torch.tensor([0, 4, 2])
-    local_model = copy.deepcopy(model)
-    local = _run(local_model, x, target, torch.autocast("cpu", dtype=dtype))
+    device = torch.device(sess.remote_device)  # the reference runs where the server does, under its autocast
+    local_model = copy.deepcopy(model).to(device)
+    local = _run(local_model, x.to(device), target.to(device), torch.autocast(device.type, dtype=dtype))
     remote_model = sess.module(copy.deepcopy(model))
     remote = _run(remote_model, sess.tensor(x), target, server_autocast(dtype))
     assert local[0].dtype == dtype  # the reference really ran under autocast
     for r, l in zip(remote, local):
         assert r.dtype == l.dtype and r.shape == l.shape  # the client's metadata is the server's
-        torch.testing.assert_close(r.to_torch().detach(), l.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(r.to_torch().detach(), l.detach().cpu(), rtol=0, atol=0)
     for (name, lp), rp in zip(local_model.named_parameters(), remote_model.parameters()):
-        got = rp.grad.to_torch()
+        got, want = rp.grad.to_torch(), lp.grad.cpu()
         if name == "norm.bias":
             # The table's layer_norm sums the bias gradient in the low dtype; torch's mixed-dtype kernel
             # accumulates in float32: the two differ by the low dtype's rounding of that sum.
-            tolerance = 2 * torch.finfo(dtype).eps * lp.grad.abs().max().item()
-            torch.testing.assert_close(got, lp.grad, rtol=0, atol=tolerance)
+            tolerance = 2 * torch.finfo(dtype).eps * want.abs().max().item()
+            torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
         else:
-            torch.testing.assert_close(got, lp.grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
 
 
 def test_cpu_autocast_leaves_remote_ops_alone_as_torch_leaves_other_devices(sess):
