@@ -214,7 +214,7 @@ def _queue_inplace(session: Session, step: dict, origin_where: str | None, targe
                    nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
-    _views.check_inplace(target, step["op"], rg)
+    _views.check_inplace(target, step["op"], rg, leaves)
     layout = _views.reshape_inplace_meta(step["op"], target, tuple(op_args), op_kwargs or {})
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), nbytes)

@@ -164,15 +164,21 @@ def index_view(outs: list, base, index) -> None:
             _join(out, base, differentiable=True)
 
 
-def check_inplace(target, op_name: str, rg: bool) -> None:
-    """Refuse, before anything is queued, an in-place op whose effect on autograd the client cannot know."""
+def check_inplace(target, op_name: str, rg: bool, leaves: frozenset) -> None:
+    """Refuse, before anything is queued, an in-place op whose effect on autograd the client cannot know:
+    one that records a graph on memory shared with an uncertain alias, unless it would change nothing
+    the client knows (every alias already requires grad, is no leaf, and depends on these leaves)."""
     storage = target._storage
-    if rg and storage is not None and storage.is_uncertain():
-        raise RuntimeError(
-            f"{op_name}: an in-place op that records a graph on a tensor that may share memory with another: "
-            "a reshape/flatten/contiguous of a tensor whose memory layout only the server knows may be a view "
-            "or a copy there, and which tensors then require grad would differ. Make it definite first: "
-            ".clone() for a copy, or take the view of a contiguous tensor")
+    if not (rg and storage is not None and storage.is_uncertain()):
+        return
+    needed = leaves | target._leaves
+    if all(m._rg and not m._is_leaf and needed <= m._leaves for m in storage.alive()):
+        return
+    raise RuntimeError(
+        f"{op_name}: an in-place op that records a graph on a tensor that may share memory with another: "
+        "a reshape/flatten/contiguous of a tensor whose memory layout only the server knows may be a view "
+        "or a copy there, and which tensors then require grad would differ. Make it definite first: "
+        ".clone() for a copy, or take the view of a contiguous tensor")
 
 
 def after_inplace(target, rg: bool, leaves: frozenset) -> None:

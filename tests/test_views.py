@@ -245,6 +245,11 @@ def test_reshape_of_an_unknown_layout_refuses_in_place_with_grad_loudly(sess):
     r = (x.t() + 1).reshape(-1)  # a copy on the server; the client cannot know without asking
     with pytest.raises(RuntimeError, match="may share memory"):
         r.add_(w)
+    product = x.t() * w.view(4, 3)
+    s = product.reshape(-1)  # already depends on w, like everything it may alias
+    s.add_(w)  # changes nothing the client knows either way: allowed
+    local_w = w.to_torch().detach()
+    torch.testing.assert_close(s.to_torch().detach(), (_base().t() * local_w.view(4, 3)).reshape(-1) + local_w)
     # without a graph the write is exact either way
     both(sess, lambda y: ((y.t() + 1).reshape(-1).add_(1), y), (_base(), False))
 
