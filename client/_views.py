@@ -209,13 +209,17 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
 
 
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The target's new layout after a shape-changing in-place op (torch's error if it refuses), or None."""
+    """The target's new layout after a shape-changing in-place op, or None (not such an op, or one torch
+    refuses: the server then answers with torch's own error, which meta kernels do not always spell alike)."""
     func = SHAPE_INPLACE.get(op_name)
     if func is None:
         return None
     stand_in = meta_of(target)
-    with torch.no_grad():
-        func(stand_in, *args, **kwargs)
+    try:
+        with torch.no_grad():
+            func(stand_in, *args, **kwargs)
+    except Exception:
+        return None
     return stand_in
 
 

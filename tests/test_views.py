@@ -230,6 +230,8 @@ def test_resize_where_torch_allows_it(sess):
     both(sess, lambda y: (y.resize_(4, 3), y.resize_(2, 2)), (_base(), False))
     same_error(sess, lambda w: w.resize_(12), (_base(), True))
     same_error(sess, lambda w: w.t_(), (_base(), True))
+    same_error(sess, lambda y: y[None].t_(), (_base(), False))  # torch's own check and message
+    same_error(sess, lambda y: y.squeeze_(3), (_base(), False), error=(IndexError, RuntimeError))
 
 
 def test_resize_that_would_grow_is_refused_loudly(sess):
