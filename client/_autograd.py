@@ -56,6 +56,8 @@ def _detach(t):
     out = _tensor.RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
                        _Origin("detach", where(), [weakref.ref(out)]))
+    if t._grad_owner is None:  # shares t's memory and version counter on the server, as torch's detach does
+        _views.alias(out, t, differentiable=False)
     return out
 
 
@@ -205,4 +207,4 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
 
 
 # Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
-from . import _tensor  # noqa: E402
+from . import _tensor, _views  # noqa: E402

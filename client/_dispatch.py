@@ -18,7 +18,7 @@ import torch
 
 from remote_autograd.proto import dtype_name
 
-from . import _infer
+from . import _autocast, _infer, _views
 from ._routes import Route, torch_name
 from ._session import Session, _Origin, meta_from_result
 from ._unsupported import refuse_local_leaf
@@ -183,6 +183,9 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
     if not grad_on:
         step["grad_enabled"] = False
+    autocast = None if inplace else _autocast.server_dtype()  # torch's autocast leaves in-place ops alone
+    if autocast is not None:
+        step["autocast"] = dtype_name(autocast)
     grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)
     rg = grad_on and route.op.differentiable and any(t._rg for t in grad_inputs)
     leaves = _union_leaves(grad_inputs) if rg else frozenset()
@@ -196,7 +199,7 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
                 return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
-        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)
+        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
         return None if func is _SETITEM else target
 
     rule = route.op.shape_rule
@@ -204,11 +207,25 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         if _value_dependent_index(args[1]):
             rule = "none"
         args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-    metas, container = _infer_outputs(rule, func, args, kwargs)
+    raw: list = []  # torch's meta outputs, when it ran: they say which outputs are views
+    metas, container = _infer_outputs(rule, func, args, kwargs, raw)
+    if autocast is not None and not _views.is_view_call(raw, enc.inputs):
+        metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
-        return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
-    return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
-                          new_leaves=kwargs.get("requires_grad") is True)
+        result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+        if func is _INDEXING[0]:
+            _views.index_view(_as_list(result), args[0], args[1])
+        else:
+            _views.settle(_as_list(result), enc.inputs, [], route.op.name, route.op.differentiable)
+        return result
+    result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
+                            new_leaves=kwargs.get("requires_grad") is True)
+    _views.settle(_as_list(result), enc.inputs, raw, route.op.name, route.op.differentiable)
+    return result
+
+
+def _as_list(result) -> list:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def _check_same_device(session: Session, name: str, device: Any) -> None:
@@ -219,10 +236,15 @@ def _check_same_device(session: Session, name: str, device: Any) -> None:
 
 
 def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
-                   nbytes: int) -> None:
-    """Queue an in-place step (no new ids) and update the target's local history."""
+                   nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
+    """Queue an in-place step (no new ids) and update the local history of the target and of
+    every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
+    _views.check_inplace(target, step["op"], rg, leaves)
+    layout = _views.reshape_inplace_meta(step["op"], target, tuple(op_args), op_kwargs or {})
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    if layout is not None:
+        _views.set_layout(target, layout, type(target))
     target._after_inplace(rg, leaves)
 
 
@@ -304,8 +326,9 @@ def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: b
     return tuple(outs) if result.get("tuple") else outs[0]
 
 
-def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
-    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server."""
+def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict, raw: list | None = None):
+    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server.
+    ``raw`` receives torch's meta outputs when the metadata came from running ``func`` on meta."""
     if rule in ("elementwise", "elementwise_float"):
         operands = [a if isinstance(a, (bool, int, float)) else _shape_dtype(a) for a in args]
         if None not in operands:
@@ -326,7 +349,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict):
         return [((), first[1])], None
     if func is None or rule == "none":
         return None, None
-    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()})
+    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}, raw)
 
 
 def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
@@ -394,7 +417,7 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
         if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
-            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes)
+            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes, tuple(args[1:]), kwargs)
             if name == "set_data":  # the one in-place op that may change shape and dtype
                 from ._moves import adopt_metadata
 
@@ -407,7 +430,10 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     if factory is not None:
         metas, container = _infer_outputs("meta", factory, tuple(args), {**kwargs, "device": "meta"})
     else:
-        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" else "none"
+        autocast = _autocast.server_dtype()
+        if autocast is not None:  # the server's autocast rules decide the dtypes: ask it
+            step["autocast"] = dtype_name(autocast)
+        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" and autocast is None else "none"
         metas, container = _infer_outputs(rule, None, tuple(args), kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)

@@ -85,18 +85,24 @@ def linear(x: Meta, w: Meta, b: Meta | None) -> list[Meta] | None:
     return [(tuple(x_shape[:-1]) + (w_shape[0],), x_dtype)]
 
 
-def on_meta(func: Callable, args: tuple, kwargs: dict) -> tuple[list[Meta] | None, type | None]:
+def on_meta(func: Callable, args: tuple, kwargs: dict, raw: list | None = None
+            ) -> tuple[list[Meta] | None, type | None]:
     """Run ``func`` on meta tensors (args already converted): the outputs' metadata and, for
     several outputs, the sequence type to rebuild (a tuple, or torch's named ``return_types``).
-    ``(None, None)`` when meta cannot tell (value-dependent shapes, an error torch will report)."""
+    ``(None, None)`` when meta cannot tell (value-dependent shapes, an error torch will report).
+    ``raw``, when given, receives the meta outputs themselves (their strides, whether they are views)."""
     try:
         with torch.no_grad():
             out = func(*args, **kwargs)
     except Exception:
         return None, None
     if isinstance(out, torch.Tensor):
+        if raw is not None:
+            raw.append(out)
         return [(tuple(out.shape), out.dtype)], None
     if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        if raw is not None:
+            raw.extend(out)
         return [(tuple(o.shape), o.dtype) for o in out], type(out)
     if isinstance(out, tuple) and all(o is None or isinstance(o, torch.Tensor) for o in out):
         # optional outputs left out (``(attn_output, None)``): the server sends only the tensors

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from . import _views
 from ._device import DEVICE_TYPE
 
 T = torch.Tensor
@@ -24,14 +25,6 @@ def _local(*funcs):
         return handler
 
     return register
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(strides))
 
 
 # -- metadata ---------------------------------------------------------------------------------
@@ -54,9 +47,9 @@ _local(T.is_floating_point, torch.is_floating_point)(lambda t: t._dtype.is_float
 _local(T.is_complex, torch.is_complex)(lambda t: t._dtype.is_complex)
 _local(T.element_size)(lambda t: t._dtype.itemsize)
 _local(T.numel, T.nelement)(lambda t: _numel(t._shape))
-_local(T.is_contiguous)(lambda t, memory_format=None: True)
+_local(T.is_contiguous)(lambda t, memory_format=torch.contiguous_format: t._meta().is_contiguous(memory_format=memory_format))
 _local(T.__hash__)(lambda t: id(t))
-_local(T._version.__get__)(lambda t: 0)
+_local(T._version.__get__)(lambda t: _views.version(t))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -75,7 +68,7 @@ def _size(t, dim=None):
 
 @_local(T.stride)
 def _stride(t, dim=None):
-    strides = _contiguous_strides(t._shape)
+    strides = _views.strides(t)
     return strides if dim is None else strides[dim]
 
 

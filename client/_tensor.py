@@ -18,6 +18,7 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 
+from . import _views
 from ._local import LOCAL_HANDLERS
 from ._dispatch import apply_route, refuse_custom_function, where
 from ._unsupported import not_in_table
@@ -46,6 +47,10 @@ class RemoteTensor(torch.Tensor):
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
         r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
         r._retains, r._meta_t = False, None
+        # shared memory (see _views): the storage it shares, the base of a view, strides (None:
+        # contiguous), and its own version counter while it shares memory with nothing
+        r._storage = r._view_of = r._strides = None
+        r._ver = 0
         if requires_grad and is_leaf and tid is not None:
             r._leaves = frozenset({tid})
             session._grad_tracked[tid] = r
@@ -126,8 +131,9 @@ class RemoteTensor(torch.Tensor):
         return {"ref": self._id}
 
     def _meta(self) -> torch.Tensor:
+        """A meta stand-in (shape, dtype, strides), kept: a view op's meta output is known as a view by it."""
         if self._meta_t is None or tuple(self._meta_t.shape) != self._shape:
-            self._meta_t = torch.empty(self._shape, dtype=self._dtype, device=_META_DEVICE)
+            self._meta_t = _views.meta_of(self)
         return self._meta_t
 
     def _check_usable(self) -> None:
@@ -135,11 +141,9 @@ class RemoteTensor(torch.Tensor):
             raise self._error
 
     def _after_inplace(self, rg: bool, leaves: frozenset) -> None:
-        """Local bookkeeping after a queued in-place op: its autograd history."""
-        if rg:
-            self._leaves = self._leaves | leaves
-            if not self._rg or self._is_leaf:
-                self._rg, self._is_leaf = True, False
+        """Local bookkeeping after a queued in-place op: history and versions,
+        for this tensor and every tensor sharing its memory (see ``_views``)."""
+        _views.after_inplace(self, rg, leaves)
 
     def _grad_handle(self) -> "RemoteTensor":
         if self._grad_cache is None:

@@ -78,6 +78,8 @@ class CallStep(_Model):
     out: list[TensorId] = []
     out_many: bool = False
     grad_enabled: bool = True
+    # run the op as under ``torch.autocast`` on the server's device with this dtype ("float16", "bfloat16")
+    autocast: str | None = Field(default=None, max_length=16)
 
 
 class BackwardStep(_Model):

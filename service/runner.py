@@ -33,6 +33,7 @@ from .custom_tensor import CustomTensor
 from .ops._context import RunContext, reset, set_current
 from .settings import Settings
 from .answers import tensor_message
+from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
 from .store import Outcome, Session
 from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_tensors
@@ -125,14 +126,21 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
     entry, inplace = _lookup(step.op)
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
-    if inplace:
-        rebound = _run_inplace(entry, step, args, kwargs)
-        first = step.args[0] if step.args else None
-        if rebound is not None and isinstance(first, dict) and "ref" in first:
-            session.tensor(first["ref"])._custom_data = rebound
+    if inplace:  # torch's autocast leaves in-place ops alone
+        _run_inplace(entry, step, args, kwargs)
         return {"tensors": []}
     check_new_ids(session, step.out)
-    result = _apply(entry, step.grad_enabled, args, kwargs)
+    if step.autocast is None:
+        result = _apply(entry, step.grad_enabled, args, kwargs)
+    else:
+        result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
+                              lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
+    return _store_outputs(session, settings, step, result, args, kwargs)
+
+
+def _store_outputs(session: Session, settings: Settings, step: CallStep, result: Any, args: list, kwargs: dict
+                   ) -> dict:
+    """Keep a call's outputs under the step's ids; their metadata is the step's result."""
     is_tuple = isinstance(result, (tuple, list))
     # optional outputs that are None (attention weights with need_weights=False) get no id: the
     # client knows where they go from the same call on meta
@@ -200,7 +208,7 @@ def _no_aliases(outputs: tuple, inputs) -> tuple:
     return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
 
 
-def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tensor | None:
+def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> None:
     """``x.op_(...)``: torch's own in-place kernel when no graph is recorded (optimizer updates: the
     same result, without an out-of-place value and a copy); else ``_inplace_by_copy``."""
     if args and isinstance(args[0], list) and entry.inplace:  # torch._foreach_X_(tensors, ...): torch's kernel
@@ -212,6 +220,10 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
     target = args[0]
     needs_grad = _requires_grad(args, kwargs)
     recording = step.grad_enabled and needs_grad
+    if entry.shape_inplace:  # torch's own op on the stored tensor: its own checks come before any change
+        with _grad_mode(step.grad_enabled, matters=needs_grad):
+            entry.fn(*args, **kwargs)
+        return None
     if recording and target.is_leaf and target.requires_grad:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             "a leaf Variable that requires grad is being used in an in-place operation.")
@@ -219,18 +231,19 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> torch.Tenso
         del kwargs["inplace"]
     with _grad_mode(step.grad_enabled, matters=needs_grad):
         if recording or entry.native_inplace is None:
-            return _inplace_by_copy(entry, args, kwargs, recording)
+            _inplace_by_copy(entry, args, kwargs, recording)
+            return
         entry.native_inplace(*args, **kwargs)
-    return None
 
 
-def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> torch.Tensor | None:
+def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> None:
     """Compute out of place, check it fits ``x``, then write it in with ``copy_``.
 
     Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
     the old ``x`` fails with torch's own error, as it would after a native in-place op.
     When a graph is recorded we compute from a clone, so our own Function never holds
-    the tensor we are about to overwrite.
+    the tensor we are about to overwrite. When ``x`` is a view (the view ops are torch's
+    own), ``copy_`` writes through to its base and torch rebases the base's graph.
     """
     target = args[0]
     value = entry.fn(target.clone() if recording else target, *args[1:], **kwargs)
@@ -245,17 +258,7 @@ def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> torch.
         raise ProtocolError(ErrorCode.OP_ERROR,
                             f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
                             f"{dtype_name(target.dtype)}")
-    try:
-        target.copy_(value)
-    except RuntimeError as exc:
-        # In place on a view one of our Functions returned, while grad is recorded
-        # (``t = y[0]; t += 1``): torch forbids the write (it could not keep the gradient
-        # right), so the caller rebinds the id to the new value instead. ``y[i] += 1``
-        # (getitem, add_, setitem) stays exact; the write does not reach the view's base.
-        if "created inside a custom Function" not in str(exc):
-            raise
-        return value.to(target.dtype)
-    return None
+    target.copy_(value)  # a view a custom op's Function returned: torch's own refusal, as locally
 
 
 def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: bool) -> dict:

@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (importing a family registers its ops)
     foreach,
     indexing,
     inplace,
+    inplace_shape,
     joins,
     layout,
     linalg,

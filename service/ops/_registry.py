@@ -53,6 +53,9 @@ class OpEntry:
     # first argument is a tensor and no graph is recorded (an optimizer's ``sqrt``/``div``): the
     # Function's forward calls exactly this, so the value is the same, without the Function's cost
     native: Callable[..., Any] | None = None
+    # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
+    # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
+    shape_inplace: bool = False
     doc: str = ""
     kind: str = "function"
     signature: inspect.Signature = field(init=False, compare=False)
@@ -153,6 +156,7 @@ def op(
     native_inplace: Callable[..., Any] | None = None,
     native: Callable[..., Any] | None = None,
     kind: str = "function",
+    shape_inplace: bool = False,
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -174,6 +178,7 @@ def op(
                 no_grad_args=tuple(no_grad_args),
                 native_inplace=native_inplace,
                 native=native,
+                shape_inplace=shape_inplace,
                 doc=doc.split("\n", 1)[0],
                 kind=kind,
             )

@@ -39,72 +39,6 @@ def _unpack(template: tuple, tensors) -> tuple:
     return tuple(next(it) if k is _HOLE else k for k in template)
 
 
-def _dims_taken(k) -> int:
-    if isinstance(k, torch.Tensor):
-        return k.dim() if k.dtype in (torch.bool, torch.uint8) else 1
-    return 0 if k is None or k is Ellipsis or isinstance(k, bool) else 1
-
-
-def _split(key: tuple, ndim: int, device) -> tuple[tuple, list]:
-    """Torch's two stages (``applySlicing``): a view ``basic`` of ints, slices and None, then
-    ``aten.index`` with ``adv`` (per dim of that view: an index tensor, or None)."""
-    if sum(k is Ellipsis for k in key) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    free = ndim - sum(_dims_taken(k) for k in key)
-    if free < 0:
-        raise IndexError(f"too many indices for tensor of dimension {ndim}")
-    basic, adv = [], []
-    for k in key:
-        if isinstance(k, torch.Tensor) and k.dim() == 0:  # 0-d: an int, or a bool like Python's
-            k = bool(k.item()) if k.dtype in (torch.bool, torch.uint8) else k.item()
-        if k is Ellipsis:
-            basic += [slice(None)] * free
-            adv += [None] * free
-        elif isinstance(k, bool):  # x[True] adds a dim of 1 and keeps it, x[False] keeps none of it
-            basic.append(None)
-            adv.append(torch.zeros(1 if k else 0, dtype=torch.int64, device=device))
-        elif isinstance(k, int):
-            basic.append(k)
-        elif k is None or isinstance(k, slice):
-            basic.append(k)
-            adv.append(None)
-        elif isinstance(k, torch.Tensor):
-            basic += [slice(None)] * _dims_taken(k)
-            adv.append(k)
-        else:
-            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte tensors are valid "
-                             f"indices (got {type(k).__name__})")
-    while adv and adv[-1] is None:
-        adv.pop()
-    return tuple(basic), adv
-
-
-def _unview(g: torch.Tensor, shape: torch.Size, basic: tuple) -> torch.Tensor:
-    """The gradient of ``x[basic]``: ``g`` written where that view sits in a zero tensor of ``shape``."""
-    if g.shape == shape and all(b == slice(None) for b in basic):
-        return g
-    m = torch.empty(shape, device="meta")[basic]  # the view's layout inside a contiguous input
-    return torch.as_strided_scatter(g.new_zeros(shape), g, m.shape, m.stride(), m.storage_offset())
-
-
-class GetItem(Function):
-    @staticmethod
-    def forward(ctx, x, template, *tensors):
-        basic, adv = _split(_unpack(template, tensors), x.dim(), x.device)
-        view = x[basic]
-        ctx.shape, ctx.view_shape, ctx.basic, ctx.slots = x.shape, view.shape, basic, [a is not None for a in adv]
-        ctx.save_for_backward(*(a for a in adv if a is not None))
-        return torch.ops.aten.index(view, adv) if adv else view
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx.slots:  # advanced part: repeated indices accumulate, as in torch
-            it = iter(ctx.saved_tensors)
-            adv = [next(it) if s else None for s in ctx.slots]
-            g = torch.ops.aten.index_put(g.new_zeros(ctx.view_shape), adv, g, accumulate=True)
-        return _unview(g, ctx.shape, ctx.basic), None, *(None for _ in range(len(ctx.needs_input_grad) - 2))
-
-
 def _ref_key(key):
     return tuple(key) if isinstance(key, list) else key
 
@@ -132,13 +66,14 @@ _GETITEM_SAMPLES = (
 )
 
 
-@op("getitem", torch_names=("torch.Tensor.__getitem__",), samples=_GETITEM_SAMPLES,
+@op("getitem", kind="native", torch_names=("torch.Tensor.__getitem__",), samples=_GETITEM_SAMPLES,
     reference=lambda x, key: x[_ref_key(key)])
 def getitem(input, key):
     """``input[key]``: ints, slices, None, ``...``, bool masks, index tensors. A top-level list is a
     tuple index, never an advanced one: the client sends ``x[[0, 1]]``'s list as an int64 tensor"""
-    template, tensors = _pack(_key(key, input.device))
-    return GetItem.apply(input, template, *tensors)
+    # torch's own indexing and derivative: a basic index (ints, slices, None, ...) gives a view sharing
+    # ``input``'s memory, as in torch; index tensors give a copy (see the note in ``shape``)
+    return input[_key(key, input.device)]
 
 
 def _grad_for_value(g: torch.Tensor, like: TensorLike | None):

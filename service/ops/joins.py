@@ -1,7 +1,7 @@
 """Joining and splitting: cat/stack put tensors together, split/chunk/unbind/narrow take one apart.
 
-Each backward is the opposite move: cat's gradient is split back into pieces, split's
-is cat of the pieces' gradients. Pieces come out as views of the input, as in torch.
+cat's and stack's backward is the opposite move: the gradient is split back into pieces.
+split/chunk/unbind/narrow are torch's own view ops, so the pieces share the input's memory.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from torch.autograd import Function
 from ._grad import TensorLike, needs, sum_to
 from ._registry import op
 from ._samples import S, T
-from .shape import meta_like
 
 
 def _likes(tensors) -> list[TensorLike]:
@@ -86,76 +85,40 @@ def stack(tensors, dim=0):
     return Stack.apply(dim, *tensors)
 
 
-class Split(Function):
-    @staticmethod
-    def forward(ctx, x, sizes, dim):
-        ctx.dim = dim
-        return tuple(x.split_with_sizes(sizes, dim))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return torch.cat(grads, ctx.dim), None, None
+# split, chunk, unbind and narrow return views: torch's own ops (see the note in ``shape``).
 
 
-@op("split", torch_names=("torch.functional.split", "torch.Tensor.split"),
+@op("split", kind="native", torch_names=("torch.functional.split", "torch.Tensor.split"),
     samples=(S(T((5, 3)), 2), S(T((5, 3)), [1, 4]), S(T((2, 6)), 3, 1), S(T((2, 6)), (2, 1, 3), -1),
              S(T((3, 4), noncontiguous=True), 2, 1), S(T((0, 2)), 2), S(T((4, 2)), 4, dim=0)),
     reference=torch.split)
 def split(tensor, split_size_or_sections, dim=0):
     """pieces of ``split_size`` along ``dim`` (the last may be shorter), or pieces of the listed sizes"""
-    sizes = [p.shape[dim] for p in meta_like(tensor).split(split_size_or_sections, dim)]
-    return Split.apply(tensor, sizes, dim)
+    sections = split_size_or_sections
+    return tuple(tensor.split(list(sections) if isinstance(sections, (list, tuple)) else sections, dim))
 
 
-@op("chunk", torch_names=("torch.chunk", "torch.Tensor.chunk"),
+@op("chunk", kind="native", torch_names=("torch.chunk", "torch.Tensor.chunk"),
     samples=(S(T((5, 3)), 2), S(T((5, 3)), 3, 1), S(T((6, 2)), 4), S(T((0, 2)), 2),
              S(T((3, 4), noncontiguous=True), 2, -1)),
     reference=torch.chunk)
 def chunk(input, chunks, dim=0):
     """at most ``chunks`` pieces of equal size along ``dim`` (torch's rule: possibly fewer)"""
-    sizes = [p.shape[dim] for p in meta_like(input).chunk(chunks, dim)]
-    return Split.apply(input, sizes, dim)
+    return tuple(input.chunk(chunks, dim))
 
 
-class Unbind(Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        ctx.dim = dim
-        return x.unbind(dim)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return torch.stack(grads, ctx.dim), None
-
-
-@op("unbind", torch_names=("torch.unbind", "torch.Tensor.unbind"),
+@op("unbind", kind="native", torch_names=("torch.unbind", "torch.Tensor.unbind"),
     samples=(S(T((2, 3))), S(T((2, 3)), 1), S(T((2, 3)), -1), S(T((3, 2), noncontiguous=True)), S(T((2, 0)))),
     reference=torch.unbind)
 def unbind(input, dim=0):
     """the slices along ``dim``, that dim removed"""
-    if input.shape[dim] == 0:
-        return ()
-    return Unbind.apply(input, dim)
+    return tuple(input.unbind(dim))
 
 
-class Narrow(Function):
-    @staticmethod
-    def forward(ctx, x, dim, start, length):
-        out = x.narrow(dim, start, length)
-        ctx.shape, ctx.dim = x.shape, dim
-        ctx.start = start + x.shape[dim] if start < 0 else start
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        start, stop = ctx.start, ctx.start + g.shape[ctx.dim]
-        return torch.slice_scatter(g.new_zeros(ctx.shape), g, ctx.dim, start, stop), None, None, None
-
-
-@op("narrow", torch_names=("torch.narrow", "torch.Tensor.narrow"),
+@op("narrow", kind="native", torch_names=("torch.narrow", "torch.Tensor.narrow"),
     samples=(S(T((4, 3)), 0, 1, 2), S(T((4, 3)), -1, 0, 2), S(T((4, 3)), 1, -2, 2), S(T((4, 3)), 0, 2, 0),
              S(T((3, 4), noncontiguous=True), 1, 1, 3)),
     reference=torch.narrow)
 def narrow(input, dim, start, length):
     """``length`` elements of ``dim`` from ``start`` (a view)"""
-    return Narrow.apply(input, dim, int(start), int(length))
+    return input.narrow(dim, int(start), int(length))

@@ -181,20 +181,9 @@ def triu(input, diagonal=0):
     return Triu.apply(input, diagonal)
 
 
-class Diagonal(Function):
-    @staticmethod
-    def forward(ctx, x, offset, dim1, dim2):
-        ctx.shape, ctx.args = x.shape, (offset, dim1, dim2)
-        return torch.diagonal(x, offset, dim1, dim2)
-
-    @staticmethod
-    def backward(ctx, g):  # the diagonal goes back where it came from; everything else got no gradient
-        return g.new_zeros(ctx.shape).diagonal_scatter(g, *ctx.args), None, None, None
-
-
-@op("diagonal", torch_names=("torch.diagonal", "torch.Tensor.diagonal"), reference=torch.diagonal,
+@op("diagonal", kind="native", torch_names=("torch.diagonal", "torch.Tensor.diagonal"), reference=torch.diagonal,
     samples=(S(T((3, 4))), S(T((3, 4)), 1), S(T((2, 3, 4)), -1, 0, 2), S(T((2, 3, 4)), offset=1, dim1=-1, dim2=-2),
              S(T((3, 3), noncontiguous=True)), S(T((2, 2)), 5)))
 def diagonal(input, offset=0, dim1=0, dim2=1):
     """a view of the diagonal at ``offset`` over ``dim1`` and ``dim2`` (moved to the last dim)"""
-    return Diagonal.apply(input, offset, dim1, dim2)
+    return torch.diagonal(input, offset, dim1, dim2)  # a view: torch's own op (see the note in ``shape``)

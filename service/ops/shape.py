@@ -1,9 +1,8 @@
 """Shape ops: the same elements in a new shape or order; the gradient is put back.
 
 Sizes come in torch's three spellings: ``x.f(2, 3)``, ``x.f((2, 3))`` (a list on the
-wire) and ``x.f(size=(2, 3))``. Ops that only regroup elements (``flatten``,
-``squeeze``, ...) compose ``reshape``; the target shape, and torch's own errors, come
-from running the torch function on a meta stand-in for the input.
+wire) and ``x.f(size=(2, 3))``. The view ops are torch's own (see the note above
+``reshape``); ``repeat``, ``flip`` and ``roll`` copy, and keep their own Functions.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch.autograd import Function
 
-from ._grad import TensorLike, sum_to
 from ._registry import op
 from ._samples import S, T
 
@@ -32,38 +30,23 @@ def meta_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
 
 
-class Reshape(Function):
-    @staticmethod
-    def forward(ctx, x, shape):
-        ctx.in_shape = x.shape
-        return x.reshape(shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.reshape(ctx.in_shape), None
+# The ops below are views: torch's own op with torch's own derivative (DESIGN principle 4), so the
+# result shares memory with its input as in torch (``v = x[0]; v.add_(1)`` changes ``x``) and torch's
+# view+autograd machinery (version counters, CopySlices after an in-place write through a view, the
+# "view of a leaf Variable" error) applies. A hand-written Function could not give that: torch forbids
+# in-place writes to views a custom Function returned.
 
 
-@op("reshape", torch_names=("torch.reshape", "torch.Tensor.reshape"),
+@op("reshape", kind="native", torch_names=("torch.reshape", "torch.Tensor.reshape"),
     samples=(S(T((2, 3)), (3, 2)), S(T((2, 3)), (-1,)), S(T((2, 3, 4)), 6, -1), S(T((3, 2), noncontiguous=True), (6,)),
              S(T(()), (1, 1)), S(T((2, 3)), shape=[3, 2])),
     reference=torch.Tensor.reshape)
 def reshape(input, *args, shape=None):
     """the same values in a new shape (``-1`` infers one dim); a view when possible"""
-    return Reshape.apply(input, _sizes(args, shape, "shape"))
+    return input.reshape(_sizes(args, shape, "shape"))
 
 
-class View(Function):
-    @staticmethod
-    def forward(ctx, x, shape):
-        ctx.in_shape = x.shape
-        return x.view(shape)  # torch's error when the strides don't allow a view
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.reshape(ctx.in_shape), None
-
-
-@op("view", torch_names=("torch.Tensor.view",),
+@op("view", kind="native", torch_names=("torch.Tensor.view",),
     samples=(S(T((2, 3)), 3, 2), S(T((2, 3)), (-1,)), S(T((2, 3, 4)), [6, -1]), S(T(()), 1, 1),
              S(T((2, 3)), size=(3, 2)), S(T((0, 3)), 3, 0), S(T((3, 2), noncontiguous=True), 3, 1, 2)),
     reference=torch.Tensor.view)
@@ -72,146 +55,113 @@ def view(input, *args, size=None):
     shape = _sizes(args, size)
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
         raise TypeError("view(dtype) reinterprets the bits and is not supported here; use .to(dtype) to convert")
-    return View.apply(input, shape)
+    return input.view(shape)  # torch's error when the strides don't allow a view
 
 
-@op("flatten", torch_names=("torch.flatten", "torch.Tensor.flatten"),
+@op("flatten", kind="native", torch_names=("torch.flatten", "torch.Tensor.flatten"),
     samples=(S(T((2, 3, 4))), S(T((2, 3, 4)), 1), S(T((2, 3, 4)), 0, -2), S(T(())), S(T((3, 2), noncontiguous=True)),
              S(T((2, 0, 3)), start_dim=1)),
     reference=torch.flatten)
 def flatten(input, start_dim=0, end_dim=-1):
     """dims start_dim..end_dim merged into one (a 0-d input becomes 1-d)"""
-    return reshape(input, tuple(meta_like(input).flatten(start_dim, end_dim).shape))
+    return torch.flatten(input, start_dim, end_dim)
 
 
-@op("unflatten", torch_names=("torch.unflatten", "torch.Tensor.unflatten"),
+@op("unflatten", kind="native", torch_names=("torch.unflatten", "torch.Tensor.unflatten"),
     samples=(S(T((2, 6)), 1, (2, 3)), S(T((2, 6)), -1, [3, -1]), S(T((4, 6), noncontiguous=True), 0, (2, 2))),
     reference=torch.unflatten)
 def unflatten(input, dim, sizes):
     """dim ``dim`` split into ``sizes`` (one may be -1)"""
-    return reshape(input, tuple(meta_like(input).unflatten(dim, sizes).shape))
+    return torch.unflatten(input, dim, tuple(sizes))
 
 
-@op("squeeze", torch_names=("torch.squeeze", "torch.Tensor.squeeze"),
+@op("squeeze", kind="native", torch_names=("torch.squeeze", "torch.Tensor.squeeze"),
     samples=(S(T((2, 1, 3, 1))), S(T((2, 1, 3)), 1), S(T((2, 1, 3)), 0), S(T((1, 2, 1)), (0, -1)),
              S(T((1, 2, 1)), [0, 2]), S(T((1,))), S(T(())), S(T((1, 3, 1), noncontiguous=True)), S(T((0, 1)), dim=1)),
     reference=torch.squeeze)
 def squeeze(input, dim=None):
     """size-1 dims removed: all of them, or those of ``dim`` (an int or a tuple)"""
-    m = meta_like(input)
-    m = m.squeeze() if dim is None else m.squeeze(tuple(dim) if isinstance(dim, list) else dim)
-    return reshape(input, tuple(m.shape))
+    return input.squeeze() if dim is None else input.squeeze(tuple(dim) if isinstance(dim, list) else dim)
 
 
-@op("unsqueeze", torch_names=("torch.unsqueeze", "torch.Tensor.unsqueeze"),
+@op("unsqueeze", kind="native", torch_names=("torch.unsqueeze", "torch.Tensor.unsqueeze"),
     samples=(S(T((2, 3)), 0), S(T((2, 3)), -1), S(T(()), 0), S(T((3, 2), noncontiguous=True), 1)),
     reference=torch.unsqueeze)
 def unsqueeze(input, dim):
     """a size-1 dim inserted at ``dim``"""
-    return reshape(input, tuple(meta_like(input).unsqueeze(dim).shape))
+    return input.unsqueeze(dim)
 
 
-class Permute(Function):
-    @staticmethod
-    def forward(ctx, x, dims):
-        ctx.inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i] % max(x.dim(), 1)))
-        return x.permute(dims)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.permute(ctx.inverse), None
-
-
-@op("permute", torch_names=("torch.permute", "torch.Tensor.permute"),
+@op("permute", kind="native", torch_names=("torch.permute", "torch.Tensor.permute"),
     samples=(S(T((2, 3, 4)), 1, 0, 2), S(T((2, 3, 4)), (2, 0, 1)), S(T((2, 3, 4)), [-1, 0, 1]),
              S(T((2, 3, 4)), dims=(1, 2, 0)), S(T(()), ()), S(T((3, 2), noncontiguous=True), 1, 0)),
     reference=torch.Tensor.permute)
 def permute(input, *args, dims=None):
     """dims reordered: ``x.permute(1, 0, 2)`` or ``x.permute((1, 0, 2))``"""
-    return Permute.apply(input, _sizes(args, dims, "dims"))
+    return input.permute(_sizes(args, dims, "dims"))
 
 
-class Transpose(Function):
-    @staticmethod
-    def forward(ctx, x, dim0, dim1):
-        ctx.dims = (dim0, dim1)
-        return x.transpose(dim0, dim1)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.transpose(*ctx.dims), None, None
-
-
-@op("transpose", torch_names=("torch.transpose", "torch.swapaxes", "torch.swapdims", "torch.Tensor.transpose",
+@op("transpose", kind="native", torch_names=("torch.transpose", "torch.swapaxes", "torch.swapdims", "torch.Tensor.transpose",
                               "torch.Tensor.swapaxes", "torch.Tensor.swapdims"),
     samples=(S(T((2, 3)), 0, 1), S(T((2, 3, 4)), -1, 0), S(T((3, 2), noncontiguous=True), 1, 0)),
     reference=torch.transpose)
 def transpose(input, dim0, dim1):
     """swap two dims"""
-    return Transpose.apply(input, dim0, dim1)
+    return input.transpose(dim0, dim1)
 
 
-def _reversed_dims(input) -> tuple[int, ...]:
-    return tuple(reversed(range(input.dim())))
-
-
-@op("t", torch_names=("torch.t", "torch.Tensor.t"),
+@op("t", kind="native", torch_names=("torch.t", "torch.Tensor.t"),
     samples=(S(T((2, 3))), S(T((3,))), S(T(())), S(T((3, 2), noncontiguous=True))), reference=torch.t)
 def t(input):
     """transpose of a matrix; 0-d and 1-d inputs come back as they are"""
-    meta_like(input).t()  # torch's error above 2-d
-    return permute(input, _reversed_dims(input))
+    return input.t()
 
 
-@op("T", torch_names=("torch.Tensor.T.__get__",),
+@op("T", kind="native", torch_names=("torch.Tensor.T.__get__",),
     samples=(S(T((2, 3))), S(T((3,))), S(T(())), S(T((3, 2), noncontiguous=True))),
     reference=lambda x: x.T)
 def reverse_dims(input):
     """``x.T``: all dims reversed (torch deprecates it for other than 2-d)"""
-    return permute(input, _reversed_dims(input))
+    return input.permute(tuple(reversed(range(input.dim()))))
 
 
-@op("mT", torch_names=("torch.Tensor.mT.__get__",),
+@op("mT", kind="native", torch_names=("torch.Tensor.mT.__get__",),
     samples=(S(T((2, 3))), S(T((4, 2, 3))), S(T((3, 2), noncontiguous=True))), reference=lambda x: x.mT)
 def matrix_transpose(input):
     """``x.mT``: the last two dims swapped (a batch of matrices transposed)"""
-    meta_like(input).mT  # noqa: B018  (torch's error below 2-d)
-    return transpose(input, -2, -1)
+    return input.mT
 
 
-class Expand(Function):
-    @staticmethod
-    def forward(ctx, x, sizes):
-        ctx.x = TensorLike(x.shape, x.dtype)
-        return x.expand(sizes)
-
-    @staticmethod
-    def backward(ctx, g):
-        return sum_to(g, ctx.x), None
-
-
-@op("expand", torch_names=("torch.Tensor.expand",),
+@op("expand", kind="native", torch_names=("torch.Tensor.expand",),
     samples=(S(T((3,)), 2, 3), S(T((3,)), (2, 3)), S(T((2, 1)), -1, 4), S(T((2, 1)), [3, 2, -1]), S(T(()), 2, 2),
              S(T((1, 3)), size=(0, 3)), S(T((3, 1), noncontiguous=True), 3, 2)),
     reference=torch.Tensor.expand)
 def expand(input, *args, size=None):
     """a broadcast view: size-1 dims stretched, new dims in front, ``-1`` keeps a dim"""
-    return Expand.apply(input, _sizes(args, size))
+    return input.expand(_sizes(args, size))
 
 
-@op("expand_as", torch_names=("torch.Tensor.expand_as",),
+@op("expand_as", kind="native", torch_names=("torch.Tensor.expand_as",),
     samples=(S(T((3,)), T((2, 3))), S(T((2, 1)), T((2, 4), requires_grad=False))), reference=torch.Tensor.expand_as,
     no_grad_args=(1, "other"))
 def expand_as(input, other):
     """``input.expand(other.shape)`` (``other`` gets no gradient)"""
-    return expand(input, tuple(other.shape))
+    return input.expand(other.shape)
 
 
-@op("broadcast_to", torch_names=("torch.broadcast_to", "torch.Tensor.broadcast_to"),
+@op("broadcast_to", kind="native", torch_names=("torch.broadcast_to", "torch.Tensor.broadcast_to"),
     samples=(S(T((3,)), (2, 3)), S(T((2, 1)), [2, -1, 4]), S(T(()), (2,))), reference=torch.broadcast_to)
 def broadcast_to(input, size):
     """``input.expand(size)``"""
-    return expand(input, tuple(size))
+    return input.expand(tuple(size))
+
+
+@op("select", kind="native", torch_names=("torch.select", "torch.Tensor.select"),
+    samples=(S(T((3, 4)), 0, 1), S(T((3, 4)), -1, -2), S(T((3, 4), noncontiguous=True), 1, 0)),
+    reference=torch.select)
+def select(input, dim, index):
+    """the slice at ``index`` of ``dim``, that dim removed (a view)"""
+    return input.select(dim, index)
 
 
 class Repeat(Function):
