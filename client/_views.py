@@ -138,10 +138,13 @@ def settle(outs: list, inputs: list, raw: list, op_name: str, differentiable: bo
     if not raw:  # elementwise and friends: a contiguous result from contiguous inputs (TensorIterator)
         if any(t._strides is not None for t in inputs):
             for o in outs:
-                o._strides = UNKNOWN
+                if o is not None:
+                    o._strides = UNKNOWN
         return
     maybe = op_name in MAYBE_VIEWS
     for out, o in zip(outs, raw):
+        if out is None:  # an optional output torch left out (attention weights with need_weights=False)
+            continue
         src = _source(o, inputs)
         if src is None and maybe and inputs and inputs[0]._strides is UNKNOWN:
             src = inputs[0]  # torch on meta saw contiguous strides; the server's may differ
