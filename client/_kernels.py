@@ -16,6 +16,7 @@ the SDK next looks at any RemoteTensor.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -24,9 +25,17 @@ import torch
 from ._device import session_for
 
 _LIB = torch.library.Library("aten", "IMPL")  # kept alive: dropping it unregisters the kernels
-# Factory outputs whose requires_grad torch may still set, held weakly: torch reuses the
-# returned tensor only when nothing else holds it (otherwise it detaches it, through us).
-MADE: list = []
+
+
+class _Made(threading.local):
+    """Factory outputs (per thread) whose requires_grad torch may still set, held weakly: torch
+    reuses the returned tensor only when nothing else holds it (else it detaches it, through us)."""
+
+    def __init__(self) -> None:
+        self.refs: list = []
+
+
+MADE = _Made()
 
 
 def _kernel(*names: str):
@@ -49,7 +58,7 @@ def _factory_call(op: str, args: list, kwargs: dict) -> Any:
         raise RuntimeError(f"{what}: only the strided layout exists on the remote device, not {layout}")
     options = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
     out = session._call_op(op, args, options)
-    MADE.append(weakref.ref(out))
+    MADE.refs.append(weakref.ref(out))
     return out
 
 
@@ -129,7 +138,7 @@ def _to_copy(src: torch.Tensor, **kw):
     from . import _moves
 
     out = _moves.upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
-    MADE.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
+    MADE.refs.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
     return out
 
 
@@ -139,8 +148,7 @@ def settle_requires_grad() -> None:
     Called at the SDK's entry points (every ``__torch_function__`` call of a RemoteTensor):
     torch sets the flag right after the kernel, before user code can use the tensor.
     """
-    made = MADE[:]
-    MADE.clear()
+    made, MADE.refs = MADE.refs, []
     for ref in made:
         t = ref()
         if t is None:

@@ -166,7 +166,7 @@ class RemoteTensor(torch.Tensor):
         if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
             raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
                                "server); call the function without torch.compile")
-        if _kernels.MADE:
+        if _kernels.MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
             _kernels.settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
         if local is not None:

@@ -145,3 +145,13 @@ def test_a_like_factory_asked_for_another_device_is_refused(sess):
     assert torch.zeros_like(x, device=sess.device).device == sess.device
     with pytest.raises(RuntimeError, match="device=cpu"):
         torch.zeros_like(x, device="cpu")
+
+
+def test_torch_compile_is_refused_loudly_or_gives_torchs_result(sess):
+    w = torch.ones(3, device=sess.device)
+    try:
+        out = torch.compile(lambda x: x * 2 + 1)(w)
+    except Exception as exc:  # Dynamo wraps our error in its own type
+        assert "torch.compile cannot trace remote tensors" in str(exc)
+    else:
+        assert torch.equal(out.cpu(), torch.full((3,), 3.0))
