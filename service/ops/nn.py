@@ -22,7 +22,7 @@ aten = torch.ops.aten
 
 
 # linear is torch's own (kind native): its autograd node in C++ costs less per forward and backward than
-# our Function did (measured in-process, see the ops branch report), with the same values and derivative
+# our Python Function did, with the same values and derivative
 native_op("linear", F.linear, torch_names=("torch.nn.functional.linear",), shape_rule="linear",
           samples=(S(T((2, 3)), T((4, 3)), T((4,))), S(T((3,)), T((4, 3))), S(T((2, 5, 3)), T((4, 3)), T(())),
                    S(T((3, 2), noncontiguous=True), T((4, 2)), T((4,))), S(T((2, 3)), T((3,))),
