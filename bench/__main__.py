@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import bulk, latency, runner_overhead, training
+from . import bulk, latency, ray_backend, runner_overhead, training
 from ._util import serve
 
-SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run, "bulk": bulk.run}
+SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run, "bulk": bulk.run,
+            "ray": ray_backend.run}
 
 
 def main() -> None:

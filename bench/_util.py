@@ -77,7 +77,7 @@ def serve(module_args: list[str], env: dict[str, str] | None = None) -> Iterator
                             cwd=ROOT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a Ray front joins its cluster first
         while True:
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:

@@ -49,7 +49,7 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
     for pipeline in (True, False):
         tap = _hot.Tap()
         with client.connect(url, pipeline=pipeline, transport=tap) as sess, _hot.recording(tap) as programs:
-            model = sess.module(base)
+            model = sess.module(copy.deepcopy(base))  # moved in place: each session gets its own copy
             opt = make_opt(model)
             xr, yr = sess.tensor(x), sess.tensor(y)
             step = _step_fn(model, opt, xr, yr)

@@ -10,6 +10,7 @@ PrivateUse1.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -54,6 +55,8 @@ class _RemoteDeviceModule:
     def manual_seed_all(seed: int) -> None:
         # torch.manual_seed(s) seeds every device's generator (CUDA's too); so it seeds each
         # open session's generator, as sess.manual_seed(s) does (a queued step, no round trip).
+        if os.getpid() != _PID:  # a forked child (DataLoader workers seed themselves): the
+            return  # sessions and their connections belong to the parent
         for ref in list(_SESSIONS.values()):
             session = ref()
             if session is not None and not session._closed:
@@ -73,6 +76,7 @@ def _register() -> None:
 _register()
 
 _SESSIONS: dict[int, "weakref.ReferenceType[Session]"] = {}
+_PID = os.getpid()
 _LOCK = threading.Lock()
 
 

@@ -27,6 +27,7 @@ _CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__
+_COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 
@@ -167,6 +168,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
     if kwargs:
         if kwargs.get("inplace") is True:
             inplace = True
+        if kwargs.get("device") is not None:
+            _check_same_device(session, route.torch_name, kwargs["device"])
         kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS and k != "inplace"}
     wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
     enc = Encoder(session)
@@ -189,6 +192,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
             return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
         if not isinstance(target, _tensor.RemoteTensor):
+            if func is _COPY and isinstance(wire_args_src[1], _tensor.RemoteTensor):  # local.copy_(remote)
+                return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes)
@@ -204,6 +209,13 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=kwargs.get("requires_grad") is True)
+
+
+def _check_same_device(session: Session, name: str, device: Any) -> None:
+    """``zeros_like(x, device=...)`` and friends run on the session: any other device is refused, never ignored."""
+    if torch.device(device) != session.device and torch.device(device) != torch.device(session.device.type):
+        raise RuntimeError(f"{name}(..., device={device}) of a remote tensor: it would be made on {session.device}; "
+                           f"make it on {device} from local values instead (e.g. torch.zeros(x.shape, device=...))")
 
 
 def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,

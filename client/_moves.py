@@ -26,7 +26,7 @@ from torch import nn
 from ._device import DEVICE_TYPE
 from ._dispatch import where
 from ._local import T, _local, _parse_to
-from ._session import Session, _Origin
+from ._session import Session
 
 _APPLY_CODE = nn.Module._apply.__code__
 
@@ -66,15 +66,11 @@ def upload_move(src: torch.Tensor, session: Session, dtype: torch.dtype | None) 
     if _converting_param(src):
         value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
         grad = None if src.grad is None else src.grad.detach().to(value.dtype)
-        remote = RemoteTensor._upload(session, value, requires_grad=False, grad=grad)
+        remote = RemoteTensor._upload(session, value, requires_grad=src.requires_grad, grad=grad)
         remote._is_param = True
-        requires_grad = src.requires_grad
         src.grad = None  # its grad now lives on the server; the local one would pin a use of the tensor
         _swap(src, remote)
-        if requires_grad:  # registered on the object that stays (the weakly held map)
-            src._rg, src._leaves = True, frozenset({src._id})
-            session.enqueue({"kind": "set_requires_grad", "id": src._id, "requires_grad": True},
-                            _Origin("Module.to", where()))
+        if src._rg:  # the weakly held map of leaves must name the object that stays
             session._grad_tracked[src._id] = src
         return src
     _refuse_differentiable_move(src, src.requires_grad, f"Tensor.to({session.device})")

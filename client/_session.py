@@ -120,7 +120,7 @@ class Session:
             if dtype is not None:
                 t = t.to(dtype)
         else:
-            t = torch.as_tensor(data, dtype=dtype)
+            t = torch.as_tensor(data, dtype=dtype, device="cpu")  # local, even inside `with torch.device(...)`
         return RemoteTensor._upload(self, t, requires_grad=requires_grad, grad=None)
 
     def module(self, module: "torch.nn.Module") -> "torch.nn.Module":

@@ -21,6 +21,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_OP = "unknown_op"
     CONFLICT = "conflict"
     SESSION_EXPIRED = "session_expired"
+    SESSION_LOST = "session_lost"  # its Ray worker or node died; other sessions go on
     TOO_LARGE = "too_large"
     OP_ERROR = "op_error"
     TOO_MANY = "too_many"
@@ -41,6 +42,7 @@ _STATUS = {
     ErrorCode.UNKNOWN_OP: 404,
     ErrorCode.CONFLICT: 409,
     ErrorCode.SESSION_EXPIRED: 410,
+    ErrorCode.SESSION_LOST: 410,
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.OP_ERROR: 422,
     ErrorCode.TOO_MANY: 429,

@@ -213,6 +213,8 @@ class Limits(_Model):
     max_session_bytes: int
     max_total_bytes: int | None = None
     max_sessions: int | None = None
+    max_sessions_per_token: int | None = None
+    max_bytes_per_token: int | None = None
     max_concurrent_programs: int | None = None
     session_ttl_seconds: float
     body_timeout_seconds: float | None = None
@@ -231,11 +233,13 @@ class SessionCreated(_Model):
 
 
 class SessionInfo(_Model):
-    """``GET /v1/sessions/{sid}``: the tensors a session holds and the bytes of their values."""
+    """``GET /v1/sessions/{sid}``: the tensors a session holds, the bytes of their values, and where it lives."""
 
     session_id: str
     tensors: int
     bytes: int
+    worker: str | None = None  # "in-process", or the Ray worker actor's name
+    node: str | None = None  # the host name, or the Ray node id
 
 
 class OpInfo(_Model):
@@ -265,11 +269,15 @@ class Health(_Model):
 
 
 class Readiness(_Model):
-    """``GET /readyz``: ``ready`` (200) once the device computes, else ``unavailable`` (503) with why."""
+    """``GET /readyz``: ``ready`` (200) once the device computes, else ``unavailable`` (503) with why.
+
+    With the Ray backend, ``workers`` counts the worker actors that answered (ready: at least one).
+    """
 
     status: Literal["ready", "unavailable"]
     device: str | None = None
     detail: str | None = None
+    workers: int | None = None
 
 
 def validate_program(obj: Any) -> Program:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote_autograd.proto import ErrorCode, ProtocolError, decode_tensor, encode_tensor
-from remote_autograd.proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
 
 from .custom_tensor import CustomTensor
 from .store import Outcome
@@ -63,8 +63,26 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     if not any(isinstance(d, memoryview) for d in data):
         return outcome
     body = dict(outcome.body)
-    body["results"] = [_copy_views(r) if r and r.get("tensor") else r for r in results]
+    body["results"] = [copy_views(r) if r and r.get("tensor") else r for r in results]
     return Outcome(outcome.status, body, outcome.seconds)
+
+
+def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
+    """(media type, body parts, total length) of an answer: framed when it carries big tensors and
+    the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
+    if as_msgpack and FRAMES in (accept or "") and _framable(body):
+        header, frames = extract_frames(body, FRAME_MIN_BYTES)
+        if frames:
+            parts, total = pack_frames(header, frames)
+            return FRAMES, parts, total
+    data = encode_body(body, as_msgpack)
+    return (MSGPACK if as_msgpack else "application/json"), [data], len(data)
+
+
+def _framable(body: dict) -> bool:
+    """Whether an answer holds a fetched tensor big enough to travel as a frame (looked up
+    directly: ``extract_frames`` copies the whole answer while it searches)."""
+    return any(memoryview(data).nbytes >= FRAME_MIN_BYTES for data in fetched_data(body))
 
 
 def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
@@ -77,13 +95,13 @@ def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
             if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (bytes, bytearray, memoryview))]
 
 
-def _copy_views(value: Any) -> Any:
+def copy_views(value: Any) -> Any:
     if isinstance(value, memoryview):
         return value.tobytes()
     if isinstance(value, dict):
-        return {k: _copy_views(v) for k, v in value.items()}
+        return {k: copy_views(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy_views(v) for v in value]
+        return [copy_views(v) for v in value]
     return value
 
 

@@ -34,7 +34,7 @@ _OP_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0
 class Metrics:
     """The app's metrics; ``observe_step(op, seconds)`` is the runner's per-step hook."""
 
-    def __init__(self, store: "SessionStore", in_flight: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, store: "SessionStore | None", in_flight: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         self._requests = Counter("remote_autograd_requests", "HTTP requests by route template, method and status",
                                  ("route", "method", "status"), registry=self.registry)
@@ -91,14 +91,16 @@ class _StepSeconds(Collector):
 
 
 class _StoreCollector(Collector):
-    """Gauges read from the store at scrape time."""
+    """Gauges read from the store at scrape time (a Ray front holds no store: only programs in flight)."""
 
-    def __init__(self, store: "SessionStore", in_flight: Callable[[], int]) -> None:
+    def __init__(self, store: "SessionStore | None", in_flight: Callable[[], int]) -> None:
         self._store, self._in_flight = store, in_flight
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("remote_autograd_programs_in_flight", "programs admitted and not yet answered",
                                 value=self._in_flight())
+        if self._store is None:
+            return
         sessions = self._store.sessions()
         yield GaugeMetricFamily("remote_autograd_sessions", "live sessions", value=len(sessions))
         yield GaugeMetricFamily("remote_autograd_tensors", "tensors held by all sessions",

@@ -18,6 +18,8 @@ ADVERTISED_LIMITS = (
     "max_session_bytes",
     "max_total_bytes",
     "max_sessions",
+    "max_sessions_per_token",
+    "max_bytes_per_token",
     "max_concurrent_programs",
     "session_ttl_seconds",
     "body_timeout_seconds",
@@ -29,7 +31,9 @@ class Settings:
     """Everything configurable. Sizes are bytes or elements; times are seconds.
 
     ``max_session_bytes`` counts values and grads a session holds; ``max_total_bytes`` the
-    same across all sessions. ``sweep_interval_seconds`` is how often idle sessions are
+    same across all sessions (of one worker, with the Ray backend); ``max_bytes_per_token`` and
+    ``max_sessions_per_token`` bound one token across all of them (cluster-wide with Ray).
+    ``sweep_interval_seconds`` is how often idle sessions are
     freed; ``body_timeout_seconds`` how long a request body may take to arrive.
     """
 
@@ -46,6 +50,8 @@ class Settings:
     max_session_bytes: int = 8 << 30
     max_total_bytes: int = 32 << 30
     max_sessions: int = 256
+    max_sessions_per_token: int = 256  # one token may not take every slot when this is below max_sessions
+    max_bytes_per_token: int = 32 << 30
     max_concurrent_programs: int = 64
     session_ttl_seconds: float = 3600.0
     sweep_interval_seconds: float = 30.0
@@ -54,6 +60,8 @@ class Settings:
     program_cache_size: int = 64
     test_ops: bool = False
     log_level: str = "warning"
+    backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.ray_sessions)
+    ray_namespace: str = "remote-autograd"
     extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod

@@ -1,8 +1,8 @@
-"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/run_program``.
+"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/run_once``.
 
 A session owns its tensors, its ``torch.Generator`` and a lock; programs of one
-session run one at a time. The store is the seam where a Ray-backed store
-could replace this in-process one without touching routes, runner or op table.
+session run one at a time. The store is used in this process by
+``LocalSessions``, and by each Ray worker actor through its own ``LocalSessions``.
 """
 
 from __future__ import annotations
@@ -26,20 +26,24 @@ from .settings import Settings
 
 
 class Budget:
-    """Bytes held by all sessions together, against ``max_total_bytes``. Thread-safe."""
+    """Bytes held against ``limit``: by all sessions (``max_total_bytes``) or by one token's
+    (``max_bytes_per_token``). Thread-safe. ``elsewhere`` counts bytes held outside this
+    process that share the limit (the Ray backend sets it: a token's bytes on other workers)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, limit_name: str = "max_total_bytes", holder: str = "the server") -> None:
         self.limit = limit
         self.held = 0
+        self.elsewhere = 0
+        self.limit_name, self.holder = limit_name, holder
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> None:
         with self._lock:
-            if self.held + nbytes > self.limit:
+            total = self.held + self.elsewhere + nbytes
+            if total > self.limit:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
-                    f"the server would hold {self.held + nbytes} bytes across sessions: "
-                    f"limit max_total_bytes={self.limit}",
+                    f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
                 )
             self.held += nbytes
 
@@ -55,14 +59,14 @@ class Session:
     ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
     programs on the event loop, so one busy session waits there instead of holding
     every worker. ``bytes_held`` counts values and grads, charged against the session's
-    limit and the store's ``Budget``.
+    limit and the ``budgets`` (the store's, then its token's).
     """
 
     id: str
     owner: str | None
     device: torch.device
     generator: torch.Generator
-    budget: Budget
+    budgets: tuple[Budget, ...]
     tensors: dict[str, CustomTensor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     gate: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -88,12 +92,21 @@ class Session:
                 ErrorCode.TOO_LARGE,
                 f"session would hold {self.bytes_held + nbytes} bytes: limit max_session_bytes={limit}",
             )
-        self.budget.take(nbytes)
+        taken: list[Budget] = []
+        try:
+            for budget in self.budgets:
+                budget.take(nbytes)
+                taken.append(budget)
+        except ProtocolError:
+            for budget in taken:  # all or nothing: a refused charge leaves no trace
+                budget.give(nbytes)
+            raise
         self.bytes_held += nbytes
 
     def release(self, nbytes: int) -> None:
         self.bytes_held -= nbytes
-        self.budget.give(nbytes)
+        for budget in self.budgets:
+            budget.give(nbytes)
 
     def clear(self) -> None:
         """Forget every tensor and give its bytes back, for good (the caller holds ``lock``)."""
@@ -117,10 +130,12 @@ class SessionStore:
 
     _EXPIRED_REMEMBERED = 65536  # ids answered 410 rather than 404; bounded so it cannot grow forever
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, id_prefix: str = "") -> None:
         self.settings = settings
         self.device = settings.resolved_device()
+        self.id_prefix = id_prefix  # the Ray backend's worker key: any front finds the worker from the id
         self.budget = Budget(settings.max_total_bytes)
+        self.token_budgets: dict[str | None, Budget] = {}  # bounded by the number of tokens
         self.on_step: Callable[[str, float], None] | None = None  # (op or step kind, seconds): metrics
         self._sessions: dict[str, Session] = {}
         self._expired: OrderedDict[str, str | None] = OrderedDict()  # id -> owner
@@ -135,10 +150,12 @@ class SessionStore:
                 raise ProtocolError(
                     ErrorCode.TOO_MANY, f"too many sessions: limit max_sessions={self.settings.max_sessions}"
                 )
-            sid = secrets.token_urlsafe(16)
+            check_token_sessions(sum(s.owner == owner for s in self._sessions.values()), self.settings)
+            sid = self.id_prefix + secrets.token_urlsafe(16)
             gen = torch.Generator(device=self.device)
             gen.manual_seed(secrets.randbits(63))
-            session = Session(id=sid, owner=owner, device=self.device, generator=gen, budget=self.budget)
+            session = Session(id=sid, owner=owner, device=self.device, generator=gen,
+                              budgets=(self.budget, self._token_budget(owner)))
             self._sessions[sid] = session
             return session
 
@@ -178,6 +195,22 @@ class SessionStore:
         with self._lock:
             return list(self._sessions.values())
 
+    def _token_budget(self, owner: str | None) -> Budget:
+        """The bytes ``owner``'s sessions hold together; the caller holds ``_lock``."""
+        budget = self.token_budgets.get(owner)
+        if budget is None:
+            budget = self.token_budgets[owner] = Budget(self.settings.max_bytes_per_token,
+                                                        "max_bytes_per_token", "this token")
+        return budget
+
+    def load(self, owner: str | None) -> dict:
+        """What placement weighs (bytes held, then sessions) and what ``owner`` holds here."""
+        with self._lock:
+            owned = sum(s.owner == owner for s in self._sessions.values())
+            token = self.token_budgets.get(owner)
+            return {"bytes": self.budget.held, "sessions": len(self._sessions),
+                    "token_sessions": owned, "token_bytes": token.held if token else 0}
+
     def _is_idle(self, session: Session) -> bool:
         return time.monotonic() - session.last_used > self.settings.session_ttl_seconds
 
@@ -201,7 +234,7 @@ class SessionStore:
 
     # -- programs --------------------------------------------------------------------------
 
-    def run_program(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
+    def run_once(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
         """Run ``program`` under the session's lock; a retried program id gets its first answer.
 
         ``body`` is what identifies the program's content (for a framed body, its header).
@@ -233,6 +266,13 @@ class SessionStore:
         with session.lock:
             _check_open(session)
             return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json)
+
+
+def check_token_sessions(held: int, settings: Settings) -> None:
+    """429 when a token already holds ``max_sessions_per_token`` sessions (``held``)."""
+    if held >= settings.max_sessions_per_token:
+        raise ProtocolError(ErrorCode.TOO_MANY, f"this token holds {held} sessions: "
+                            f"limit max_sessions_per_token={settings.max_sessions_per_token}")
 
 
 def _check_open(session: Session) -> None:

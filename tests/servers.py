@@ -71,7 +71,7 @@ def launch(port: int | None = None, **env: str) -> Server:
         proc = subprocess.Popen([sys.executable, "-m", "remote_autograd.service", "--host", "127.0.0.1", "--port", str(port)],
                                 cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", port, proc, log)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a Ray front joins its cluster first
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.logged()}")
@@ -80,7 +80,7 @@ def launch(port: int | None = None, **env: str) -> Server:
                 return server
         if time.monotonic() > deadline:
             server.stop(signal.SIGKILL)
-            raise RuntimeError("server did not become healthy in 60 s")
+            raise RuntimeError("server did not become healthy in 120 s")
         time.sleep(0.05)
 
 

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.tooling
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN, CPU = ROOT / "docker-compose.yml", ROOT / "docker-compose.cpu.yml"
+RAY = ROOT / "docker-compose.ray.yml"
 
 
 def _compose_binary() -> Path:
@@ -58,7 +59,7 @@ def _compose(tmp_path: Path, *files: Path, env_file: str | None,
 TOKEN_ENV = "REMOTE_AUTOGRAD_TOKENS=test-token\n"
 
 
-@pytest.mark.parametrize("files", [(MAIN,), (MAIN, CPU)], ids=["gpu", "gpu+cpu-override"])
+@pytest.mark.parametrize("files", [(MAIN,), (MAIN, CPU), (RAY,)], ids=["gpu", "gpu+cpu-override", "ray"])
 def test_compose_files_are_valid(tmp_path: Path, files: tuple[Path, ...]):
     result = _compose(tmp_path, *files, env_file=TOKEN_ENV)
     assert result.returncode == 0, result.stderr
@@ -77,10 +78,33 @@ def test_compose_cpu_override_drops_the_gpu_and_sets_cpu(tmp_path: Path):
     assert cpu_server["environment"]["REMOTE_AUTOGRAD_TOKENS"] == "test-token"
 
 
-def test_compose_refuses_to_start_without_tokens(tmp_path: Path):
-    result = _compose(tmp_path, MAIN, env_file=None)
+@pytest.mark.parametrize("file", [MAIN, RAY], ids=["gpu", "ray"])
+def test_compose_refuses_to_start_without_tokens(tmp_path: Path, file: Path):
+    result = _compose(tmp_path, file, env_file=None)
     assert result.returncode != 0
     assert "REMOTE_AUTOGRAD_TOKENS" in result.stderr
+
+
+def test_compose_ray_runs_a_head_gpu_workers_and_a_front_from_one_image(tmp_path: Path):
+    services = json.loads(_compose(tmp_path, RAY, env_file=TOKEN_ENV, command=("config", "--format", "json"))
+                          .stdout)["services"]
+    assert set(services) == {"ray-head", "gpu-worker", "front"}
+    assert {s["image"] for s in services.values()} == {"remote-autograd:latest"}
+    assert services["ray-head"]["command"][:3] == ["ray", "start", "--head"]
+    assert "--address=ray-head:6379" in services["gpu-worker"]["command"]
+    devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"capabilities": ["gpu"], "driver": "nvidia", "count": -1}]
+    assert "deploy" not in services["front"] and "deploy" not in services["ray-head"]  # no GPU for them
+    front = services["front"]["environment"]
+    assert front["REMOTE_AUTOGRAD_BACKEND"] == "ray" and front["RAY_ADDRESS"] == "ray-head:6379"
+    assert front["REMOTE_AUTOGRAD_TOKENS"] == "test-token"
+    for name in ("ray-head", "gpu-worker"):
+        assert services[name]["healthcheck"]["test"][:3] == ["CMD", "ray", "status"], name
+    assert services["front"]["healthcheck"]["start_period"]  # the image's /healthz probe, with these timings
+    # another GPU host joins the head elsewhere
+    other = _compose(tmp_path, RAY, env_file=TOKEN_ENV + "RAY_HEAD_ADDRESS=10.0.0.5:6379\n",
+                     command=("config", "--format", "json"))
+    assert "--address=10.0.0.5:6379" in json.loads(other.stdout)["services"]["gpu-worker"]["command"]
 
 
 def test_compose_check_fails_on_a_broken_file(tmp_path: Path):

@@ -39,6 +39,11 @@ def _no_5xx(response: httpx.Response) -> None:
         )
 
 
+# The tests of programs, errors and retries: they do not depend on where sessions live, so
+# they also run against a front on the Ray backend (conftest: the backends marker).
+BOTH_BACKENDS = pytest.mark.backends("inprocess", "ray")
+
+
 def _client(url: str, **kw) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=30, event_hooks={"response": [_no_5xx]}, **kw)
 
@@ -141,6 +146,7 @@ def sid(wire: Wire) -> Iterator[str]:
 # -- the happy path -----------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_create_run_fetch_delete(wire: Wire):
     r = wire.c.post("/v1/sessions", headers={"Accept": wire.ct})
     assert r.status_code == 201
@@ -221,6 +227,7 @@ def test_health_routes_need_no_header(bare):
     assert r.status_code == 200 and r.json()["status"] == "ready"
 
 
+@BOTH_BACKENDS
 def test_read_tensor_route(wire: Wire, sid: str):
     x = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
     wire.ok(sid, [
@@ -388,6 +395,7 @@ BAD_PROGRAMS = {
 }
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("case", list(BAD_PROGRAMS), ids=list(BAD_PROGRAMS))
 def test_bad_program(wire: Wire, held: dict, case: str):
     run = BAD_PROGRAMS[case]
@@ -399,6 +407,7 @@ def test_bad_program(wire: Wire, held: dict, case: str):
     _assert_untouched(wire, held)
 
 
+@BOTH_BACKENDS
 def test_unknown_session(wire: Wire, held: dict):
     for r in (
         wire.post_raw("/v1/sessions/not-a-session/programs", wire.encode({"id": "p", "steps": []})),
@@ -410,6 +419,7 @@ def test_unknown_session(wire: Wire, held: dict):
     _assert_untouched(wire, held)
 
 
+@BOTH_BACKENDS
 def test_another_sessions_tensor_is_unknown(wire: Wire, held: dict):
     other = wire.session()
     try:
@@ -462,6 +472,7 @@ FAILING_STEP_2 = {
 }
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("case", list(FAILING_STEP_2), ids=list(FAILING_STEP_2))
 def test_program_stops_at_the_failing_step(wire: Wire, held: dict, case: str):
     sid = held["sid"]
@@ -493,6 +504,7 @@ def test_program_stops_at_the_failing_step(wire: Wire, held: dict, case: str):
         k: v for k, v in held["snapshot"].items() if k != "info"}
 
 
+@BOTH_BACKENDS
 def test_a_limit_refuses_the_whole_program_before_running_it(wire: Wire, held: dict):
     # Limits are checked before anything else about a body: nothing of the program runs.
     sid = held["sid"]
@@ -504,6 +516,7 @@ def test_a_limit_refuses_the_whole_program_before_running_it(wire: Wire, held: d
     assert wire.get(f"/v1/sessions/{sid}/tensors/p0").status_code == 404
 
 
+@BOTH_BACKENDS
 def test_failing_backward_leaves_grads_untouched(wire: Wire, held: dict):
     sid = held["sid"]
     # a grad_tensors of the wrong shape fails inside autograd, after the graph was walked
@@ -515,6 +528,7 @@ def test_failing_backward_leaves_grads_untouched(wire: Wire, held: dict):
     _assert_untouched(wire, held)
 
 
+@BOTH_BACKENDS
 def test_failing_inplace_leaves_the_target_untouched(wire: Wire, held: dict):
     sid = held["sid"]
     st, body = wire.program(sid, [_call("add_", ref("b"), ref("a"))])  # [3,2] += [2,3]: no broadcast
@@ -525,6 +539,7 @@ def test_failing_inplace_leaves_the_target_untouched(wire: Wire, held: dict):
 # -- idempotency --------------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_retried_program_answers_the_first_answer(wire: Wire, sid: str):
     pid = _uid()
     body = wire.encode({"id": pid, "steps": [
@@ -547,6 +562,7 @@ def test_retried_program_answers_the_first_answer(wire: Wire, sid: str):
     assert wire.post_raw(path, body).content == first.content
 
 
+@BOTH_BACKENDS
 def test_retried_failing_program_answers_the_same_error(wire: Wire, sid: str):
     pid = _uid()
     body = wire.encode({"id": pid, "steps": [
@@ -562,6 +578,7 @@ def test_retried_failing_program_answers_the_same_error(wire: Wire, sid: str):
     assert _decode(first)["error"]["step"] == 2
 
 
+@BOTH_BACKENDS
 def test_retry_with_another_accept_is_answered_in_that_format(server_url: str):
     with _client(server_url, headers=PROTOCOL_HEADERS) as c:
         sid = c.post("/v1/sessions").json()["session_id"]

@@ -28,6 +28,8 @@ LIMITS = {
     "max_session_bytes": 16000,
     "max_total_bytes": 20000,
     "max_sessions": 4,
+    "max_sessions_per_token": 4,
+    "max_bytes_per_token": 20000,
     "max_concurrent_programs": 1,
     "session_ttl_seconds": 3600.0,
     "body_timeout_seconds": 1.0,
@@ -66,7 +68,9 @@ def assert_usable(c: httpx.Client, sid: str) -> None:
 
 
 def held(c: httpx.Client, sid: str) -> dict:
-    return c.get(f"/v1/sessions/{sid}").json()
+    """What the session holds (its info without ``worker`` and ``node``: where it lives)."""
+    info = c.get(f"/v1/sessions/{sid}").json()
+    return {k: info[k] for k in ("session_id", "tensors", "bytes") if k in info}
 
 
 def test_every_limit_is_advertised(c: httpx.Client, sid: str):

@@ -124,3 +124,14 @@ def test_op_matches_local_torch(case, sess):
         else:
             assert r.grad is not None, "the server's leaf got no grad where torch's did"
             torch.testing.assert_close(r.grad.to_torch(), l.grad, rtol=1e-5, atol=1e-6)
+
+
+# A few ops of each kind also run through a front on the Ray backend: the program reaches a
+# worker actor as bytes and the answer comes back encoded; the op table and runner are the same.
+RAY_OPS = {"add", "matmul", "relu", "softmax", "sum", "cross_entropy", "conv2d", "index_put", "where", "mul_"}
+
+
+@pytest.mark.backends("ray")
+@pytest.mark.parametrize("case", [c for c in CASES if c[0].name in RAY_OPS], ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_op_matches_local_torch_on_the_ray_backend(case, sess):
+    test_op_matches_local_torch(case, sess)

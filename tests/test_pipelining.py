@@ -12,6 +12,8 @@ from remote_autograd.client import _infer
 
 from .conftest import start_server
 
+pytestmark = pytest.mark.backends("inprocess", "ray")  # layout-free: the same on either backend
+
 
 def _workload(sess):
     g = torch.Generator().manual_seed(1)

@@ -57,6 +57,7 @@ def _assert_same_params(remote: nn.Module, local: nn.Module) -> None:
         torch.testing.assert_close(got[k].cpu(), v, rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.backends("inprocess", "ray")
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizers_match_local_training(sess, name):
     X, Y = _data()

@@ -1,0 +1,149 @@
+"""``LocalSessions``: the in-process backend of the ``SessionBackend`` seam (the default).
+
+The routes speak to a backend in ids and bytes: create a session, describe it, delete
+it, answer a program's body, read a tensor. This one keeps the sessions in this
+process (``SessionStore``) and runs their torch work on ``WorkerThreads``; the Ray
+backend (``ray_sessions``) places sessions in worker actors, and each worker actor
+runs one of these. So both backends run programs with the same code, and keep the
+same per-session guarantees: one program of a session at a time (its ``gate`` and
+``lock``), its generator, its limits, atomic steps and idempotent program ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+from time import perf_counter
+
+import torch
+
+from remote_autograd.proto import PROTOCOL_VERSION, decode_body
+from remote_autograd.proto.frames import header_of, is_frames, unpack_frames
+from remote_autograd.proto.messages import validate_program
+
+from . import __version__
+from .answers import encode_answer
+from .guards import ProgramSlots, check_limits
+from .middleware import wants_msgpack
+from .settings import Settings
+from .store import SessionStore
+from .workers import WorkerThreads
+
+log = logging.getLogger("remote_autograd.service")
+
+
+@dataclass(frozen=True)
+class ProgramAnswer:
+    """A program's answer, encoded: status, media type, body parts and where the time went."""
+
+    status: int
+    media_type: str
+    parts: list
+    total: int
+    steps_seconds: float  # in the program's steps
+    worker_seconds: float  # queued behind the session and running, as the backend saw it
+
+
+class LocalSessions:
+    """Sessions of this process. ``name`` and ``node`` say where they live (``GET /v1/sessions/{id}``)."""
+
+    def __init__(self, settings: Settings, *, id_prefix: str = "", name: str = "in-process",
+                 node: str | None = None) -> None:
+        self.settings = settings
+        self.store = SessionStore(settings, id_prefix=id_prefix)
+        self.workers = WorkerThreads(settings.resolved_workers())  # each session always on the same one
+        self.slots = ProgramSlots(settings.max_concurrent_programs)
+        self.name, self.node = name, node or socket.gethostname()
+        self.observe_program = lambda seconds: None  # the front's program-time histogram, when it has one
+        self._sweeper: asyncio.Task | None = None
+
+    # -- life of the backend ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Free idle sessions every ``sweep_interval_seconds`` (from a running event loop)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(_sweep_forever(self.store, self.settings.sweep_interval_seconds))
+
+    def close(self) -> None:
+        """After the last request: stop the sweeper and let the worker threads finish."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self.workers.shutdown()
+
+    def health(self) -> dict:
+        return {"device": str(self.store.device)}
+
+    async def readiness(self) -> tuple[bool, dict]:
+        try:
+            torch.ones(1, device=self.store.device).add_(1)
+        except Exception as exc:  # the device is not usable: say so, do not crash
+            return False, {"status": "unavailable", "detail": str(exc)}
+        return True, {"status": "ready", "device": str(self.store.device)}
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create_session(self, owner: str | None) -> dict:
+        session = self.store.create(owner)
+        session.worker = self.workers.least_loaded(s.worker for s in self.store.sessions() if s is not session)
+        device = self.store.device
+        return {
+            "session_id": session.id,
+            "protocol": PROTOCOL_VERSION,
+            "device": str(device),
+            "server_version": __version__,
+            "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "gpu_memory_bytes": torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None,
+            "limits": self.settings.limits(),
+        }
+
+    async def describe_session(self, sid: str, owner: str | None) -> dict:
+        session = self.store.get(sid, owner)
+        return {"session_id": sid, "tensors": len(session.tensors), "bytes": session.bytes_held,
+                "worker": self.name, "node": self.node}
+
+    async def delete_session(self, sid: str, owner: str | None) -> None:
+        session = self.store.get(sid, owner)
+        await self.workers.run(session.worker, self.store.delete, sid, owner)
+
+    async def load(self, owner: str | None) -> dict:
+        return self.store.load(owner)
+
+    # -- work ------------------------------------------------------------------------------
+
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
+                             accept: str | None) -> ProgramAnswer:
+        """Decode, check and run one program's ``body`` in session ``sid``, and encode its answer."""
+        session = self.store.get(sid, owner)
+        framed = is_frames(ctype)
+        decoded = unpack_frames(body) if framed else decode_body(body, ctype)
+        check_limits(decoded, self.settings)
+        program = validate_program(decoded)
+        key = header_of(body) if framed else body  # idempotency: a framed body is known by its header
+        as_msgpack = wants_msgpack(accept, ctype)
+        with self.slots:
+            async with session.gate:  # this session's programs queue here, not in the workers
+                start = perf_counter()
+                outcome = await self.workers.run(session.worker, self.store.run_once, session, program, key,
+                                                 not as_msgpack)
+                worker = perf_counter() - start
+                self.observe_program(worker)
+        media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
+        return ProgramAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
+
+    async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
+                          as_json: bool) -> dict:
+        session = self.store.get(sid, owner)
+        return await self.workers.run(session.worker, lambda: self.store.read_tensor(
+            session, tid, value=value, grad=grad, as_json=as_json))
+
+
+async def _sweep_forever(store: SessionStore, interval: float) -> None:
+    """Free idle sessions every ``interval`` seconds, so their memory returns even if nobody calls."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            store.sweep()
+        except Exception:  # never let the sweeper die: the next round tries again
+            log.exception("session sweep failed")

@@ -1,0 +1,63 @@
+"""Real Ray clusters on this machine for the Ray backend's tests (``ray.cluster_utils.Cluster``).
+
+Each node is a real raylet and its worker processes; nodes declare worker slots as fake
+GPUs (``num_gpus=1``) or as the ``remote_autograd_worker`` resource. Every process that
+joins is told to stay on 127.0.0.1 (see ``RAY_ENV``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Iterator
+
+# Without this Ray rewrites a RAY_ADDRESS of 127.0.0.1 to the machine's interface address,
+# where the GCS does not listen, and a front joining from outside hangs.
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+NODE = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or cannot start a cluster on this machine (the reason says which)."""
+
+
+@contextlib.contextmanager
+def cluster_or_skip(*nodes: dict) -> Iterator[tuple[object, list]]:
+    """``local_cluster`` in a test: skipped (with Ray's own reason) only when Ray cannot start here."""
+    import pytest
+
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(local_cluster(*nodes))
+        except RayUnavailable as exc:
+            pytest.skip(str(exc))
+        yield cluster
+
+
+@contextlib.contextmanager
+def local_cluster(*nodes: dict) -> Iterator[tuple[object, list]]:
+    """A cluster whose head is ``nodes[0]`` and whose other nodes are the rest: ``(cluster, [node, ...])``."""
+    try:
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        raise RayUnavailable(f"the Ray backend needs ray (pip install -e '.[ray]'): {exc}") from None
+    os.environ.update(RAY_ENV)
+    handler = signal.getsignal(signal.SIGTERM)  # a Ray node installs its own in the process that starts it
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={**NODE, **nodes[0]})
+        started = [cluster.head_node] + [cluster.add_node(**NODE, **extra) for extra in nodes[1:]]
+    except Exception as exc:  # noqa: BLE001  (whatever keeps Ray from starting on this machine)
+        raise RayUnavailable(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}") from exc
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    try:
+        yield cluster, started
+    finally:
+        cluster.shutdown()
+        signal.signal(signal.SIGTERM, handler)
+
+
+def front_env(address: str, **env: str) -> dict[str, str]:
+    """The environment of a front process on the Ray backend joining ``address``."""
+    return {"REMOTE_AUTOGRAD_BACKEND": "ray", "RAY_ADDRESS": address, **RAY_ENV, **env}

@@ -1,0 +1,147 @@
+"""Cases that used to diverge from torch without a word: each is now exact, or a loud error that
+names the line of the user's code that caused it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from remote_autograd import client
+from remote_autograd.client._unsupported import user_name
+
+
+def _here(offset: int = 0) -> str:
+    """``file:line`` of the caller's line (plus ``offset``), as errors name it."""
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno + offset}"
+
+
+def test_a_local_tensor_that_requires_grad_used_with_remote_ones_is_refused(sess):
+    w = torch.randn(3, 3, device=sess.device, requires_grad=True)
+    local = nn.Linear(3, 3)  # minGPT's case: a module left behind on the client
+    line = _here(2)
+    with pytest.raises(RuntimeError, match="local tensor that requires grad") as info:
+        local(w)
+    assert line in str(info.value) and ".to(device)" in str(info.value)
+    with torch.no_grad():  # without a graph it is only a constant: torch's result
+        torch.testing.assert_close(local(w).cpu(), local(w.cpu()))
+
+
+def test_uploading_a_tensor_that_requires_grad_is_refused_and_a_leaf_can_be_made_there(sess):
+    x = torch.randn(2, requires_grad=True)
+    line = _here(2)
+    with pytest.raises(RuntimeError, match="not differentiable") as info:
+        x.to(sess.device)
+    assert line in str(info.value)
+    y = x.detach().to(sess.device).requires_grad_()
+    (y * 2).sum().backward()
+    assert torch.equal(y.grad.cpu(), torch.full((2,), 2.0))
+
+
+def test_a_download_requires_grad_like_torch_and_a_backward_through_it_is_refused(sess):
+    w = torch.randn(3, device=sess.device, requires_grad=True)
+    line = _here(1)
+    y = w.cpu()
+    assert y.requires_grad and not y.is_leaf
+    with pytest.raises(RuntimeError, match="moves are not differentiable") as info:
+        (y * torch.ones(3, requires_grad=True)).sum().backward()
+    assert line in str(info.value)
+    assert w.grad is None
+    assert not w.detach().cpu().requires_grad
+
+
+def test_model_to_device_after_sess_module_stays_on_the_server(sess):
+    torch.manual_seed(0)
+    model = sess.module(nn.Linear(4, 2))
+    model.to(sess.device)  # minGPT's Trainer does this
+    assert all(p.device == sess.device for p in model.parameters())
+    before = sess.requests
+    model(torch.randn(3, 4, device=sess.device)).sum().item()
+    assert sess.requests > before, "the model ran on the server"
+
+
+def test_moving_to_another_device_or_session_is_refused(sess, server_url):
+    t = torch.ones(2, device=sess.device)
+    model = nn.Linear(2, 2).to(sess.device)
+    for target in ("cuda", "cuda:0", "mps"):
+        with pytest.raises(RuntimeError, match="moves only to the client"):
+            t.to(target)
+        with pytest.raises(RuntimeError):
+            model.to(target)
+    assert model.weight.device == sess.device, "a refused move leaves the model where it was"
+    with client.connect(server_url) as other:
+        with pytest.raises(RuntimeError, match="do not move between sessions"):
+            t.to(other.device)
+        with pytest.raises(RuntimeError, match="different sessions"):
+            t + torch.ones(2, device=other.device)
+
+
+def test_data_is_a_detached_alias_sharing_the_server_storage(sess):
+    p = nn.Parameter(torch.arange(4.0, device=sess.device))
+    d = p.data
+    assert not d.requires_grad and d.device == sess.device
+    d.add_(10)
+    assert torch.equal(p.detach().cpu(), torch.arange(4.0) + 10)
+    p.data.mul_(2)
+    assert torch.equal(p.detach().cpu(), (torch.arange(4.0) + 10) * 2)
+    p.data = torch.zeros(2, 3, dtype=torch.float64, device=sess.device)  # shape and dtype may change, as in torch
+    assert p.shape == (2, 3) and p.dtype == torch.float64 and p.requires_grad and isinstance(p, nn.Parameter)
+    assert torch.equal(p.detach().cpu(), torch.zeros(2, 3, dtype=torch.float64))
+    (p * 3).sum().backward()
+    assert torch.equal(p.grad.cpu(), torch.full((2, 3), 3.0, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="same device"):
+        p.data = torch.zeros(2, 3, dtype=torch.float64)
+
+
+def test_hooks_the_sdk_cannot_honour_are_refused(sess):
+    w = torch.randn(3, device=sess.device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Tensor.register_hook is not supported") as info:
+        w.register_hook(lambda g: g * 2)
+    assert "custom op" not in str(info.value)
+    model = nn.Linear(3, 3).to(sess.device)
+    model.register_full_backward_hook(lambda m, gi, go: None)
+    with pytest.raises(RuntimeError, match="module backward hook"):
+        model(w).sum().backward()
+
+
+def test_forward_hooks_that_read_values_run(sess):
+    seen = []
+    model = nn.Linear(3, 2).to(sess.device)
+    model.register_forward_hook(lambda m, i, o: seen.append(o.detach().cpu()))
+    out = model(torch.ones(1, 3, device=sess.device))
+    assert len(seen) == 1 and torch.equal(seen[0], out.detach().cpu())
+
+
+def test_function_transforms_and_compile_are_refused(sess):
+    w = torch.randn(3, device=sess.device)
+    with pytest.raises(RuntimeError, match="torch.func transforms"):
+        torch.func.grad(lambda x: (x * x).sum())(w)
+    with pytest.raises(RuntimeError, match="torch.func transforms"):
+        torch.vmap(lambda x: x * 2)(w)
+
+
+def test_errors_name_what_the_user_wrote():
+    assert user_name(torch._VF.lstm) == "nn.LSTM"
+    assert user_name(torch.Tensor.data.__get__) == "Tensor.data"
+    assert user_name(torch.Tensor.is_xpu.__get__) == "Tensor.is_xpu"
+    assert user_name(torch.Tensor.register_hook) == "Tensor.register_hook"
+
+
+def test_the_custom_op_hint_only_where_a_custom_op_is_the_answer(sess):
+    w = torch.randn(3, device=sess.device)
+    with pytest.raises(RuntimeError) as info:
+        w.data_ptr()
+    assert "custom op" not in str(info.value)
+    assert w.is_xpu is False and w.is_cuda is False  # DCGAN's check: answered, not an error
+    with pytest.raises(NotImplementedError, match="custom ops are registered on the server"):
+        w.i0()  # a plain torch function the table lacks: there a custom op is an answer
+
+
+def test_a_like_factory_asked_for_another_device_is_refused(sess):
+    x = torch.ones(2, device=sess.device)
+    assert torch.zeros_like(x, device=sess.device).device == sess.device
+    with pytest.raises(RuntimeError, match="device=cpu"):
+        torch.zeros_like(x, device="cpu")
