@@ -71,9 +71,11 @@ def test_native_inplace_kernel_gives_the_copied_value(case, dtype):
     entry, i = case
     args, kwargs = _plain(*entry.samples[i].materialise(dtype, seed=i))
     target = args[0]
+    torch.manual_seed(0)  # random entries (uniform_, normal_) draw the same numbers both ways
     value = entry.fn(target, *args[1:], **kwargs)
     copied, native = target.clone(), target.clone()
     copied.copy_(value)
+    torch.manual_seed(0)
     entry.native_inplace(native, *args[1:], **kwargs)
     assert_same_bits(native, copied)
 

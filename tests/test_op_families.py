@@ -122,6 +122,23 @@ def test_transformer_decoder_layer(sess):
     _run_both(sess, layer, _data(4, 2, 8), _data(5, 2, 8, seed=2))
 
 
+class _Seq2Seq(nn.Module):
+    """nn.Transformer with a causal target mask made on the input's device, as model code writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True, dtype=torch.float64)
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device, dtype=tgt.dtype)
+        return self.transformer(src, tgt, tgt_mask=mask, tgt_is_causal=True)
+
+
+def test_transformer_with_a_causal_mask(sess):
+    torch.manual_seed(0)
+    _run_both(sess, _Seq2Seq(), _data(2, 5, 8), _data(2, 4, 8, seed=2))
+
+
 def test_attention_dropout_draws_from_the_session_generator(sess):
     q = _data(2, 4, 3, dtype=torch.float32)
     sess.manual_seed(5)
