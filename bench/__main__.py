@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import bulk, latency, ray_backend, runner_overhead, training
+from . import bulk, latency, ray_backend, real_model, runner_overhead, training
 from ._util import serve
 
-SECTIONS = {"latency": latency.run, "training": training.run, "runner": runner_overhead.run, "bulk": bulk.run,
-            "ray": ray_backend.run}
+SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run,
+            "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run}
 
 
 def main() -> None:

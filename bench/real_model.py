@@ -1,0 +1,55 @@
+"""One real-model training step, local vs remote: the small GPT of the model tests.
+
+The model, its AdamW groups, cosine schedule and gradient clipping are the test
+suite's own (``tests/models/gpt.py``), so the bench times the code the tests
+prove equal on both devices. The remote side is the same loop given
+``sess.device``; requests per step are counted on the wire.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from remote_autograd import client
+from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch
+
+from ._util import measure, row
+
+_CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+
+
+def _step_fn(model: GPT, device, data: torch.Tensor):
+    model.to(device)
+    optimizer = model.configure_optimizers(weight_decay=0.1, lr=3e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup=10, total=1000))
+    batches = torch.Generator().manual_seed(0)
+
+    def step() -> float:
+        x, y = get_batch(data, _CONFIG.block_size, 8, batches, device)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        return loss.item()
+
+    return step
+
+
+def run(url: str, repeat: int = 30) -> None:
+    print(f"\n[model] small GPT ({_CONFIG.n_layer} layers, {_CONFIG.n_embd} wide, context {_CONFIG.block_size}, "
+          "batch 8): forward, backward, clip_grad_norm_, AdamW, LR schedule, loss.item() every step")
+    torch.manual_seed(0)
+    base = GPT(_CONFIG)
+    data = torch.randint(0, _CONFIG.vocab_size, (4096,), generator=torch.Generator().manual_seed(1))
+    local = row("local torch", measure(_step_fn(copy.deepcopy(base), "cpu", data), repeat=repeat, warmup=3))
+    with client.connect(url) as sess:
+        step = _step_fn(copy.deepcopy(base), sess.device, data)
+        times = measure(step, repeat=repeat, warmup=3)
+        before = sess.requests
+        for _ in range(5):
+            step()
+        row("remote, the same loop on sess.device", times, local, f"{(sess.requests - before) / 5:.1f} requests/step")
