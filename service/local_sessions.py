@@ -88,13 +88,14 @@ class LocalSessions:
         session = self.store.create(owner)
         session.worker = self.workers.least_loaded(s.worker for s in self.store.sessions() if s is not session)
         device = self.store.device
+        cuda = device.type == "cuda"
         return {
             "session_id": session.id,
             "protocol": PROTOCOL_VERSION,
             "device": str(device),
             "server_version": __version__,
-            "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "gpu_memory_bytes": torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None,
+            "gpu_name": torch.cuda.get_device_name(device) if cuda else None,
+            "gpu_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
             "limits": self.settings.limits(),
         }
 

@@ -125,9 +125,12 @@ class RaySessions:
         key = sid.partition(".")[0]
         if not _KEY.fullmatch(key):
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
-        handle = self._workers.get(key) or await asyncio.to_thread(_named_worker, key)
-        if handle is None:
-            raise _lost(sid, key, "is gone")
+        handle = self._workers.get(key)
+        if handle is None:  # made by another front since this one listed the workers, or gone
+            handle = await asyncio.to_thread(_named_worker, key)
+            if handle is None:
+                raise _lost(sid, key, "is gone")
+            self._workers[key] = handle
         try:
             return _unwrap(await call(handle))
         except RayActorError:

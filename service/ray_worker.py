@@ -67,7 +67,8 @@ class SessionWorker:
     async def answer_program(self, sid: str, owner: str | None, body: bytes, ctype: str | None,
                              accept: str | None) -> tuple:
         """The program's answer as ``(status, media type, body bytes, steps seconds, worker seconds)``."""
-        status, answer = await self._answer(lambda: self.sessions.answer_program(self._own(sid), owner, body, ctype, accept))
+        status, answer = await self._answer(
+            lambda: self.sessions.answer_program(self._own(sid), owner, body, ctype, accept))
         if status != "ok":
             return status, answer
         return status, (answer.status, answer.media_type, b"".join(answer.parts), answer.steps_seconds,
@@ -75,8 +76,8 @@ class SessionWorker:
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, value: bool, grad: bool,
                           as_json: bool) -> tuple:
-        status, message = await self._answer(lambda: self.sessions.read_tensor(self._own(sid), owner, tid, value=value,
-                                                                         grad=grad, as_json=as_json))
+        status, message = await self._answer(
+            lambda: self.sessions.read_tensor(self._own(sid), owner, tid, value=value, grad=grad, as_json=as_json))
         return status, copy_views(message)  # big tensors' data are views of live tensors: bytes to travel
 
     def _own(self, sid: str) -> str:

@@ -1,7 +1,8 @@
 """``TokenLedger``: what each token holds on each Ray worker, so ``max_bytes_per_token`` holds cluster-wide.
 
 One named detached actor per cluster. Every worker reports the bytes each token holds on
-it (after a program that changed them, and every ``REPORT_SECONDS`` anyway) and gets back
+it (after a program that changed them, at most every ``REPORT_GAP_SECONDS``, and every
+``REPORT_SECONDS`` anyway) and gets back
 what those tokens hold on the other workers; it charges new bytes against the limit minus
 that (``Budget.elsewhere``). A worker that stops reporting for ``STALE_SECONDS`` is taken
 for dead and its bytes stop counting (its sessions are lost with it).
@@ -32,6 +33,7 @@ log = logging.getLogger("remote_autograd.service")
 
 LEDGER_NAME = "token-ledger"
 REPORT_SECONDS = 1.0
+REPORT_GAP_SECONDS = 0.2  # reports after programs are at least this far apart: eager ops stay local
 STALE_SECONDS = 10.0
 
 
@@ -61,7 +63,8 @@ class LedgerReports:
     def __init__(self, worker: str, store: "SessionStore") -> None:
         self.worker, self.store = worker, store
         self._ledger: Any = None
-        self._last: dict | None = None
+        self._last: tuple | None = None
+        self._reported_at = 0.0
         self._pending: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
 
@@ -71,9 +74,14 @@ class LedgerReports:
             self._heartbeat = asyncio.create_task(self._every())
 
     def soon(self) -> None:
-        """Report now if the bytes changed since the last report (at most one report in flight)."""
+        """Report if the bytes changed since the last report: at once, or ``REPORT_GAP_SECONDS`` after
+        the last one (one report at a time)."""
         if self._pending is None or self._pending.done():
-            self._pending = asyncio.create_task(self.report(only_if_changed=True))
+            self._pending = asyncio.create_task(self._report_after_gap())
+
+    async def _report_after_gap(self) -> None:
+        await asyncio.sleep(max(0.0, self._reported_at + REPORT_GAP_SECONDS - time.monotonic()))
+        await self.report(only_if_changed=True)
 
     async def report(self, only_if_changed: bool = False) -> None:
         budgets = list(self.store.token_budgets.items())
@@ -88,7 +96,7 @@ class LedgerReports:
         except RayActorError:  # the ledger's node died: the next report makes a new one
             self._ledger = None
             return
-        self._last = state
+        self._last, self._reported_at = state, time.monotonic()
         for token, budget in list(self.store.token_budgets.items()):
             budget.elsewhere = elsewhere.get(token, 0)
 

@@ -38,11 +38,11 @@ def cluster_or_skip(*nodes: dict) -> Iterator[tuple[object, list]]:
 @contextlib.contextmanager
 def local_cluster(*nodes: dict) -> Iterator[tuple[object, list]]:
     """A cluster whose head is ``nodes[0]`` and whose other nodes are the rest: ``(cluster, [node, ...])``."""
+    os.environ.update(RAY_ENV)  # before Ray is imported: it reads the variable once
     try:
         from ray.cluster_utils import Cluster
     except ImportError as exc:
         raise RayUnavailable(f"the Ray backend needs ray (pip install -e '.[ray]'): {exc}") from None
-    os.environ.update(RAY_ENV)
     handler = signal.getsignal(signal.SIGTERM)  # a Ray node installs its own in the process that starts it
     try:
         cluster = Cluster(initialize_head=True, head_node_args={**NODE, **nodes[0]})

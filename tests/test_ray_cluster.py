@@ -66,6 +66,8 @@ def test_readyz_counts_the_workers_and_health_says_ray(fronts):
     for url in fronts:
         assert _ready_workers(url, 2)["status"] == "ready"
         assert httpx.get(url + "/healthz").json()["device"] == "ray"
+        with api(url, "alice") as c:  # the front's own metrics (programs in flight; sessions live in workers)
+            assert "remote_autograd_programs_in_flight 0.0" in c.get("/metrics").text
 
 
 def test_sessions_land_on_both_nodes_and_either_front_serves_them(cluster, fronts):
@@ -168,6 +170,26 @@ def test_bytes_per_token_are_limited_cluster_wide(fronts):
                 c.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_dead_worker_process_loses_its_sessions_and_its_replacement_does_not_take_their_ids(cluster, fronts):
+    import ray
+
+    first, second = _two_sessions_on_two_nodes(fronts, "alice")
+    victim = _where(fronts[0], first)["worker"]
+    ray.init(address=cluster[0].address, namespace="remote-autograd", log_to_driver=False)
+    try:
+        ray.kill(ray.get_actor(victim))  # its process ends; the node stays
+    finally:
+        ray.shutdown()
+    with api(fronts[0], "alice") as c:
+        error_of(program(c, first, []), 410, "session_lost", first, victim, "died")
+        assert program(c, second, [put("x", [1.0])]).status_code == 200  # the other worker's session goes on
+        _ready_workers(fronts[0], 2)  # the front made a new worker for that device
+        # an id of the dead worker reaches its replacement (same name), which knows it is not its own
+        error_of(c.get(f"/v1/sessions/{first}"), 410, "session_lost", "earlier run")
+        for sid in (first, second):
+            c.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster, fronts):
     ray_cluster, nodes = cluster
     head, other = _node_ids(cluster)
@@ -176,14 +198,14 @@ def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster,
         values = [s.tensor(torch.arange(4.0) + i) for i, s in enumerate(sessions)]
         for s in sessions:
             s.sync()
-        on = {_where(fronts[0], s.id)["node"]: (s, v) for s, v in zip(sessions, values)}
+        on = {_where(fronts[0], s.id)["node"]: (s, v, i) for i, (s, v) in enumerate(zip(sessions, values))}
         assert set(on) == {head, other}
         ray_cluster.remove_node(nodes[1])
         lost, kept = on[other], on[head]
         with pytest.raises(client.SessionLost) as info:
             (lost[1] * 2).tolist()
         assert info.value.status == 410 and info.value.code == "session_lost" and lost[0].id in str(info.value)
-        assert (kept[1] * 2).tolist() == [0.0, 2.0, 4.0, 6.0]  # the other session goes on
+        assert (kept[1] * 2).tolist() == ((torch.arange(4.0) + kept[2]) * 2).tolist()  # the other goes on
         with api(fronts[1], "alice") as c:  # through the other front too
             error_of(c.get(f"/v1/sessions/{lost[0].id}"), 410, "session_lost", lost[0].id)
         for url in fronts:
