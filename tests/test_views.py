@@ -292,12 +292,11 @@ def test_every_table_op_aliases_its_inputs_exactly_when_torch_does():
     assert checked > 500
 
 
-def test_local_copies_of_every_alias_are_dropped_after_an_in_place_op(sess):
-    y = client.RemoteTensor.from_torch(_base(), sess)  # keeps a local copy of its values
+def test_an_in_place_op_through_one_alias_is_seen_through_every_other(sess):
+    y = client.RemoteTensor.from_torch(_base(), sess)
     v, d = y[0], y.detach()
-    v._custom_data = d._custom_data = torch.zeros(1)  # as if fetched earlier
     other = client.RemoteTensor.from_torch(_base(), sess)
     d.add_(1)
-    assert y._custom_data is None and v._custom_data is None and d._custom_data is None
-    assert other._custom_data is not None  # memory of its own: untouched
     torch.testing.assert_close(v.to_torch(), _base()[0] + 1)
+    torch.testing.assert_close(y.to_torch(), _base() + 1)
+    torch.testing.assert_close(other.to_torch(), _base())  # memory of its own: untouched
