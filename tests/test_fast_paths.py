@@ -21,7 +21,7 @@ from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.answers import keepable
 from remote_autograd.service.metrics import _OP_BUCKETS, _StepSeconds
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
-from remote_autograd.service.runner import run_program
+from remote_autograd.service.runner import run_steps
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.store import SessionStore
 
@@ -87,7 +87,7 @@ def _session():
 
 
 def _run(session, settings, steps, pid):
-    outcome = run_program(session, validate_program({"id": pid, "steps": steps}), settings)
+    outcome = run_steps(session, validate_program({"id": pid, "steps": steps}), settings)
     assert outcome.status == 200, outcome.body
     return outcome
 
@@ -144,7 +144,7 @@ def test_in_place_under_no_grad_on_views_and_parameters():
         {"kind": "call", "op": "add_", "args": [{"ref": "row"}, {"ref": "z"}], **no_grad},  # reads one
     ], "update")
     torch.testing.assert_close(session.tensors["w"]._custom_data.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
-    bad = run_program(session, validate_program({"id": "bad", "steps": [
+    bad = run_steps(session, validate_program({"id": "bad", "steps": [
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], "out": []}]}), settings)
     assert bad.status == 422 and "leaf Variable that requires grad" in bad.body["error"]["message"]
 
