@@ -7,7 +7,7 @@ import torch
 from remote_autograd.proto import encode_tensor
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.ops import OP_TABLE
-from remote_autograd.service.runner import run_program
+from remote_autograd.service.runner import run_steps
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.store import SessionStore
 
@@ -23,12 +23,12 @@ def run(url: str | None = None) -> None:
         {"kind": "put", "id": "a", "value": encode_tensor(torch.randn(16)), "requires_grad": True},
         {"kind": "put", "id": "b", "value": encode_tensor(torch.randn(16))},
     ]}
-    run_program(session, validate_program(setup), settings)
+    run_steps(session, validate_program(setup), settings)
     n = 200
     steps = [{"kind": "call", "op": "add", "args": [{"ref": "a"}, {"ref": "b"}], "out": [f"c{i}"]} for i in range(n)]
     steps.append({"kind": "free", "ids": [f"c{i}" for i in range(n)]})
     program = validate_program({"id": "p", "steps": steps})
-    runner = measure(lambda: run_program(session, program, settings), repeat=50, warmup=5, per=n)
+    runner = measure(lambda: run_steps(session, program, settings), repeat=50, warmup=5, per=n)
     add = OP_TABLE.get("add").fn
     a, b = session.tensors["a"]._custom_data, session.tensors["b"]._custom_data
     direct = measure(lambda: [add(a, b) for _ in range(n)], repeat=50, warmup=5, per=n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from remote_autograd.proto.frames import FillBuffer
+from remote_autograd._fill_buffer import FillBuffer
 
 from . import _progress
 

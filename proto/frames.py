@@ -13,14 +13,7 @@ view it in place (``torch.frombuffer``) without copying or misalignment.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import mmap
 import struct
-import sys
-import threading
-import time
-import weakref
 from typing import Any, Iterator
 
 import msgpack
@@ -36,76 +29,6 @@ _PAD = bytes(ALIGN)
 
 def _pad(n: int) -> int:
     return (-n) % ALIGN
-
-
-class FillBuffer:
-    """``nbytes`` of memory that its owner fills front to back with ``append``; ``view`` is all of it.
-
-    Not zero-filled first (``bytearray(n)`` would touch every page twice); the owner overwrites
-    all of it or drops it. A big one has its pages mapped by a thread of its own a little ahead
-    of the filling: copying pieces into fresh memory takes a page fault per 4 KiB (2.1 GB/s
-    here, 11 GB/s into mapped pages). Never more than ``_POPULATE_AHEAD`` past the filling,
-    so a body that stalls holds little more memory than it sent.
-    """
-
-    def __init__(self, nbytes: int) -> None:
-        self.filled = 0
-        if nbytes < _BIG:  # small: a plain bytearray is cheaper than a torch-backed buffer
-            self.view = memoryview(bytearray(nbytes))
-            return
-        import torch
-
-        memory = torch.empty(nbytes, dtype=torch.uint8)
-        self.view = memoryview(memory.numpy()).cast("B")
-        madvise = _madvise() if nbytes >= _POPULATE_MIN_BYTES else None
-        if madvise is not None:
-            threading.Thread(target=_populate_ahead, args=(madvise, weakref.ref(self), memory.data_ptr(), nbytes),
-                             name="remote-autograd-populate", daemon=True).start()
-
-    def append(self, piece: bytes | memoryview) -> None:
-        end = self.filled + len(piece)
-        self.view[self.filled:end] = piece
-        self.filled = end
-
-
-_BIG = 1 << 20
-_POPULATE_MIN_BYTES = 8 << 20
-_POPULATE_STEP = 8 << 20
-_POPULATE_AHEAD = 64 << 20
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+: map pages writable without writing to them
-
-
-def _populate_ahead(madvise: Any, owner: "weakref.ref[FillBuffer]", start: int, nbytes: int) -> None:
-    """Map the pages of ``[start, start + nbytes)`` front to back, at most ``_POPULATE_AHEAD`` past
-    the filling, until done or the buffer is dropped. Contents are never touched: racing the writer is safe."""
-    page = mmap.PAGESIZE
-    offset, end = -(-start // page) * page, (start + nbytes) // page * page  # madvise wants whole pages
-    while offset < end:
-        buffer = owner()  # held during the call: the memory stays mapped
-        if buffer is None:
-            return
-        if offset >= start + buffer.filled + _POPULATE_AHEAD:
-            del buffer
-            time.sleep(0.001)
-            continue
-        step = min(_POPULATE_STEP, end - offset)
-        if madvise(offset, step, _MADV_POPULATE_WRITE) != 0:
-            return  # not supported here: the writer's own page faults do it
-        offset += step
-        del buffer
-
-
-@functools.lru_cache(maxsize=1)
-def _madvise() -> Any:
-    """libc's ``madvise`` through ctypes (which lets other threads run during the call), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
 
 
 def pack_frames(message: Any, frames: list[memoryview]) -> tuple[list[bytes | memoryview], int]:

@@ -6,13 +6,12 @@ failing backward leaves every ``.grad`` as it was.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep
 
+from . import grad_ownership
 from .custom_tensor import CustomTensor
 from .settings import Settings
 from .store import Session
@@ -96,7 +95,7 @@ def backward_step(session: Session, step: BackwardStep, settings: Settings, as_j
     except BaseException:
         session.release(reserved)
         raise
-    owned = [_owned(grads, i) for i in range(len(grads))]  # first: any later name for a grad is a reference
+    owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]  # first: any later name for a grad is a reference
     used = 0
     for ct, g, own in zip(targets, grads, owned):
         if g is not None:
@@ -139,37 +138,9 @@ def _still_without_grad(session: Session, without: list[CustomTensor]) -> list[s
     return [tid for tid, ct in session.tensors.items() if id(ct) in missing]
 
 
-def _refcount_held_by_tuple_alone() -> int:
-    """``sys.getrefcount(t[i])`` of an object only the tuple ``t`` holds (2 here: the tuple and the argument;
-    interpreters that borrow arguments say less), measured rather than assumed."""
-    t = (object(),)
-    return sys.getrefcount(t[0])
-
-
-_HELD_BY_TUPLE_ALONE = _refcount_held_by_tuple_alone()
-
-
-def _owned(grads: tuple, i: int) -> bool:
-    """Whether ``grads[i]`` is a plain tensor that nothing else holds, so it can become a ``.grad`` as it is.
-
-    Autograd may hand back a tensor held elsewhere too: one grad for several inputs (``add``'s
-    backward returns it twice), a ``gradient=`` the client sent, an expanded view, a tensor a
-    retained graph saved. A fresh matmul or kernel result is held by ``grads`` alone.
-    """
-    if grads[i] is None or sys.getrefcount(grads[i]) != _HELD_BY_TUPLE_ALONE:
-        return False
-    g = grads[i]
-    try:
-        return (g._base is None and g.is_contiguous() and not g.requires_grad
-                and g._use_count() == 1  # no other tensor object (nor a saved variable) shares it
-                and torch._C._storage_Use_Count(g.untyped_storage()._cdata) == 2)  # g's and this storage object's
-    except (AttributeError, RuntimeError):  # private torch calls: should an upgrade drop them, copy
-        return False
-
-
 def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bool) -> None:
     # A fresh grad is cloned unless it is ``owned``: in-place ops on one .grad must never show
-    # up in another tensor (see _owned for how autograd may share one).
+    # up in another tensor (see grad_ownership.owned for how autograd may share one).
     if not create_graph and g.requires_grad:  # without create_graph, grads normally have no graph already
         g = g.detach()
     if ct._custom_grad is None:

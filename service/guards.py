@@ -10,8 +10,8 @@ import asyncio
 import math
 from typing import Any, Callable
 
+from remote_autograd._fill_buffer import FillBuffer
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.frames import FillBuffer
 
 from .settings import Settings
 

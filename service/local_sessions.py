@@ -126,7 +126,7 @@ class LocalSessions:
         with self.slots:
             async with session.gate:  # this session's programs queue here, not in the workers
                 start = perf_counter()
-                outcome = await self.workers.run(session.worker, self.store.run_once, session, program, key,
+                outcome = await self.workers.run(session.worker, self.store.run_or_replay, session, program, key,
                                                  not as_msgpack)
                 worker = perf_counter() - start
                 self.observe_program(worker)

@@ -9,18 +9,14 @@ bounded: route templates (not paths), standard methods, and op names that ran
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import math
-import threading
-import time
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+
+from .step_histogram import StepHistogram
 
 if TYPE_CHECKING:
     from .store import SessionStore
@@ -40,7 +36,7 @@ class Metrics:
                                  ("route", "method", "status"), registry=self.registry)
         self.program_seconds = Histogram("remote_autograd_program_seconds", "time to run one program (in a worker)",
                                          buckets=_PROGRAM_BUCKETS, registry=self.registry)
-        op_seconds = _StepSeconds("remote_autograd_op_seconds", "time of one successful step, by op or step kind",
+        op_seconds = StepHistogram("remote_autograd_op_seconds", "time of one successful step, by op or step kind",
                                   _OP_BUCKETS)
         self.registry.register(op_seconds)
         self.observe_step = op_seconds.observe  # bound directly: it runs once per step of every program
@@ -56,38 +52,6 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _StepSeconds(Collector):
-    """A histogram of step times by op: the series of a prometheus_client ``Histogram`` with an ``op``
-    label, kept as plain counts under one lock. Observing costs half as much as that Histogram's
-    (two locked counters and a loop over the buckets), and it is paid on every step of every program."""
-
-    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
-        self._name, self._doc = name, doc
-        self._bounds = tuple(float(b) for b in buckets)
-        self._lock = threading.Lock()
-        self._rows: dict[str, list] = {}  # op -> [count per bucket (the last one +Inf)..., sum, created]
-
-    def observe(self, op: str, seconds: float) -> None:
-        i = bisect.bisect_left(self._bounds, seconds)  # the first bucket whose bound is >= seconds ("le")
-        with self._lock:
-            row = self._rows.get(op)
-            if row is None:
-                row = self._rows[op] = [0] * (len(self._bounds) + 1) + [0.0, time.time()]
-            row[i] += 1
-            row[-2] += seconds
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        with self._lock:
-            rows = {op: list(row) for op, row in self._rows.items()}
-        family = HistogramMetricFamily(self._name, self._doc, labels=("op",))
-        bounds = [floatToGoString(b) for b in (*self._bounds, math.inf)]
-        for op, row in rows.items():
-            counts, total, created = row[:-2], row[-2], row[-1]
-            family.add_metric([op], list(zip(bounds, itertools.accumulate(counts))), total)
-            family.add_sample(f"{self._name}_created", {"op": op}, created)
-        yield family
 
 
 class _StoreCollector(Collector):

@@ -1,10 +1,14 @@
 """``RawRoute``: a route documented in ``/docs`` like any other, whose handler is a plain ASGI app.
 
-FastAPI's request handling (dependency solving, ``Request`` and ``Response`` objects)
-costs ~30 µs a request here; the program route carries every op, so it skips that
-and speaks ASGI itself. The ``Gatekeeper`` calls it directly, past the exception
-middleware and the router (~12 µs more), and answers the ``ProtocolError`` it raises
-the way the app's handler would.
+A speed path. The plain path it stands in for is an ordinary FastAPI route (a ``Request``,
+dependencies solved per call, a ``Response`` object); the program route carries every op, so
+it skips that work and speaks ASGI itself (``service/routes/programs.py``). The ``Gatekeeper``
+(``service/middleware.py``) also calls it directly, past the exception middleware and the
+router, and answers the ``ProtocolError`` it raises the way the app's handler would. What
+that saves shows in ``make bench``'s ``[latency]`` lines: "an empty program (same
+transport)" against "floor: bare FastAPI msgpack endpoint (same transport)".
+``tests/test_raw_route.py`` checks it answers as the plain FastAPI route would, and
+``tests/test_gatekeeper.py`` that the Gatekeeper's direct call does what the router would.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``run_program``: execute a program's steps in order against one session.
+"""``run_steps``: execute a program's steps in order against one session.
 
 Each step is atomic: it computes everything first and commits (stores outputs,
 writes in place, accumulates grads) only at its end, so a failing step leaves
@@ -42,7 +42,7 @@ log = logging.getLogger("remote_autograd.service.runner")
 OP_TABLE = _ops.OP_TABLE
 
 
-def run_program(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
+def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
                 observe: Callable[[str, float], None] | None = None) -> Outcome:
     """Run every step or stop at the first failure; the caller holds the session lock.
 

@@ -1,4 +1,4 @@
-"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/run_once``.
+"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/run_or_replay``.
 
 A session owns its tensors, its ``torch.Generator`` and a lock; programs of one
 session run one at a time. The store is used in this process by
@@ -234,13 +234,13 @@ class SessionStore:
 
     # -- programs --------------------------------------------------------------------------
 
-    def run_once(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
+    def run_or_replay(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
         """Run ``program`` under the session's lock; a retried program id gets its first answer.
 
         ``body`` is what identifies the program's content (for a framed body, its header).
         """
         from .answers import keepable, reencode
-        from .runner import run_program  # the runner imports the op table; keep store light
+        from .runner import run_steps  # the runner imports the op table; keep store light
 
         digest = hashlib.blake2b(body, digest_size=16).digest()
         with session.lock:
@@ -253,7 +253,7 @@ class SessionStore:
                         ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
                     )
                 return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
-            outcome = run_program(session, program, self.settings, as_json=as_json, observe=self.on_step)
+            outcome = run_steps(session, program, self.settings, as_json=as_json, observe=self.on_step)
             session.programs[program.id] = (digest, keepable(outcome, program.id), as_json)
             while len(session.programs) > self.settings.program_cache_size:
                 session.programs.popitem(last=False)

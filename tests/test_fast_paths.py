@@ -18,11 +18,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from remote_autograd.proto import encode_tensor
 from remote_autograd.proto.messages import validate_program
+from remote_autograd.service import grad_ownership
 from remote_autograd.service.answers import keepable
-from remote_autograd.service.metrics import _OP_BUCKETS, _StepSeconds
+from remote_autograd.service.metrics import _OP_BUCKETS
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
-from remote_autograd.service.runner import run_program
+from remote_autograd.service.runner import run_steps
 from remote_autograd.service.settings import Settings
+from remote_autograd.service.step_histogram import StepHistogram
 from remote_autograd.service.store import SessionStore
 
 from .bits import assert_same_bits
@@ -89,7 +91,7 @@ def _session():
 
 
 def _run(session, settings, steps, pid):
-    outcome = run_program(session, validate_program({"id": pid, "steps": steps}), settings)
+    outcome = run_steps(session, validate_program({"id": pid, "steps": steps}), settings)
     assert outcome.status == 200, outcome.body
     return outcome
 
@@ -146,7 +148,7 @@ def test_in_place_under_no_grad_on_views_and_parameters():
         {"kind": "call", "op": "add_", "args": [{"ref": "row"}, {"ref": "z"}], **no_grad},  # reads one
     ], "update")
     torch.testing.assert_close(session.tensors["w"]._custom_data.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
-    bad = run_program(session, validate_program({"id": "bad", "steps": [
+    bad = run_steps(session, validate_program({"id": "bad", "steps": [
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], "out": []}]}), settings)
     assert bad.status == 422 and "leaf Variable that requires grad" in bad.body["error"]["message"]
 
@@ -155,7 +157,7 @@ def test_in_place_under_no_grad_on_views_and_parameters():
 
 def test_step_histogram_renders_like_prometheus_histogram():
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    mine = _StepSeconds("op_seconds", "doc", _OP_BUCKETS)
+    mine = StepHistogram("op_seconds", "doc", _OP_BUCKETS)
     ours.register(mine)
     reference = Histogram("op_seconds", "doc", ("op",), buckets=_OP_BUCKETS, registry=theirs)
     for op, seconds in [("add", 3e-6), ("add", 1e-5), ("add", 0.002), ("backward", 0.3), ("x", 100.0), ("add", 5.0)]:
@@ -228,6 +230,36 @@ def test_grads_taken_over_never_alias_another_tensor():
                              {"kind": "backward", "tensors": ["c"], "grad_tensors": [ref("t")]}], "leaf")
     _grad(session, "c").zero_()
     assert torch.equal(session.tensors["t"]._custom_data, t)
+
+
+def test_grads_taken_over_equal_the_grads_of_the_plain_path_that_clones_them(monkeypatch):
+    """``grad_ownership.owned`` (the speed path) against cloning every grad (the plain path)."""
+    gen = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(6, 40, generator=gen), torch.randn(30, 40, generator=gen), torch.randn(30, generator=gen)
+    ref = lambda t: {"ref": t}  # noqa: E731
+    steps = [_put("x", x), _put("w", w, True), _put("b", b, True),
+             {"kind": "call", "op": "linear", "args": [ref("x"), ref("w"), ref("b")], "out": ["h"]},
+             {"kind": "call", "op": "tanh", "args": [ref("h")], "out": ["t"]},
+             {"kind": "call", "op": "sum", "args": [ref("t")], "out": ["l"]},
+             {"kind": "backward", "tensors": ["l"], "retain_graph": True},
+             {"kind": "backward", "tensors": ["l"]}]  # the second accumulates into what the first took over
+
+    taken = []
+    real_owned = grad_ownership.owned
+
+    def watched(grads, i):
+        taken.append(real_owned(grads, i))
+        return taken[-1]
+
+    monkeypatch.setattr(grad_ownership, "owned", watched)
+    _, fast, settings = _session()
+    _run(fast, settings, steps, "fast")
+    assert any(taken), "no grad was taken over: the speed path was not exercised"
+    monkeypatch.setattr(grad_ownership, "owned", lambda grads, i: False)
+    _, plain, _ = _session()
+    _run(plain, settings, steps, "plain")
+    for tid in ("w", "b"):
+        assert_same_bits(_grad(fast, tid), _grad(plain, tid))
 
 
 def test_backward_reports_and_charges_only_the_leaves_it_reaches():

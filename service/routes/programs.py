@@ -1,0 +1,55 @@
+"""``POST /v1/sessions/{sid}/programs``: run a program, the request every op rides in.
+
+A speed path: ``answer_program_request`` is plain ASGI, mounted as a ``RawRoute``
+(``service/raw_route.py``, which says what that saves and what it stands in for) and
+called by the ``Gatekeeper`` directly. It therefore takes nothing from FastAPI's
+dependencies: the backend and settings come from ``scope["app"].state``, where
+``create_app`` put them, and the caller from ``deps.caller_of``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from fastapi import APIRouter
+
+from remote_autograd.proto.frames import iter_parts
+
+from ..guards import read_body
+from ..middleware import header_text
+from ..openapi import route_doc
+from ..raw_route import RawRoute
+from .deps import PROTOCOL_KEY, caller_of
+
+router = APIRouter()
+
+
+async def answer_program_request(scope: dict, receive, send) -> None:
+    """Read the program (size and time bounded), have the backend answer it, send the answer."""
+    state = scope["app"].state
+    headers = dict(scope["headers"])
+    owner = caller_of(scope, header_text(headers.get(PROTOCOL_KEY)))
+    body = await read_body(receive, header_text(headers.get(b"content-length")), state.settings.max_body_bytes,
+                           state.settings.body_timeout_seconds)
+    answer = await state.backend.answer_program(scope["path_params"]["sid"], owner, body,
+                                                header_text(headers.get(b"content-type")),
+                                                header_text(headers.get(b"accept")))
+    # where the time went, for clients and benchmarks: steps inside the worker, and the worker hop
+    timing = f"steps;dur={answer.steps_seconds * 1e3:.3f}, worker;dur={answer.worker_seconds * 1e3:.3f}"
+    await send({"type": "http.response.start", "status": answer.status, "headers": [
+        (b"content-type", answer.media_type.encode()), (b"content-length", str(answer.total).encode()),
+        (b"server-timing", timing.encode())]})
+    pieces = list(iter_parts(answer.parts)) or [b""]  # a small answer is one piece: one send
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        await send({"type": "http.response.body", "body": piece, "more_body": i < last})
+
+
+async def _program_doc(sid: str) -> None:
+    """Run a program: its steps in order against the session (SPEC.md §5)."""
+
+
+router.add_api_route(
+    "/v1/sessions/{sid}/programs", _program_doc, methods=["POST"], name="run_program",
+    route_class_override=partial(RawRoute, asgi=answer_program_request),
+    **route_doc(200, "ProgramResult", body="Program", extra={507: "ErrorResponse"}))
