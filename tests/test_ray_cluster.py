@@ -101,7 +101,7 @@ def test_training_gives_the_parameters_of_the_inprocess_backend(fronts):
                 model = s.module(_mlp())
                 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
                 losses = _train(model, opt, s.tensor(X), s.tensor(Y), steps=8)
-                states.append((losses, model.state_dict()))
+                states.append((losses, {k: v.cpu() for k, v in model.state_dict().items()}))  # on the device, as torch's
     (ray_losses, ray_state), (other_losses, other_state), (local_losses, local_state) = states
     assert ray_losses == other_losses == local_losses
     for k, v in local_state.items():
