@@ -1,7 +1,7 @@
 """JSON Schema of every protocol message, generated from the pydantic models.
 
 ``proto/schema.json`` is this module's output, committed so that tools in other
-languages can validate or generate code without Python; ``tests/test_schema.py``
+languages can validate or generate code without Python; ``tests/proto/test_schema.py``
 fails when it is stale. The same definitions fill the OpenAPI components
 (``service/openapi.py``), so the SPEC, the schema file and ``/docs`` describe
 one set of shapes.

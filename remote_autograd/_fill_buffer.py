@@ -7,7 +7,7 @@ is not zero-filled, is filled in place (no joining copy, so framed tensors can b
 views of it), and for a big one a helper thread maps the pages a little ahead of the
 filling (``madvise(MADV_POPULATE_WRITE)``). It shows in ``make bench``'s ``[bulk]``
 lines, "upload (sess.tensor + sync)" (the server reads the body into one) and
-"download (x.cpu())" (the SDK reads the answer into one). ``tests/test_fill_buffer.py``
+"download (x.cpu())" (the SDK reads the answer into one). ``tests/proto/test_fill_buffer.py``
 checks it holds what a plain ``bytearray`` fill holds.
 
 It lives at the package top, not in ``proto`` (the wire format: what both sides agree

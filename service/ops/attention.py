@@ -4,7 +4,7 @@ Both native: torch's own composition and derivative. ``nn.MultiheadAttention`` (
 ``nn.Transformer``, ``TransformerEncoderLayer``, ``TransformerDecoderLayer``) hands its
 whole forward to ``F.multi_head_attention_forward`` through ``__torch_function__``, so
 one step runs it on the server. Attention dropout draws from the session's generator;
-the samples use ``dropout_p=0`` so gradcheck sees one function (tests/test_op_families.py
+the samples use ``dropout_p=0`` so gradcheck sees one function (tests/ops/test_op_families.py
 checks the dropout draws against local torch). Not twice differentiable where torch picks
 its fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu`` has no double backward),
 so neither entry claims it.

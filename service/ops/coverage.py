@@ -1,7 +1,7 @@
 """The op-coverage table of ``docs/ops.md``, generated from the op table.
 
 ``python -m remote_autograd.service.ops.coverage`` prints it; ``--write docs/ops.md`` replaces the
-block between the coverage markers (``tests/test_docs.py`` checks the file is current).
+block between the coverage markers (``tests/e2e/test_docs.py`` checks the file is current).
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@ Each module holds a model and ``train(model, device, steps, ...) -> (losses, mod
 calls the SDK: they move the model and the data with ``.to(device)`` or build them
 inside ``with torch.device(device)``, like code written for ``"cuda"``, so the
 device is the only difference between a run on ``"cpu"`` and one on
-``sess.device`` (tests/test_real_models.py).
+``sess.device`` (tests/e2e/test_real_models.py).
 """

@@ -10,7 +10,7 @@ import torch
 from remote_autograd import client
 from remote_autograd.client import _infer
 
-from .conftest import start_server
+from ..conftest import start_server
 
 pytestmark = pytest.mark.backends("inprocess", "ray")  # layout-free: the same on either backend
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from remote_autograd.service.ops import OP_TABLE
 
-from .bits import assert_same_bits
+from ..bits import assert_same_bits
 
 cross_entropy = OP_TABLE.get("cross_entropy").fn
 nll_loss = OP_TABLE.get("nll_loss").fn

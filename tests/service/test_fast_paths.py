@@ -27,7 +27,7 @@ from remote_autograd.service.settings import Settings
 from remote_autograd.service.step_histogram import StepHistogram
 from remote_autograd.service.store import SessionStore
 
-from .bits import assert_same_bits
+from ..bits import assert_same_bits
 
 def _id(case) -> str:
     entry, i = case

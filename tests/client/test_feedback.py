@@ -53,7 +53,7 @@ def test_an_older_server_says_upgrade_the_server():
 
 def test_other_errors_on_connect_are_unchanged():
     """Only a protocol mismatch is rewritten: a wrong token still reads as the server said."""
-    from .conftest import start_server
+    from ..conftest import start_server
 
     with start_server(REMOTE_AUTOGRAD_TOKENS="sesame") as url:
         with pytest.raises(client.RemoteError) as info:

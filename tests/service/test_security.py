@@ -15,8 +15,8 @@ import pytest
 
 from remote_autograd import client
 
-from .servers import ROOT
-from .servers import AUTH, api, call, error_of, program, put, ref, running
+from ..servers import ROOT
+from ..servers import AUTH, api, call, error_of, program, put, ref, running
 
 TOKEN_A, TOKEN_B = "tok-alpha-0123456789", "tok-beta-9876543210"
 UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid bearer token", "step": None,

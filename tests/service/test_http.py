@@ -20,9 +20,9 @@ import torch
 
 from remote_autograd.proto import decode_tensor, encode_tensor
 
-from .conftest import PROTOCOL_HEADERS, start_server
+from ..conftest import PROTOCOL_HEADERS, start_server
 
-SPEC = Path(__file__).resolve().parent.parent / "proto" / "SPEC.md"
+SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 FORMATS = ["msgpack", "json"]

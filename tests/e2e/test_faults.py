@@ -18,7 +18,7 @@ import torch
 from remote_autograd import client
 from remote_autograd.client._transport import Transport
 
-from .servers import _free_port, api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
+from ..servers import _free_port, api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
 
 # -- atomic steps under stress -------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAIN, CPU = ROOT / "docker-compose.yml", ROOT / "docker-compose.cpu.yml"
 RAY = ROOT / "docker-compose.ray.yml"
 

@@ -41,8 +41,8 @@ import httpx
 import pytest
 import torch
 
-from . import models
-from .models import char_lstm, dcgan, gpt, resnet, sine_lstm, transformer_classifier, vae
+from .. import models
+from ..models import char_lstm, dcgan, gpt, resnet, sine_lstm, transformer_classifier, vae
 
 SEED = 2026
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-6}, torch.float64: {"rtol": 1e-5, "atol": 1e-9}}

@@ -20,7 +20,7 @@ import torch
 from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.schema import SCHEMA_PATH, document, render
 
-SPEC = Path(__file__).resolve().parent.parent / "proto" / "SPEC.md"
+SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
 # Shown inside another message's example instead of on their own.
 EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList"}

@@ -17,9 +17,9 @@ from torch import nn
 
 from remote_autograd import client
 
-from .conftest import start_server
-from .ray_cluster import cluster_or_skip, front_env
-from .servers import api, call, error_of, program, put, ref
+from ..conftest import start_server
+from ..ray_cluster import cluster_or_skip, front_env
+from ..servers import api, call, error_of, program, put, ref
 from .test_training import _data, _mlp, _train
 
 TOKENS = ("alice", "bob")

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from .servers import AUTH, Server, api, program, put, running
+from ..servers import AUTH, Server, api, program, put, running
 
 TOKEN = "fuzz-token-5b1d"
 MAX_EXAMPLES = 25

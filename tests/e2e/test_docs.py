@@ -13,7 +13,7 @@ import pytest
 
 from remote_autograd.service.ops.coverage import BEGIN, END, coverage_markdown, replace_block
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPS_DOC = ROOT / "docs" / "ops.md"
 DOCUMENTS = ["README.md", "ARCHITECTURE.md", "docs/ops.md", "bench/README.md", "proto/SPEC.md",
              "proto/SPEC-examples.md", "docker/local/README.md"]

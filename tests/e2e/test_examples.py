@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import start_server
+from ..conftest import start_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CURL_SH = ROOT / "examples" / "curl.sh"
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .servers import ROOT, _free_port
+from ..servers import ROOT, _free_port
 
 pytestmark = pytest.mark.tooling
 
