@@ -13,7 +13,7 @@ import copy
 import torch
 
 from remote_autograd import client
-from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch
+from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
 
 from ._util import measure, row
 
@@ -27,14 +27,7 @@ def _step_fn(model: GPT, device, data: torch.Tensor):
     batches = torch.Generator().manual_seed(0)
 
     def step() -> float:
-        x, y = get_batch(data, _CONFIG.block_size, 8, batches, device)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        return loss.item()
+        return train_step(model, optimizer, scheduler, *get_batch(data, _CONFIG.block_size, 8, batches, device))
 
     return step
 

@@ -142,14 +142,19 @@ def train(model: GPT, device, steps: int, data: torch.Tensor, *, batch_size: int
     losses = []
     for _ in range(steps):
         x, y = get_batch(data, model.cfg.block_size, batch_size, batches, device)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
+        losses.append(train_step(model, optimizer, scheduler, x, y))
     return losses, model
+
+
+def train_step(model: GPT, optimizer, scheduler, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One step: forward, backward, clipping, AdamW and the schedule; the loss as a number."""
+    _, loss = model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
 
 
 def sample(model: GPT, device, prompt: torch.Tensor, max_new_tokens: int, top_k: int) -> list[list[int]]:
