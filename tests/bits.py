@@ -1,4 +1,4 @@
-"""One comparison for the fast-path tests: the same dtype, shape, strides and bytes (NaNs included)."""
+"""Small helpers several test files share: a bit-for-bit comparison and a plain training loop."""
 
 from __future__ import annotations
 
@@ -11,3 +11,15 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.requires_grad == want.requires_grad
     as_bytes = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)  # noqa: E731  (NaNs compare too)
     assert torch.equal(as_bytes(got), as_bytes(want)), (got, want)
+
+
+def fit(model, opt, loss_fn, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+    """``steps`` plain steps of ``loss_fn(model(x), y)`` on fixed data; the losses, read with ``.item()``."""
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
+from ..bits import fit
 
 
 def _puts(sess: client.Session, fn) -> tuple[object, list[dict]]:
@@ -131,13 +132,7 @@ def _data(model_fn, device):
 
 
 def _fit(model, opt, X, Y, steps):
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(X), Y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = fit(model, opt, F.cross_entropy, X, Y, steps)
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}
 
 

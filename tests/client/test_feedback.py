@@ -33,22 +33,17 @@ def server_speaking(protocol: str) -> client.InProcessTransport:
                                                        Route("/v1/{rest:path}", refuse, methods=["GET", "POST"])]))
 
 
-def test_a_newer_server_says_upgrade_the_client():
+@pytest.mark.parametrize("theirs, advice", [
+    ("2", ["upgrade this client", "pip install -U remote-autograd"]),  # a newer server
+    ("0", ["upgrade the server"]),  # an older server
+])
+def test_a_protocol_mismatch_says_which_side_to_upgrade(theirs, advice):
     with pytest.raises(client.RemoteError) as info:
-        client.connect(transport=server_speaking("2"))
+        client.connect(transport=server_speaking(theirs))
     message = str(info.value)
     assert info.value.code == "protocol_mismatch"
-    assert "speaks protocol 1" in message and "speaks protocol 2" in message
-    assert "upgrade this client" in message and "pip install -U remote-autograd" in message
-
-
-def test_an_older_server_says_upgrade_the_server():
-    with pytest.raises(client.RemoteError) as info:
-        client.connect(transport=server_speaking("0"))
-    message = str(info.value)
-    assert info.value.code == "protocol_mismatch"
-    assert "speaks protocol 1" in message and "speaks protocol 0" in message
-    assert "upgrade the server" in message
+    assert "speaks protocol 1" in message and f"speaks protocol {theirs}" in message
+    assert all(words in message for words in advice), message
 
 
 def test_other_errors_on_connect_are_unchanged():

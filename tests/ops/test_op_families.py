@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
+from ..bits import fit
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -157,15 +158,7 @@ def _mlp():
 
 def _train(model, opt, steps=6):
     """A few steps of regression on fixed data; the losses and the final parameters."""
-    x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return fit(model, opt, F.mse_loss, _data(16, 6, seed=4), _data(16, 3, seed=5), steps)
 
 
 OPTIMIZERS = {
