@@ -5,7 +5,9 @@ difference between the two runs."""
 from __future__ import annotations
 
 import io
+from typing import Iterator
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -13,26 +15,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
+from remote_autograd.proto import decode_body
+from remote_autograd.proto.frames import is_frames, unpack_frames
 from ..bits import fit
 
 
-def _puts(sess: client.Session, fn) -> tuple[object, list[dict]]:
-    """``fn()``'s result and the put steps it sent (a flush is forced inside)."""
-    sent = []
-    original = sess._transport.request
+class ProgramRecorder(httpx.BaseTransport):
+    """The in-process transport, keeping the steps of every program the SDK sends: what a test
+    asserts was uploaded, seen where the bytes leave the client rather than by patching it."""
 
-    def recording(method, path, body=None, **kw):
-        if body:
-            sent.extend(s for s in body.get("steps", []) if s["kind"] == "put")
-        return original(method, path, body, **kw)
+    def __init__(self) -> None:
+        self.inner = client.InProcessTransport()
+        self.programs: list[list[dict]] = []
 
-    sess._transport.request = recording
-    try:
-        out = fn()
-        sess.sync()
-    finally:
-        sess._transport.request = original
-    return out, sent
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/programs"):
+            body, kind = request.read(), request.headers.get("content-type")
+            self.programs.append((unpack_frames(body) if is_frames(kind) else decode_body(body, kind))["steps"])
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def puts(self) -> list[dict]:
+        return [step for steps in self.programs for step in steps if step["kind"] == "put"]
+
+
+@pytest.fixture
+def recorded() -> Iterator[tuple[client.Session, ProgramRecorder]]:
+    """A session whose programs are recorded, on an in-process server."""
+    recorder = ProgramRecorder()
+    with client.connect(transport=recorder) as sess:
+        yield sess, recorder
 
 
 # -- the device itself ---------------------------------------------------------------------------
@@ -166,16 +180,14 @@ def test_a_model_built_under_torch_device_trains_like_cpu(sess, model_fn):
     _assert_same_run(train_built_on(model_fn, sess.device), train_built_on(model_fn, "cpu"))
 
 
-def test_a_module_built_under_torch_device_uploads_nothing(sess):
+def test_a_module_built_under_torch_device_uploads_nothing(recorded):
+    sess, recorder = recorded
     torch.manual_seed(0)
-
-    def build():
-        with torch.device(sess.device):
-            return _cnn()
-
-    model, puts = _puts(sess, build)
+    with torch.device(sess.device):
+        model = _cnn()
+    sess.sync()
     # Only BatchNorm's `torch.tensor(0)` (num_batches_tracked) is data from the client: a literal.
-    assert [p["value"]["shape"] for p in puts] == [[]], "parameters are created on the server, not uploaded"
+    assert [p["value"]["shape"] for p in recorder.puts()] == [[]], "parameters are created on the server, not uploaded"
     assert all(p.device == sess.device for p in model.parameters())
     assert all(b.device == sess.device for b in model.buffers())
 
@@ -185,13 +197,18 @@ def test_a_model_moved_with_an_optimizer_made_before_trains_like_cpu(sess, model
     _assert_same_run(train_moved_to(model_fn, sess.device), train_moved_to(model_fn, "cpu"))
 
 
-def test_module_to_keeps_the_parameter_objects_and_moves_them_in_one_program(sess):
+def test_module_to_keeps_the_parameter_objects_and_moves_them_in_one_program(recorded):
+    sess, recorder = recorded
     torch.manual_seed(0)
     model = _cnn()
     before = [id(p) for p in model.parameters()]
     model.layer_grad = None
     model[0].weight.grad = torch.ones_like(model[0].weight)
-    _, puts = _puts(sess, lambda: model.to(sess.device))
+    recorder.programs.clear()
+    model.to(sess.device)
+    sess.sync()
+    assert len(recorder.programs) == 1
+    puts = recorder.puts()
     assert [id(p) for p in model.parameters()] == before
     assert all(isinstance(p, nn.Parameter) and p.requires_grad and p.device == sess.device
                for p in model.parameters())
