@@ -17,7 +17,7 @@ from ._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
 from ._tensor import RemoteTensor
 from ._transport import Transport
-from . import _composites, _moves  # noqa: F401,E402  (register nn.init, .to/.cpu/.data handlers; _tensor loads the device kernels)
+from . import _composites, _kernels, _moves  # noqa: F401,E402  (register nn.init, the device kernels, .to/.cpu/.data handlers)
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ._dispatch import Encoder, where
+from ._callsite import where
+from ._dispatch import Encoder
 from ._local import T, _local
 from ._session import _Origin, meta_from_result
 

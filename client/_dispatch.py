@@ -9,8 +9,6 @@ unless metadata depends on values.
 from __future__ import annotations
 
 import numbers
-import os
-import sys
 import weakref
 from typing import Any, Callable
 
@@ -19,71 +17,21 @@ import torch
 from remote_autograd.proto import dtype_name
 
 from . import _autocast, _infer, _views
-from ._routes import Route, torch_name
+from ._callsite import refuse_custom_function, where
+from ._routes import Route
 from ._session import Session, _Origin, meta_from_result
 from ._unsupported import refuse_local_leaf
 
-_CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
-_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 
 # Factories have no tensor argument; their metadata comes from the torch factory on meta.
 _FACTORIES: dict[str, Callable] = {
     "zeros": torch.zeros, "ones": torch.ones, "full": torch.full, "empty": torch.empty, "arange": torch.arange,
     "linspace": torch.linspace, "eye": torch.eye, "rand": torch.rand, "randn": torch.randn, "randint": torch.randint,
 }
-
-
-def where() -> str | None:
-    """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
-    f = sys._getframe(2)
-    while f is not None:
-        code = f.f_code
-        internal = _INTERNAL_CODE.get(code)
-        if internal is None:  # once per code object: optimizer steps walk a dozen torch frames per op
-            if len(_INTERNAL_CODE) > 50_000:
-                _INTERNAL_CODE.clear()
-            name = code.co_filename
-            internal = _INTERNAL_CODE[code] = name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)
-        if not internal:
-            return f"{code.co_filename}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
-_INTERNAL_CODE: dict = {}  # code object -> whether it is torch's or ours
-
-
-def refuse_custom_function(func: Callable) -> None:
-    """Raise if we are inside a user's ``autograd.Function.forward``: its backward would be lost.
-
-    torch runs a Function's forward with grad disabled and never shows us ``apply``
-    itself, so we look for ``Function.apply`` on the stack (only when grad is off).
-    """
-    f = sys._getframe(2)
-    for _ in range(64):
-        if f is None:
-            return
-        if f.f_code is _APPLY_CODE:
-            cls = f.f_locals.get("cls")
-            name = getattr(cls, "__name__", "a torch.autograd.Function")
-            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
-                raise RuntimeError(
-                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
-                    "set on a module run on remote tensors: the hook would have to run inside the server's "
-                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
-                )
-            raise RuntimeError(
-                f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
-                f"and its backward on the client, so the gradient would be silently lost. Register the "
-                f"Function as a server op instead (@op in a module named by REMOTE_AUTOGRAD_OP_MODULES; "
-                f"see README 'Custom ops') and call it as sess.ops.<name>(...)."
-            )
-        f = f.f_back
 
 
 class Encoder:

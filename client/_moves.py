@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ._device import DEVICE_TYPE
-from ._dispatch import where
+from ._callsite import where
 from ._local import T, _local, _parse_to
 from ._session import Session
 

@@ -20,10 +20,11 @@ SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from t
 
 from . import _views
 from ._local import LOCAL_HANDLERS
-from ._dispatch import apply_route, refuse_custom_function, where
+from ._callsite import refuse_custom_function, where
+from ._dispatch import apply_route
 from ._unsupported import not_in_table
 from ._session import Session, _Origin
-from . import _kernels
+from ._factory_outputs import MADE, settle_requires_grad
 
 _META_DEVICE = torch.device("meta")
 
@@ -166,8 +167,8 @@ class RemoteTensor(torch.Tensor):
         if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
             raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
                                "server); call the function without torch.compile")
-        if _kernels.MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
-            _kernels.settle_requires_grad()
+        if MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
+            settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
         if local is not None:
             return local(*args, **kwargs)
