@@ -15,7 +15,7 @@ import torch
 from ._callsite import where
 from ._dispatch import Encoder
 from ._local import T, _local
-from ._session import _Origin, meta_from_result
+from ._session_core import _Origin, meta_from_result
 
 
 @_local(T.requires_grad.__set__)

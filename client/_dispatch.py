@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -19,7 +19,7 @@ from remote_autograd.proto import dtype_name
 from . import _autocast, _infer, _views
 from ._callsite import refuse_custom_function, where
 from ._routes import Route
-from ._session import Session, _Origin, meta_from_result
+from ._session_core import SessionCore, _Origin, meta_from_result
 from ._unsupported import refuse_local_leaf
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
@@ -37,7 +37,7 @@ _FACTORIES: dict[str, Callable] = {
 class Encoder:
     """Wire values for one step's arguments; collects the RemoteTensors it saw."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionCore) -> None:
         self.session = session
         self.inputs: list = []
         self.nbytes = 0
@@ -104,7 +104,7 @@ def _value_dependent_index(idx: Any) -> bool:
     return False
 
 
-def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
@@ -176,14 +176,14 @@ def _as_list(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-def _check_same_device(session: Session, name: str, device: Any) -> None:
+def _check_same_device(session: SessionCore, name: str, device: Any) -> None:
     """``zeros_like(x, device=...)`` and friends run on the session: any other device is refused, never ignored."""
     if torch.device(device) != session.device and torch.device(device) != torch.device(session.device.type):
         raise RuntimeError(f"{name}(..., device={device}) of a remote tensor: it would be made on {session.device}; "
                            f"make it on {device} from local values instead (e.g. torch.zeros(x.shape, device=...))")
 
 
-def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
+def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
                    nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
@@ -196,7 +196,7 @@ def _queue_inplace(session: Session, step: dict, origin_where: str | None, targe
     target._after_inplace(rg, leaves)
 
 
-def _into_out(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """``func(..., out=t)`` (Adam's amsgrad ``torch.maximum(a, b, out=m)``): compute, then ``copy_`` into ``t``.
 
     As torch: out= is not differentiable, so it is refused when a graph would be recorded; a
@@ -227,7 +227,7 @@ def _tensors_in(v: Any):
             yield from _tensors_in(x)
 
 
-def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | None, route: Route, targets,
+def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str | None, route: Route, targets,
                            grad_on: bool, enc: Encoder) -> None:
     """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
     with grad on and inputs that require grad we refuse rather than drop the history."""
@@ -243,7 +243,7 @@ def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | Non
         t._after_inplace(False, frozenset())
 
 
-def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas: list, container, rg: bool,
+def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, metas: list, container, rg: bool,
                    leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
     """Give the outputs ids and local handles, queue the step, return what torch would return.
 
@@ -262,7 +262,7 @@ def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas
     return outs[0] if container is None else container(outs)
 
 
-def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
+def _apply_waiting(session: SessionCore, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
                    nbytes: int) -> Any:
     """An op whose output metadata only the server knows: send now and read it from the result."""
     step["out"], step["out_many"] = [session.new_id()], True
@@ -323,8 +323,6 @@ def _to_meta(v: Any) -> Any:
 
 def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
     """The RemoteTensors among the arguments that can receive a gradient (``skip``: positions and names)."""
-    from ._session import iter_tensors
-
     found = []
     for i, a in enumerate(args):
         if i not in skip:
@@ -333,6 +331,14 @@ def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
         if k not in skip:
             found.extend(iter_tensors([v]))
     return found
+
+
+def iter_tensors(values: Iterable[Any]):
+    for v in values:
+        if isinstance(v, _tensor.RemoteTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from iter_tensors(v)
 
 
 def _union_leaves(inputs: list) -> frozenset:
@@ -347,7 +353,7 @@ def _differentiable_dtype(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
-def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
+def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
     """Call a table op by name (``sess.ops.name(...)``, factories); metadata as its shape rule allows."""
     spec = session._routes.ops.get(name)
     if spec is None and name != "manual_seed":

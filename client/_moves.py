@@ -18,7 +18,6 @@ object and keeps it. Optimizers built before or after the move hold the same Par
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ from torch import nn
 from ._device import DEVICE_TYPE
 from ._callsite import where
 from ._local import T, _local, _parse_to
-from ._session import Session
+from ._session_core import SessionCore
 
 _APPLY_CODE = nn.Module._apply.__code__
 
@@ -59,7 +58,7 @@ def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str)
         )
 
 
-def upload_move(src: torch.Tensor, session: Session, dtype: torch.dtype | None) -> torch.Tensor:
+def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
     """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
     from ._tensor import RemoteTensor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,8 +23,11 @@ from ._local import LOCAL_HANDLERS
 from ._callsite import refuse_custom_function, where
 from ._dispatch import apply_route
 from ._unsupported import not_in_table
-from ._session import Session, _Origin
+from ._session_core import _Origin
 from ._factory_outputs import MADE, settle_requires_grad
+
+if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
+    from ._session import Session
 
 _META_DEVICE = torch.device("meta")
 
