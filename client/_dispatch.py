@@ -20,6 +20,7 @@ from . import _autocast, _infer, _views
 from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
+from ._tensor import RemoteTensor
 from ._unsupported import refuse_local_leaf
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
@@ -43,7 +44,7 @@ class Encoder:
         self.nbytes = 0
 
     def value(self, v: Any) -> Any:
-        if isinstance(v, _tensor.RemoteTensor):
+        if isinstance(v, RemoteTensor):
             if v._session is not self.session:
                 raise RuntimeError("RemoteTensors of different sessions cannot be mixed in one op")
             v._check_usable()
@@ -69,7 +70,7 @@ class Encoder:
         """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
         if t.requires_grad and torch.is_grad_enabled():
             refuse_local_leaf(t, where())
-        remote = _tensor.RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
+        remote = RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
         self.nbytes += t.numel() * t.element_size()
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
 
@@ -142,8 +143,8 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
             return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
-        if not isinstance(target, _tensor.RemoteTensor):
-            if func is _COPY and isinstance(wire_args_src[1], _tensor.RemoteTensor):  # local.copy_(remote)
+        if not isinstance(target, RemoteTensor):
+            if func is _COPY and isinstance(wire_args_src[1], RemoteTensor):  # local.copy_(remote)
                 return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
@@ -231,7 +232,7 @@ def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str |
                            grad_on: bool, enc: Encoder) -> None:
     """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
     with grad on and inputs that require grad we refuse rather than drop the history."""
-    if not all(isinstance(t, _tensor.RemoteTensor) for t in targets):
+    if not all(isinstance(t, RemoteTensor) for t in targets):
         raise TypeError(f"{route.torch_name}: in-place op on local tensors with RemoteTensor arguments")
     if grad_on and any(t._rg for t in enc.inputs):
         raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
@@ -251,7 +252,7 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
     """
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
-    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
                               leaves=leaves if rg else frozenset(), is_leaf=not rg)
             for tid, (shape, dtype) in zip(ids, metas)]
     if new_leaves:
@@ -268,7 +269,7 @@ def _apply_waiting(session: SessionCore, step: dict, origin_where: str | None, r
     step["out"], step["out_many"] = [session.new_id()], True
     index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     result = session.take_result(index)
-    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)
             for (tid, shape, dtype, req) in meta_from_result(result)]
     return tuple(outs) if result.get("tuple") else outs[0]
@@ -302,7 +303,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict, 
 
 def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
     """``(shape, dtype)`` of a tensor argument, read without a ``__torch_function__`` call; None for others."""
-    if isinstance(v, _tensor.RemoteTensor):
+    if isinstance(v, RemoteTensor):
         return v._shape, v._dtype
     if isinstance(v, torch.Tensor):
         return tuple(v.shape), v.dtype
@@ -310,7 +311,7 @@ def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
 
 
 def _to_meta(v: Any) -> Any:
-    if isinstance(v, _tensor.RemoteTensor):
+    if isinstance(v, RemoteTensor):
         return v._meta()
     if isinstance(v, torch.Tensor):
         return v.detach().to("meta")
@@ -335,7 +336,7 @@ def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
 
 def iter_tensors(values: Iterable[Any]):
     for v in values:
-        if isinstance(v, _tensor.RemoteTensor):
+        if isinstance(v, RemoteTensor):
             yield v
         elif isinstance(v, (list, tuple)):
             yield from iter_tensors(v)
@@ -370,12 +371,10 @@ def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_o
     rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
-        if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
+        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
             _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes, tuple(args[1:]), kwargs)
             if name == "set_data":  # the one in-place op that may change shape and dtype
-                from ._moves import adopt_metadata
-
-                adopt_metadata(args[0], args[1])
+                args[0]._adopt_metadata(args[1])
             return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
@@ -394,6 +393,3 @@ def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_o
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
 
-
-# Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
-from . import _tensor  # noqa: E402

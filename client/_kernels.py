@@ -23,16 +23,16 @@ import torch
 
 from ._device import session_for
 from ._factory_outputs import MADE
+from ._moves import upload_move
 
-_LIB = torch.library.Library("aten", "IMPL")  # kept alive: dropping it unregisters the kernels
-
-
+KERNELS: dict[str, Callable] = {}  # aten overload name -> our kernel for it on the PrivateUse1 key
+_LIB: torch.library.Library | None = None  # kept alive once registered: dropping it unregisters the kernels
 
 
 def _kernel(*names: str):
     def register(fn: Callable) -> Callable:
         for name in names:
-            _LIB.impl(name, fn, "PrivateUse1")
+            KERNELS[name] = fn
         return fn
 
     return register
@@ -126,8 +126,16 @@ def _randperm(n, generator=None, **kw):
 @_kernel("_to_copy")
 def _to_copy(src: torch.Tensor, **kw):
     """A local tensor moved to the remote device: uploaded (its dtype converted locally first)."""
-    from . import _moves
-
-    out = _moves.upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
+    out = upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
     MADE.refs.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
     return out
+
+
+def register_kernels() -> None:
+    """Register every kernel of ``KERNELS`` with torch's dispatcher (the package's wiring calls this once)."""
+    global _LIB
+    if _LIB is not None:
+        return
+    _LIB = torch.library.Library("aten", "IMPL")
+    for name, fn in KERNELS.items():
+        _LIB.impl(name, fn, "PrivateUse1")
