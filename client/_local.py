@@ -1,4 +1,4 @@
-"""Torch calls a RemoteTensor answers itself: metadata, value reads and conversions.
+"""Torch calls a RemoteTensor answers itself: metadata and value reads.
 
 Metadata never costs a round trip. Value reads (``item``, ``tolist``, ``repr``,
 ``bool``…) flush the queue. The autograd calls live in ``_autograd``, moves in
