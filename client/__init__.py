@@ -3,6 +3,29 @@
     with client.connect() as sess:
         w = sess.tensor(torch.randn(4, 2), requires_grad=True)
         loss = (x @ w).relu().sum(); loss.backward(); w.grad.to_torch()
+
+The package's modules are layered, lowest first; each imports only from layers below its
+own, at the top of the file (an ``if TYPE_CHECKING:`` import, for annotations only, may
+point anywhere). ``tests/client/test_layers.py`` reads this list and checks every import:
+
+    leaves:     _errors _routes _infer _views _autocast _http _progress _device _embedded
+                _callsite _factory_outputs _handler_table _ops
+    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess
+    transport:  _transport
+    queue:      _session_core
+    tensor:     _tensor
+    dispatch:   _dispatch
+    handlers:   _local _autograd _moves _packed _composites
+    kernels:    _kernels
+    session:    _session
+    wiring:     __init__
+
+``RemoteTensor.__torch_function__`` needs the handlers and dispatch, which sit above it
+(they make and read RemoteTensors). So the tensor holds slots, and this file, the one
+place that wires, fills them as the package is imported: Python runs a package's
+``__init__`` before any of its modules can be used, so no one meets a half-wired tensor,
+whichever module they import. It also merges the handler modules' tables (refusing a
+callable claimed twice) and registers the device kernels with torch's dispatcher.
 """
 
 from __future__ import annotations
@@ -12,12 +35,19 @@ import os
 import httpx
 import torch
 
+from . import _autograd, _composites, _dispatch, _kernels, _local, _moves, _packed, _tensor
+from ._embedded import embedded_url
 from ._errors import RemoteError, SessionLost
+from ._handler_table import merge
 from ._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
 from ._tensor import RemoteTensor
 from ._transport import Transport
-from . import _composites, _moves  # noqa: F401,E402  (register nn.init, .to/.cpu/.data handlers; _tensor loads the device kernels)
+
+_tensor.wire(local_handlers=merge(_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS,
+                                  _composites.HANDLERS),
+             apply_route=_dispatch.apply_route)
+_kernels.register_kernels()
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 
@@ -34,8 +64,6 @@ def connect(url: str | None = None, *, token: str | None = None, pipeline: bool 
     """
     url = url or os.environ.get("REMOTE_AUTOGRAD_URL")
     if not url and transport is None:
-        from ._embedded import embedded_url
-
         url = embedded_url()
     # A transport of your own with no URL: only the Host header and messages show it.
     return Session(Transport(url or IN_PROCESS_URL, token, timeout=timeout, transport=transport), pipeline=pipeline)

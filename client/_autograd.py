@@ -12,9 +12,16 @@ from typing import Any
 
 import torch
 
-from ._dispatch import Encoder, where
-from ._local import T, _local
-from ._session import _Origin, meta_from_result
+from . import _views
+from ._callsite import where
+from ._dispatch import Encoder
+from ._handler_table import HandlerTable
+from ._session_core import _Origin, meta_from_result
+from ._tensor import RemoteTensor
+
+T = torch.Tensor
+HANDLERS = HandlerTable()
+_local = HANDLERS.on
 
 
 @_local(T.requires_grad.__set__)
@@ -53,7 +60,7 @@ def _requires_grad_(t, requires_grad=True):
 def _detach(t):
     t._check_usable()
     tid = t._session.new_id()
-    out = _tensor.RemoteTensor._new(t._session, tid, t._shape, t._dtype)
+    out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
                        _Origin("detach", where(), [weakref.ref(out)]))
     if t._grad_owner is None:  # shares t's memory and version counter on the server, as torch's detach does
@@ -92,7 +99,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data of a different size")
         if value.dtype != t._dtype:
             raise RuntimeError("assigned grad has data of a different type")
-        ref = Encoder(t._session).value(value if isinstance(value, (_tensor.RemoteTensor, torch.Tensor)) else value)
+        ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
     t._has_grad = value is not None
     t._grad_cache = None
@@ -124,7 +131,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
     session = tensors[0]._session
     enc = Encoder(session)
     for t in tensors:
-        if not isinstance(t, _tensor.RemoteTensor):
+        if not isinstance(t, RemoteTensor):
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
@@ -197,14 +204,11 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
             if m is None:
                 grads.append(torch.zeros_like(inp) if materialize_grads else None)
             else:
-                grads.append(_tensor.RemoteTensor._new(session, m[0], m[1], m[2], requires_grad=m[3],
+                grads.append(RemoteTensor._new(session, m[0], m[1], m[2], requires_grad=m[3],
                                                leaves=leaves if m[3] else frozenset(), is_leaf=not m[3]))
         return tuple(grads)
-    grads = tuple(_tensor.RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
+    grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
                                     leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
     session.enqueue(step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes)
     return grads
 
-
-# Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
-from . import _tensor, _views  # noqa: E402

@@ -15,7 +15,7 @@ import types
 import torch
 from torch.nn import init
 
-from ._local import _local
+from ._handler_table import HandlerTable
 
 _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
                    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
@@ -47,7 +47,8 @@ def _body(func: types.FunctionType) -> types.FunctionType:
     return copy
 
 
+HANDLERS = HandlerTable()
 for _name in _INIT_FUNCTIONS:
     _fn = getattr(init, _name, None)
     if isinstance(_fn, types.FunctionType):
-        _local(_fn)(_body(_fn))
+        HANDLERS[_fn] = _body(_fn)

@@ -9,27 +9,24 @@ unless metadata depends on values.
 from __future__ import annotations
 
 import numbers
-import os
-import sys
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from remote_autograd.proto import dtype_name
 
 from . import _autocast, _infer, _views
-from ._routes import Route, torch_name
-from ._session import Session, _Origin, meta_from_result
+from ._callsite import refuse_custom_function, where
+from ._routes import Route
+from ._session_core import SessionCore, _Origin, meta_from_result
+from ._tensor import RemoteTensor
 from ._unsupported import refuse_local_leaf
 
-_CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
-_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 
 # Factories have no tensor argument; their metadata comes from the torch factory on meta.
 _FACTORIES: dict[str, Callable] = {
@@ -38,64 +35,16 @@ _FACTORIES: dict[str, Callable] = {
 }
 
 
-def where() -> str | None:
-    """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
-    f = sys._getframe(2)
-    while f is not None:
-        code = f.f_code
-        internal = _INTERNAL_CODE.get(code)
-        if internal is None:  # once per code object: optimizer steps walk a dozen torch frames per op
-            if len(_INTERNAL_CODE) > 50_000:
-                _INTERNAL_CODE.clear()
-            name = code.co_filename
-            internal = _INTERNAL_CODE[code] = name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)
-        if not internal:
-            return f"{code.co_filename}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
-_INTERNAL_CODE: dict = {}  # code object -> whether it is torch's or ours
-
-
-def refuse_custom_function(func: Callable) -> None:
-    """Raise if we are inside a user's ``autograd.Function.forward``: its backward would be lost.
-
-    torch runs a Function's forward with grad disabled and never shows us ``apply``
-    itself, so we look for ``Function.apply`` on the stack (only when grad is off).
-    """
-    f = sys._getframe(2)
-    for _ in range(64):
-        if f is None:
-            return
-        if f.f_code is _APPLY_CODE:
-            cls = f.f_locals.get("cls")
-            name = getattr(cls, "__name__", "a torch.autograd.Function")
-            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
-                raise RuntimeError(
-                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
-                    "set on a module run on remote tensors: the hook would have to run inside the server's "
-                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
-                )
-            raise RuntimeError(
-                f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
-                f"and its backward on the client, so the gradient would be silently lost. Register the "
-                f"Function as a server op instead (@op in a module named by REMOTE_AUTOGRAD_OP_MODULES; "
-                f"see README 'Custom ops') and call it as sess.ops.<name>(...)."
-            )
-        f = f.f_back
-
-
 class Encoder:
     """Wire values for one step's arguments; collects the RemoteTensors it saw."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionCore) -> None:
         self.session = session
         self.inputs: list = []
         self.nbytes = 0
 
     def value(self, v: Any) -> Any:
-        if isinstance(v, _tensor.RemoteTensor):
+        if isinstance(v, RemoteTensor):
             if v._session is not self.session:
                 raise RuntimeError("RemoteTensors of different sessions cannot be mixed in one op")
             v._check_usable()
@@ -121,7 +70,7 @@ class Encoder:
         """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
         if t.requires_grad and torch.is_grad_enabled():
             refuse_local_leaf(t, where())
-        remote = _tensor.RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
+        remote = RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
         self.nbytes += t.numel() * t.element_size()
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
 
@@ -156,7 +105,7 @@ def _value_dependent_index(idx: Any) -> bool:
     return False
 
 
-def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
@@ -194,8 +143,8 @@ def apply_route(session: Session, func: Callable, route: Route, args: tuple, kwa
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
             return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
-        if not isinstance(target, _tensor.RemoteTensor):
-            if func is _COPY and isinstance(wire_args_src[1], _tensor.RemoteTensor):  # local.copy_(remote)
+        if not isinstance(target, RemoteTensor):
+            if func is _COPY and isinstance(wire_args_src[1], RemoteTensor):  # local.copy_(remote)
                 return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
@@ -228,14 +177,14 @@ def _as_list(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-def _check_same_device(session: Session, name: str, device: Any) -> None:
+def _check_same_device(session: SessionCore, name: str, device: Any) -> None:
     """``zeros_like(x, device=...)`` and friends run on the session: any other device is refused, never ignored."""
     if torch.device(device) != session.device and torch.device(device) != torch.device(session.device.type):
         raise RuntimeError(f"{name}(..., device={device}) of a remote tensor: it would be made on {session.device}; "
                            f"make it on {device} from local values instead (e.g. torch.zeros(x.shape, device=...))")
 
 
-def _queue_inplace(session: Session, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
+def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
                    nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
@@ -248,7 +197,7 @@ def _queue_inplace(session: Session, step: dict, origin_where: str | None, targe
     target._after_inplace(rg, leaves)
 
 
-def _into_out(session: Session, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
+def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
     """``func(..., out=t)`` (Adam's amsgrad ``torch.maximum(a, b, out=m)``): compute, then ``copy_`` into ``t``.
 
     As torch: out= is not differentiable, so it is refused when a graph would be recorded; a
@@ -279,11 +228,11 @@ def _tensors_in(v: Any):
             yield from _tensors_in(x)
 
 
-def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | None, route: Route, targets,
+def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str | None, route: Route, targets,
                            grad_on: bool, enc: Encoder) -> None:
     """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
     with grad on and inputs that require grad we refuse rather than drop the history."""
-    if not all(isinstance(t, _tensor.RemoteTensor) for t in targets):
+    if not all(isinstance(t, RemoteTensor) for t in targets):
         raise TypeError(f"{route.torch_name}: in-place op on local tensors with RemoteTensor arguments")
     if grad_on and any(t._rg for t in enc.inputs):
         raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
@@ -295,7 +244,7 @@ def _queue_foreach_inplace(session: Session, step: dict, origin_where: str | Non
         t._after_inplace(False, frozenset())
 
 
-def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas: list, container, rg: bool,
+def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, metas: list, container, rg: bool,
                    leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
     """Give the outputs ids and local handles, queue the step, return what torch would return.
 
@@ -303,7 +252,7 @@ def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas
     """
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
-    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
                               leaves=leaves if rg else frozenset(), is_leaf=not rg)
             for tid, (shape, dtype) in zip(ids, metas)]
     if new_leaves:
@@ -314,13 +263,13 @@ def _queue_outputs(session: Session, step: dict, origin_where: str | None, metas
     return outs[0] if container is None else container(outs)
 
 
-def _apply_waiting(session: Session, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
+def _apply_waiting(session: SessionCore, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
                    nbytes: int) -> Any:
     """An op whose output metadata only the server knows: send now and read it from the result."""
     step["out"], step["out_many"] = [session.new_id()], True
     index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
     result = session.take_result(index)
-    outs = [_tensor.RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
+    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)
             for (tid, shape, dtype, req) in meta_from_result(result)]
     return tuple(outs) if result.get("tuple") else outs[0]
@@ -354,7 +303,7 @@ def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict, 
 
 def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
     """``(shape, dtype)`` of a tensor argument, read without a ``__torch_function__`` call; None for others."""
-    if isinstance(v, _tensor.RemoteTensor):
+    if isinstance(v, RemoteTensor):
         return v._shape, v._dtype
     if isinstance(v, torch.Tensor):
         return tuple(v.shape), v.dtype
@@ -362,7 +311,7 @@ def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
 
 
 def _to_meta(v: Any) -> Any:
-    if isinstance(v, _tensor.RemoteTensor):
+    if isinstance(v, RemoteTensor):
         return v._meta()
     if isinstance(v, torch.Tensor):
         return v.detach().to("meta")
@@ -375,8 +324,6 @@ def _to_meta(v: Any) -> Any:
 
 def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
     """The RemoteTensors among the arguments that can receive a gradient (``skip``: positions and names)."""
-    from ._session import iter_tensors
-
     found = []
     for i, a in enumerate(args):
         if i not in skip:
@@ -385,6 +332,14 @@ def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
         if k not in skip:
             found.extend(iter_tensors([v]))
     return found
+
+
+def iter_tensors(values: Iterable[Any]):
+    for v in values:
+        if isinstance(v, RemoteTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from iter_tensors(v)
 
 
 def _union_leaves(inputs: list) -> frozenset:
@@ -399,7 +354,7 @@ def _differentiable_dtype(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
-def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
+def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
     """Call a table op by name (``sess.ops.name(...)``, factories); metadata as its shape rule allows."""
     spec = session._routes.ops.get(name)
     if spec is None and name != "manual_seed":
@@ -416,12 +371,10 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
     leaves = _union_leaves(enc.inputs) if rg else frozenset()
     if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
-        if n_out != 0 and args and isinstance(args[0], _tensor.RemoteTensor):
+        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
             _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes, tuple(args[1:]), kwargs)
             if name == "set_data":  # the one in-place op that may change shape and dtype
-                from ._moves import adopt_metadata
-
-                adopt_metadata(args[0], args[1])
+                args[0]._adopt_metadata(args[1])
             return args[0]
         step["out"] = []
         session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
@@ -440,6 +393,3 @@ def call_named(session: Session, name: str, args: list, kwargs: dict, *, n_out: 
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                           new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
 
-
-# Last: ``_tensor`` imports this module, and a function-level import costs ~1 µs a call.
-from . import _tensor  # noqa: E402

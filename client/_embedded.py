@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 _START_TIMEOUT = 120.0  # seconds; a cold start imports torch (and CUDA) in the child
 _lock = threading.Lock()
 _server: "EmbeddedServer | None" = None
@@ -120,8 +122,6 @@ def _launch(port: int) -> EmbeddedServer:
 
 
 def _wait_healthy(server: EmbeddedServer) -> None:
-    import httpx
-
     deadline = time.monotonic() + _START_TIMEOUT
     while server.alive() and time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):

@@ -22,6 +22,8 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from ._embedded import service_app
+
 IN_PROCESS_URL = "http://in-process"  # what a session on a transport given without a URL calls its server
 
 
@@ -32,8 +34,6 @@ class InProcessTransport(httpx.BaseTransport):
 
     def __init__(self, app: Callable[..., Awaitable[None]] | None = None) -> None:
         if app is None:
-            from ._embedded import service_app
-
             app = service_app()
         # An exception in the app becomes the 500 answer it sent, as a client over a socket sees it.
         self._asgi = httpx.ASGITransport(app, raise_app_exceptions=False)

@@ -10,38 +10,29 @@ this costs ordinary torch nothing (an always-on TorchFunctionMode would tax ever
 
 Each kernel queues the server's op of the same name (random ones draw from the
 session's generator). ``requires_grad=True`` is set by torch *after* the kernel
-returns, on the C++ side; ``settle_requires_grad`` carries it over to the handle before
-the SDK next looks at any RemoteTensor.
+returns, on the C++ side; ``_factory_outputs.settle_requires_grad`` carries it over to the
+handle before the SDK next looks at any RemoteTensor.
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from ._device import session_for
+from ._factory_outputs import MADE
+from ._moves import upload_move
 
-_LIB = torch.library.Library("aten", "IMPL")  # kept alive: dropping it unregisters the kernels
-
-
-class _Made(threading.local):
-    """Factory outputs (per thread) whose requires_grad torch may still set, held weakly: torch
-    reuses the returned tensor only when nothing else holds it (else it detaches it, through us)."""
-
-    def __init__(self) -> None:
-        self.refs: list = []
-
-
-MADE = _Made()
+KERNELS: dict[str, Callable] = {}  # aten overload name -> our kernel for it on the PrivateUse1 key
+_LIB: torch.library.Library | None = None  # kept alive once registered: dropping it unregisters the kernels
 
 
 def _kernel(*names: str):
     def register(fn: Callable) -> Callable:
         for name in names:
-            _LIB.impl(name, fn, "PrivateUse1")
+            KERNELS[name] = fn
         return fn
 
     return register
@@ -135,27 +126,16 @@ def _randperm(n, generator=None, **kw):
 @_kernel("_to_copy")
 def _to_copy(src: torch.Tensor, **kw):
     """A local tensor moved to the remote device: uploaded (its dtype converted locally first)."""
-    from . import _moves
-
-    out = _moves.upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
+    out = upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
     MADE.refs.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
     return out
 
 
-def settle_requires_grad() -> None:
-    """Give factory outputs the ``requires_grad`` torch set on them after our kernel returned.
-
-    Called at the SDK's entry points (every ``__torch_function__`` call of a RemoteTensor):
-    torch sets the flag right after the kernel, before user code can use the tensor.
-    """
-    made, MADE.refs = MADE.refs, []
-    for ref in made:
-        t = ref()
-        if t is None:
-            continue
-        with torch._C.DisableTorchFunctionSubclass():
-            wanted = torch.Tensor.requires_grad.__get__(t)
-        if wanted:
-            with torch._C.DisableTorchFunctionSubclass():
-                torch.Tensor.requires_grad.__set__(t, False)  # the handle's own flag is the truth
-            t.requires_grad_(True)
+def register_kernels() -> None:
+    """Register every kernel of ``KERNELS`` with torch's dispatcher (the package's wiring calls this once)."""
+    global _LIB
+    if _LIB is not None:
+        return
+    _LIB = torch.library.Library("aten", "IMPL")
+    for name, fn in KERNELS.items():
+        _LIB.impl(name, fn, "PrivateUse1")

@@ -1,30 +1,22 @@
-"""Torch calls a RemoteTensor answers itself: metadata, value reads and conversions.
+"""Torch calls a RemoteTensor answers itself: metadata and value reads.
 
 Metadata never costs a round trip. Value reads (``item``, ``tolist``, ``repr``,
-``bool``…) flush the queue. The autograd calls live in ``_autograd``, which
-registers into the same table.
+``bool``…) flush the queue. The autograd calls live in ``_autograd``, moves in
+``_moves``; each module has a table of its own, which the package's wiring merges.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
 from . import _views
 from ._device import DEVICE_TYPE
+from ._handler_table import HandlerTable
+from ._tensor import RemoteTensor
 
 T = torch.Tensor
-LOCAL_HANDLERS: dict[Callable, Callable] = {}
-
-
-def _local(*funcs):
-    def register(handler):
-        for f in funcs:
-            LOCAL_HANDLERS[f] = handler
-        return handler
-
-    return register
+HANDLERS = HandlerTable()
+_local = HANDLERS.on
 
 
 # -- metadata ---------------------------------------------------------------------------------
@@ -163,8 +155,6 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 
 def _local_value(x):
-    from ._tensor import RemoteTensor
-
     return x._value() if isinstance(x, RemoteTensor) else x
 
 
@@ -172,25 +162,3 @@ def _local_value(x):
 def _reduce_ex(t, protocol):
     # Pickle (and torch.save) store the values as a plain tensor, never the handle.
     return t.to_torch().detach().requires_grad_(t._rg).__reduce_ex__(protocol)
-
-
-# -- conversions (``Tensor.to``, ``cpu``, ``.data`` live in ``_moves``) ------------------------
-
-
-def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dtype | None]:
-    """(device, dtype) from ``Tensor.to``'s overloads: dtype, device[, dtype], or another tensor."""
-    device, dtype = kwargs.get("device"), kwargs.get("dtype")
-    for a in args:
-        if isinstance(a, torch.dtype):
-            dtype = a
-        elif isinstance(a, torch.Tensor):
-            device, dtype = a.device, a.dtype
-        elif isinstance(a, (str, torch.device)) or (type(a) is int):
-            device = a
-    if device is not None and not isinstance(device, torch.device):
-        device = torch.device(device)
-    return device, dtype
-
-
-from . import _autograd  # noqa: E402,F401  (registers the autograd handlers in LOCAL_HANDLERS)
-from . import _packed  # noqa: E402,F401  (registers the packed-sequence handlers)

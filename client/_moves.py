@@ -18,15 +18,20 @@ object and keeps it. Optimizers built before or after the move hold the same Par
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 from torch import nn
 
+from ._callsite import where
 from ._device import DEVICE_TYPE
-from ._dispatch import where
-from ._local import T, _local, _parse_to
-from ._session import Session
+from ._dispatch import apply_route
+from ._handler_table import HandlerTable
+from ._session_core import SessionCore
+from ._tensor import RemoteTensor
+
+T = torch.Tensor
+HANDLERS = HandlerTable()
+_local = HANDLERS.on
 
 _APPLY_CODE = nn.Module._apply.__code__
 
@@ -59,10 +64,8 @@ def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str)
         )
 
 
-def upload_move(src: torch.Tensor, session: Session, dtype: torch.dtype | None) -> torch.Tensor:
+def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
     """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
-    from ._tensor import RemoteTensor
-
     if _converting_param(src):
         value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
         grad = None if src.grad is None else src.grad.detach().to(value.dtype)
@@ -116,6 +119,21 @@ class _Downloaded(torch.autograd.Function):
 _ANCHOR = torch.zeros((), requires_grad=True)  # gives _Downloaded's output a graph to hang on
 
 
+def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dtype | None]:
+    """(device, dtype) from ``Tensor.to``'s overloads: dtype, device[, dtype], or another tensor."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, torch.Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, (str, torch.device)) or (type(a) is int):
+            device = a
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
+    return device, dtype
+
+
 @_local(T.cpu)
 def _cpu(t, memory_format=None):
     return _download(t, torch.device("cpu"), None, "Tensor.cpu()")
@@ -142,8 +160,6 @@ def _to(t, *args, **kwargs):
     route = t._session._routes.lookup(T.to)
     if route is None:
         raise NotImplementedError("torch.Tensor.to(dtype) is not in the server's op table")
-    from ._dispatch import apply_route
-
     return apply_route(t._session, T.to, route, (t, dtype or t._dtype), {"copy": True} if copy else {})
 
 
@@ -169,8 +185,6 @@ def _data_set(t, value):
         return
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"Tensor.data must be set to a Tensor, not {type(value).__name__}")
-    from ._tensor import RemoteTensor
-
     if not isinstance(value, RemoteTensor) or value._session is not t._session:
         raise RuntimeError(
             f"Tensor.data = <a tensor on {value.device}>: the target lives on {t._session.device}; assign a "
@@ -180,17 +194,7 @@ def _data_set(t, value):
         t._grad_owner.grad = value
         return
     with torch.no_grad():
-        t._session._call_op("set_data", [t, value], {})  # adopt_metadata runs as it is queued
-
-
-def adopt_metadata(t, value) -> None:
-    """After ``t.data = value`` on the server: the handle's shape and dtype (and C++'s sizes) follow."""
-    if (value._shape, value._dtype) == (t._shape, t._dtype):
-        return
-    t._shape, t._dtype, t._meta_t = value._shape, value._dtype, None
-    wrapper = torch.Tensor._make_wrapper_subclass(type(t), value._shape, dtype=value._dtype, device=t._session.device)
-    with torch._C.DisableTorchFunctionSubclass():
-        torch._C.TensorBase.data.__set__(t, wrapper)
+        t._session._call_op("set_data", [t, value], {})  # the handle adopts value's metadata as it is queued
 
 
 # -- x.new_*: factories on x's device with x's dtype --------------------------------------------

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import torch
 
-from ._local import _local
+from ._dispatch import apply_route
+from ._handler_table import HandlerTable
+from ._tensor import RemoteTensor
+from ._unsupported import not_in_table
+
+HANDLERS = HandlerTable()
+_local = HANDLERS.on
 
 
 def _local_copy(t):
     """``lengths`` / ``batch_sizes`` as torch wants them: a local CPU tensor (read back if remote)."""
-    from ._tensor import RemoteTensor
-
     return t.to_torch() if isinstance(t, RemoteTensor) else t
 
 
 def _server_half(func, args: tuple, kwargs: dict):
     """``func(*args)`` run on the server: the first output (the data) of its two."""
-    from ._dispatch import apply_route
-    from ._unsupported import not_in_table
-
     session = args[0]._session
     route = session._routes.lookup(func)
     if route is None:

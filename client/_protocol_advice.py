@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from remote_autograd.proto import PROTOCOL_VERSION
@@ -38,8 +39,6 @@ def explain(transport: "Transport", error: RemoteError) -> RemoteError:
 
 
 def _client_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("remote-autograd")
     except PackageNotFoundError:

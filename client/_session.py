@@ -1,120 +1,33 @@
-"""``Session``: one server session, its id counter, and the queue of steps not yet sent.
+"""``Session``: the public session, with uploads, factories and ops by name.
 
-Steps are queued and sent as one program when a value is needed, on ``sync()``,
-when the queue reaches the session's limits, and on ``close()``. When step k of
-a program fails, results of steps from k on are marked failed and the error is
-raised here and again wherever a failed tensor is used.
+It builds on ``SessionCore`` (``_session_core``: the server session and its queue of
+steps), adding what makes tensors, which the core below the tensor type cannot do.
 """
 
 from __future__ import annotations
 
-import itertools
-import secrets
-import weakref
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any
 
 import torch
 
-from remote_autograd.proto import decode_tensor, dtype_from_name
-from remote_autograd.proto.frames import FRAME_MIN_BYTES
-
-from ._banner import announce
-from ._device import claim_index, release_index
-from ._errors import RemoteError
-from ._protocol_advice import explain
-from ._routes import RouteTable
-from ._transport import Transport, error_from
-
-if TYPE_CHECKING:
-    from ._tensor import RemoteTensor
-
-_ROUTE_TABLES: dict[str, RouteTable] = {}
+from ._dispatch import call_named
+from ._ops import OpsNamespace
+from ._session_core import SessionCore
+from ._tensor import RemoteTensor
+from ._transport import Transport
 
 
-@dataclass
-class _Origin:
-    """Where a queued step came from, what it makes, and how to undo local predictions."""
-
-    op: str
-    where: str | None
-    outputs: list = field(default_factory=list)  # weakrefs to RemoteTensors this step creates
-    undo: Callable[[], None] | None = None
-    on_result: Callable[[Any], None] | None = None  # corrects local predictions from the step's result
-
-
-class Session:
+class Session(SessionCore):
     """A session on a remote-autograd server. Use as a context manager, or call ``close()``."""
 
     def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
-        self._transport = transport
-        try:
-            info = transport.call("POST", "/v1/sessions", {})
-        except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
-            error = explain(transport, exc)
-            transport.close()  # no session will: its connections (or in-process app) end here
-            raise error from None
-        self.id: str = info["session_id"]
-        self.remote_device: str = info["device"]
-        self.server_version: str = info["server_version"]
-        self.limits: dict[str, Any] = info["limits"]
-        self.pipeline = pipeline
-        self._routes = _route_table(transport)
-        self._path = f"/v1/sessions/{self.id}"
-        self._program_prefix = secrets.token_hex(4)
-        self._programs = itertools.count(1)
-        self._ids = itertools.count(1)
-        self._queue: list[dict] = []
-        self._origins: list[_Origin | None] = []
-        self._queued_bytes = 0
-        self._frees: list[str] = []
-        self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
-        self._closed = False
-        self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
-        self._max_bytes = int(self.limits["max_body_bytes"]) // 2
-        from ._ops import OpsNamespace
-
+        super().__init__(transport, pipeline=pipeline)
         self.ops = OpsNamespace(self)
-        self.device: torch.device = claim_index(self)  # torch.device("remote", k) while open
-        announce(info, transport.base_url)  # one line on connect, in notebooks only
-
-    # -- context manager --------------------------------------------------------------------
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._queue)} queued"
-        return f"<remote-autograd Session {self.id} on {self._transport.base_url} ({self.remote_device}), {state}>"
-
-    def close(self) -> None:
-        """Send what is queued, then delete the session on the server (freeing all its tensors)."""
-        if self._closed:
-            return
-        try:
-            self.sync()
-        finally:
-            self._closed = True
-            release_index(self.device)
-            try:
-                self._transport.request("DELETE", self._path)
-            finally:
-                self._transport.close()
-
-    @property
-    def requests(self) -> int:
-        """HTTP requests this session's transport has sent (tests and benchmarks count these)."""
-        return self._transport.requests
 
     # -- tensors --------------------------------------------------------------------------------
 
     def tensor(self, data: Any, *, dtype: torch.dtype | None = None, requires_grad: bool = False) -> "RemoteTensor":
         """Upload ``data`` (tensor, numpy array, list or number) as a new leaf."""
-        from ._tensor import RemoteTensor
-
         if isinstance(data, torch.Tensor):
             t = data.detach()
             if dtype is not None:
@@ -131,111 +44,13 @@ class Session:
         """Kept for old code: ``optimizer.load_state_dict`` now moves state to ``param.device`` as torch does."""
         return optimizer
 
-    def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
-        """Local copies (values only, no grad) of several RemoteTensors, in one program."""
-        self._check_open()
-        start = len(self._queue)
-        for t in tensors:
-            t._check_usable()
-            if t._grad_owner is not None:
-                step = {"kind": "fetch", "id": t._grad_owner._id, "value": False, "grad": True}
-            else:
-                step = {"kind": "fetch", "id": t._id, "value": True, "grad": False}
-            self._queue.append(step)  # even an eager session sends these together: reads only
-            self._origins.append(_Origin("fetch", None))
-        results = self.flush()[start:start + len(tensors)]
-        return [decode_tensor(r["tensor"]["grad" if t._grad_owner is not None else "value"], copy=False)
-                for t, r in zip(tensors, results)]
-
     def manual_seed(self, seed: int) -> None:
         """Seed this session's own generator (dropout and random factories draw from it)."""
         self._call_op("manual_seed", [int(seed)], {}, n_out=0)
 
-    def sync(self) -> None:
-        """Send every queued step now and wait; raises the first error."""
-        self.flush()
-
-    def stats(self) -> dict[str, Any]:
-        """The server's view of this session: tensors and bytes held (sends queued steps first)."""
-        self.flush()
-        return self._transport.call("GET", self._path, session=self.id)
-
-    # -- the queue --------------------------------------------------------------------------
-
-    def new_id(self) -> str:
-        return f"t{next(self._ids)}"
-
-    def enqueue(self, step: dict, origin: _Origin | None, nbytes: int = 0) -> int:
-        """Queue a step; returns its index in the next program. Eager sessions send at once."""
-        self._check_open()
-        if self._queue and (len(self._queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
-            self.flush()
-        self._queue.append(step)
-        self._origins.append(origin)
-        self._queued_bytes += nbytes
-        index = len(self._queue) - 1
-        if not self.pipeline:
-            self._pending_results = self.flush()
-        return index
-
-    def flush(self) -> list:
-        """Send the queue as one program; the results, one per step."""
-        frees, self._frees = self._frees, []
-        steps, origins = self._queue, self._origins
-        if frees:
-            steps = steps + [{"kind": "free", "ids": frees}]
-        if not steps:
-            return []
-        big = self._queued_bytes >= FRAME_MIN_BYTES
-        self._queue, self._origins, self._queued_bytes = [], [], 0
-        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps}
-        status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
-        if status >= 400:
-            self._fail(status, body, origins)
-        results = body["results"]
-        for origin, result in zip(origins, results):
-            if origin is not None and origin.on_result is not None:
-                origin.on_result(result)
-        return results
-
-    def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
-        err = (body or {}).get("error") or {}
-        k = err.get("step")
-        k = 0 if k is None else min(k, len(origins))
-        origin = origins[k] if k < len(origins) else None
-        error = error_from(status, body, where=origin.where if origin else None, session=self.id)
-        if origin is not None and not error.op:
-            error.op = origin.op
-        for o in origins[k:]:
-            if o is None:
-                continue
-            if o.undo is not None:
-                o.undo()
-            for ref in o.outputs:
-                t = ref()
-                if t is not None:
-                    t._error = error
-        raise error
-
-    def take_result(self, index: int) -> Any:
-        """The result of the step queued at ``index`` (flushing if it is still queued)."""
-        if self.pipeline:
-            return self.flush()[index]
-        return self._pending_results[index]
-
-    def _free_later(self, tid: str) -> None:
-        if not self._closed:
-            self._frees.append(tid)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RemoteError(f"session {self.id} is closed", code="session_closed")
-
     # -- ops by name (factories, custom ops) ---------------------------------------------
 
     def _call_op(self, name: str, args: list, kwargs: dict, n_out: int | None = None):
-        from ._dispatch import call_named
-
         return call_named(self, name, args, kwargs, n_out=n_out)
 
     def _factory(name: str, doc: str):  # noqa: N805  (builds methods below)
@@ -256,38 +71,3 @@ class Session:
     randn = _factory("randn", "torch.randn on the server, from the session's generator.")
     randint = _factory("randint", "torch.randint on the server, from the session's generator.")
     del _factory
-
-    # -- fetching ---------------------------------------------------------------------------
-
-    def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
-        index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
-        message = self.take_result(index)["tensor"]
-        return message
-
-
-def _route_table(transport: Transport) -> RouteTable:
-    """The server's op table, fetched once per URL over sockets. A given transport's is not
-    cached: two in-process apps may share a placeholder URL and not their ops."""
-    if not transport.own_socket_layer:
-        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
-    table = _ROUTE_TABLES.get(transport.base_url)
-    if table is None:
-        table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])
-    return table
-
-
-def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:
-    out = []
-    for m in result["tensors"]:
-        out.append(None if m is None else (m["id"], tuple(m["shape"]), dtype_from_name(m["dtype"]), m["requires_grad"]))
-    return out
-
-
-def iter_tensors(values: Iterable[Any]):
-    from ._tensor import RemoteTensor
-
-    for v in values:
-        if isinstance(v, RemoteTensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            yield from iter_tensors(v)

@@ -9,23 +9,41 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from remote_autograd.proto import decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
-
 from . import _views
-from ._local import LOCAL_HANDLERS
-from ._dispatch import apply_route, refuse_custom_function, where
+from ._callsite import refuse_custom_function, where
+from ._factory_outputs import MADE, settle_requires_grad
+from ._session_core import _Origin
 from ._unsupported import not_in_table
-from ._session import Session, _Origin
-from . import _kernels
 
+if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
+    from ._session import Session
+
+SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 _META_DEVICE = torch.device("meta")
+
+
+def _not_wired(*args, **kwargs):
+    raise RuntimeError("remote_autograd.client is not wired: import the package, not one of its modules alone")
+
+
+# Slots the package's wiring (client/__init__.py) fills once: what fills them (the handler
+# modules, dispatch) imports this module, so this module cannot import them.
+LOCAL_HANDLERS: dict[Callable, Callable] = {}  # torch calls a handle answers itself (metadata, autograd, moves)
+_apply_route: Callable = _not_wired  # _dispatch.apply_route: a torch call queued as a step of the server's op
+
+
+def wire(*, local_handlers: dict[Callable, Callable], apply_route: Callable) -> None:
+    """Fill the slots above (the package's wiring calls this once, as it is imported)."""
+    global _apply_route
+    LOCAL_HANDLERS.update(local_handlers)
+    _apply_route = apply_route
 
 
 class RemoteTensor(torch.Tensor):
@@ -145,6 +163,16 @@ class RemoteTensor(torch.Tensor):
         for this tensor and every tensor sharing its memory (see ``_views``)."""
         _views.after_inplace(self, rg, leaves)
 
+    def _adopt_metadata(self, value: "RemoteTensor") -> None:
+        """After ``self.data = value`` on the server: the handle's shape and dtype (and C++'s sizes) follow."""
+        if (value._shape, value._dtype) == (self._shape, self._dtype):
+            return
+        self._shape, self._dtype, self._meta_t = value._shape, value._dtype, None
+        wrapper = torch.Tensor._make_wrapper_subclass(type(self), value._shape, dtype=value._dtype,
+                                                      device=self._session.device)
+        with torch._C.DisableTorchFunctionSubclass():
+            torch._C.TensorBase.data.__set__(self, wrapper)
+
     def _grad_handle(self) -> "RemoteTensor":
         if self._grad_cache is None:
             self._grad_cache = RemoteTensor._new(self._session, None, self._shape, self._dtype, grad_owner=self)
@@ -166,8 +194,8 @@ class RemoteTensor(torch.Tensor):
         if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
             raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
                                "server); call the function without torch.compile")
-        if _kernels.MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
-            _kernels.settle_requires_grad()
+        if MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
+            settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
         if local is not None:
             return local(*args, **kwargs)
@@ -177,7 +205,7 @@ class RemoteTensor(torch.Tensor):
             if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
                 refuse_custom_function(func)
             raise not_in_table(func)
-        return apply_route(session, func, route, args, kwargs)
+        return _apply_route(session, func, route, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client._session import _Origin
+from remote_autograd.client._session_core import _Origin
 
 
 @contextlib.contextmanager

@@ -1,0 +1,63 @@
+"""Where the user's call came from: the ``file:line`` errors name, and the ``autograd.Function``
+whose forward we might be inside. Both read the Python stack; neither needs any other module of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+import torch
+
+_CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
+
+
+def where() -> str | None:
+    """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        internal = _INTERNAL_CODE.get(code)
+        if internal is None:  # once per code object: optimizer steps walk a dozen torch frames per op
+            if len(_INTERNAL_CODE) > 50_000:
+                _INTERNAL_CODE.clear()
+            name = code.co_filename
+            internal = _INTERNAL_CODE[code] = name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)
+        if not internal:
+            return f"{code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+_INTERNAL_CODE: dict = {}  # code object -> whether it is torch's or ours
+
+
+def refuse_custom_function(func: Callable) -> None:
+    """Raise if we are inside a user's ``autograd.Function.forward``: its backward would be lost.
+
+    torch runs a Function's forward with grad disabled and never shows us ``apply``
+    itself, so we look for ``Function.apply`` on the stack (only when grad is off).
+    """
+    f = sys._getframe(2)
+    for _ in range(64):
+        if f is None:
+            return
+        if f.f_code is _APPLY_CODE:
+            cls = f.f_locals.get("cls")
+            name = getattr(cls, "__name__", "a torch.autograd.Function")
+            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
+                raise RuntimeError(
+                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
+                    "set on a module run on remote tensors: the hook would have to run inside the server's "
+                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
+                )
+            raise RuntimeError(
+                f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
+                f"and its backward on the client, so the gradient would be silently lost. Register the "
+                f"Function as a server op instead (@op in a module named by REMOTE_AUTOGRAD_OP_MODULES; "
+                f"see README 'Custom ops') and call it as sess.ops.<name>(...)."
+            )
+        f = f.f_back
