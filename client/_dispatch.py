@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
 
@@ -204,7 +205,8 @@ def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, k
     result of another shape is refused too (torch would resize ``t`` in place)."""
     out = kwargs["out"]
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
-    if torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((args, kwargs))):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                         for t in tree_leaves((args, kwargs))):
         raise RuntimeError(f"{route.torch_name}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
     result = apply_route(session, func, route, args, kwargs)
@@ -215,17 +217,6 @@ def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, k
                                f"{list(r.shape)}; remote-autograd does not resize out= tensors")
         o.copy_(r)
     return out
-
-
-def _tensors_in(v: Any):
-    if isinstance(v, torch.Tensor):
-        yield v
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _tensors_in(x)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _tensors_in(x)
 
 
 def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str | None, route: Route, targets,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
@@ -74,28 +75,12 @@ def _probe(entry, device: torch.device, dtype: torch.dtype) -> str:
         for given, want, policy in ((torch.float32, dtype, "low"), (dtype, torch.float32, "fp32")):
             try:
                 args, kwargs = entry.samples[0].materialise(given, seed=0)
-                args, kwargs = _to_device(args, device), {k: _to_device(v, device) for k, v in kwargs.items()}
+                args, kwargs = tree_map_only(torch.Tensor, lambda t: t.detach().to(device), (args, kwargs))
                 with torch.autocast(device_type=device.type, dtype=dtype):
                     out = entry.reference(*args, **kwargs)
             except Exception:  # the op refuses this dtype: its probe says nothing
                 continue
-            floats = [o.dtype for o in _tensors(out) if o.dtype.is_floating_point]
+            floats = [o.dtype for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.dtype.is_floating_point]
             if floats and floats[0] == want:
                 return policy
     return "none"
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
-
-
-def _tensors(value: Any):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
