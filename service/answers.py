@@ -30,10 +30,10 @@ def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_js
     bytes (no copy); it is encoded (msgpack) or streamed (frames) right after the program, before
     this session runs another. Smaller data is copied to bytes at once: msgpack copies it into the
     body anyway, and the retry cache (``keepable``) then has no view to copy out."""
-    grad_tensor = ct._custom_grad if grad else None
+    grad_tensor = ct.grad if grad else None
     return {
         "id": tid,
-        "value": _encoded(ct._custom_data, as_json) if value else None,
+        "value": _encoded(ct.value, as_json) if value else None,
         "grad": _encoded(grad_tensor, as_json) if grad_tensor is not None else None,
         "requires_grad": ct.requires_grad,
     }

@@ -272,15 +272,15 @@ def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: 
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
     # Counted as its own bytes even when it aliases another tensor: the bound stays safe.
-    session.charge(grad_bytes(grad) - grad_bytes(ct._custom_grad), settings.max_session_bytes)
-    ct._custom_grad = grad  # aliasing, as `p.grad = g` does in torch
+    session.charge(grad_bytes(grad) - grad_bytes(ct.grad), settings.max_session_bytes)
+    ct.grad = grad  # aliasing, as `p.grad = g` does in torch
     return None
 
 
 def _set_requires_grad(session: Session, step: SetRequiresGradStep, settings: Settings, as_json: bool) -> dict:
     ct = session.tensor(step.id)
-    ct._custom_data.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
-    return {"tensors": [meta_of(step.id, ct._custom_data)]}
+    ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
+    return {"tensors": [meta_of(step.id, ct.value)]}
 
 
 def _retain_grad(session: Session, step: RetainGradStep, settings: Settings, as_json: bool) -> None:

@@ -23,7 +23,7 @@ def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
     if isinstance(value, dict) and len(value) == 1 and depth <= _MAX_VALUE_DEPTH:
         (tag, payload), = value.items()
         if tag == "ref":  # by far the most common argument: first
-            return session.tensor(payload)._custom_data
+            return session.tensor(payload).value
         return _resolve_tagged(tag, payload, value, session)
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
@@ -49,7 +49,7 @@ _PLAIN = frozenset({int, float, str, bool, type(None)})
 
 def _resolve_tagged(tag: str, payload: Any, value: dict, session: Session) -> Any:
     if tag == "grad_of":
-        grad = session.tensor(payload)._custom_grad
+        grad = session.tensor(payload).grad
         if grad is None:
             raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
         return grad
@@ -84,7 +84,7 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
         )
     nbytes = 0
     for tid, ct in pairs:
-        numel = ct._custom_data.numel()
+        numel = ct.value.numel()
         if numel > settings.max_tensor_elements:
             raise ProtocolError(
                 ErrorCode.TOO_LARGE,
@@ -97,7 +97,7 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
 
 def data_bytes(ct: CustomTensor) -> int:
     """The bytes of ``ct``'s value, which are also the bytes its grad takes once it has one."""
-    return ct._custom_data.nbytes
+    return ct.value.nbytes
 
 
 def grad_bytes(grad: torch.Tensor | None) -> int:

@@ -131,7 +131,7 @@ def test_optimizer_steps_with_grad_off_match_the_graph_recording_functions():
              + [_put("w", torch.zeros(5, 3), requires_grad=True),
                 {"kind": "call", "op": "add", "args": [{"ref": "p"}, {"ref": "w"}], "out": ["q"]}], "setup")
         _run(session, settings, _adam_like("q", grad_enabled), "step")
-        finals.append({k: session.tensors[k]._custom_data.detach() for k in ("q", "m", "v", "s", "d", "e", "f", "h")})
+        finals.append({k: session.tensors[k].value.detach() for k in ("q", "m", "v", "s", "d", "e", "f", "h")})
     for k in finals[0]:
         assert_same_bits(finals[0][k], finals[1][k])
 
@@ -147,7 +147,7 @@ def test_in_place_under_no_grad_on_views_and_parameters():
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], **no_grad},  # a leaf that requires grad
         {"kind": "call", "op": "add_", "args": [{"ref": "row"}, {"ref": "z"}], **no_grad},  # reads one
     ], "update")
-    torch.testing.assert_close(session.tensors["w"]._custom_data.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
+    torch.testing.assert_close(session.tensors["w"].value.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
     bad = run_steps(session, validate_program({"id": "bad", "steps": [
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], "out": []}]}), settings)
     assert bad.status == 422 and "leaf Variable that requires grad" in bad.body["error"]["message"]
@@ -199,7 +199,7 @@ def test_op_table_resolution_follows_the_table():
 # -- grads taken over without a copy --------------------------------------------------------------
 
 def _grad(session, tid):
-    return session.tensors[tid]._custom_grad
+    return session.tensors[tid].grad
 
 
 def test_grads_taken_over_never_alias_another_tensor():
@@ -224,12 +224,12 @@ def test_grads_taken_over_never_alias_another_tensor():
     assert_same_bits(_grad(session, "b"), lb.grad * 2)
     _grad(session, "a").mul_(3)
     assert torch.equal(_grad(session, "c"), t) and torch.equal(_grad(session, "a"), 3 * t)
-    assert torch.equal(session.tensors["t"]._custom_data, t)
+    assert torch.equal(session.tensors["t"].value, t)
     # a leaf as its own root: its new grad is the gradient sent, which stays the client's own tensor
     _run(session, settings, [{"kind": "set_grad", "id": "c", "grad": None},
                              {"kind": "backward", "tensors": ["c"], "grad_tensors": [ref("t")]}], "leaf")
     _grad(session, "c").zero_()
-    assert torch.equal(session.tensors["t"]._custom_data, t)
+    assert torch.equal(session.tensors["t"].value, t)
 
 
 def test_grads_taken_over_equal_the_grads_of_the_plain_path_that_clones_them(monkeypatch):
