@@ -15,7 +15,7 @@ from . import grad_ownership
 from .custom_tensor import CustomTensor
 from .settings import Settings
 from .store import Session
-from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_tensors
+from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_made
 
 
 def _candidates(session: Session) -> list[CustomTensor]:
@@ -161,5 +161,5 @@ def grad_step(session: Session, step: GradStep, settings: Settings, as_json: boo
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                 create_graph=step.create_graph, allow_unused=step.allow_unused)
-    store_tensors(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
     return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}

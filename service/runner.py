@@ -36,7 +36,8 @@ from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
 from .store import Outcome, Session
-from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_tensors
+from .values import (check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_made,
+                     store_tensors)
 
 log = logging.getLogger("remote_autograd.service.runner")
 OP_TABLE = _ops.OP_TABLE
@@ -46,13 +47,11 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                 observe: Callable[[str, float], None] | None = None) -> Outcome:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
+    The limits a body claims (its step count, its put steps' shapes) were checked when it was
+    admitted (``guards.check_limits``, on every path a program takes); the limits of what steps
+    make (outputs, tensors and bytes held) are checked here, step by step.
     ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
     """
-    if len(program.steps) > settings.max_steps_per_program:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"program has {len(program.steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
-        )
     results: list[Any] = []
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()
@@ -100,12 +99,12 @@ def _step_op(step) -> str:
 
 def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> dict:
     check_new_ids(session, [step.id])
-    value = decode_tensor(step.value.model_dump(), field="value", max_elements=settings.max_tensor_elements,
-                          device=session.device, copy=False)  # a framed body's bytes become the tensor
+    # shapes within max_tensor_elements: checked at admission (guards.check_limits)
+    value = decode_tensor(step.value.model_dump(), field="value", device=session.device,
+                          copy=False)  # a framed body's bytes become the tensor
     grad = None
     if step.grad is not None:
-        grad = decode_tensor(step.grad.model_dump(), field="grad", max_elements=settings.max_tensor_elements,
-                             device=session.device)
+        grad = decode_tensor(step.grad.model_dump(), field="grad", device=session.device)
         if grad.shape != value.shape or grad.dtype != value.dtype:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
     if step.requires_grad:
@@ -154,7 +153,7 @@ def _store_outputs(session: Session, settings: Settings, step: CallStep, result:
         check_new_ids(session, ids)
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
-    store_tensors(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
     metas = [meta_of(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 

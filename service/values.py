@@ -75,14 +75,24 @@ def meta_of(tid: str, t: torch.Tensor) -> dict:
 
 
 def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
-    """Keep new tensors under their ids, all or none: every limit is checked before the first is kept."""
+    """Keep new tensors under their ids, all or none: the session's limits are checked before the first is kept.
+
+    A put's element count was checked at admission (``guards.check_limits``); what steps
+    compute goes through ``store_made``, which checks theirs.
+    """
     if len(session.tensors) + len(pairs) > settings.max_tensors_per_session:
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"session would hold {len(session.tensors) + len(pairs)} tensors: "
             f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
-    nbytes = 0
+    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+    session.tensors.update(pairs)
+
+
+def store_made(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
+    """``store_tensors`` for tensors a step computed (an op's outputs, a grad step's grads), each
+    held to ``max_tensor_elements`` first: only the op knew their size."""
     for tid, ct in pairs:
         numel = ct.value.numel()
         if numel > settings.max_tensor_elements:
@@ -90,9 +100,7 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
                 ErrorCode.TOO_LARGE,
                 f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
             )
-        nbytes += ct.nbytes
-    session.charge(nbytes, settings.max_session_bytes)
-    session.tensors.update(pairs)
+    store_tensors(session, settings, pairs)
 
 
 def data_bytes(ct: CustomTensor) -> int:
