@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto import ErrorCode, ProtocolError, decode_tensor, dtype_name
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
@@ -27,6 +27,7 @@ from remote_autograd.proto.messages import (
     SetGradStep,
     SetRequiresGradStep,
 )
+from remote_autograd.proto.tensors import decode_tensor_data
 
 from . import ops as _ops
 from .custom_tensor import CustomTensor
@@ -99,12 +100,12 @@ def _step_op(step) -> str:
 
 def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> dict:
     check_new_ids(session, [step.id])
-    # shapes within max_tensor_elements: checked at admission (guards.check_limits)
-    value = decode_tensor(step.value.model_dump(), field="value", device=session.device,
-                          copy=False)  # a framed body's bytes become the tensor
+    # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
+    value = decode_tensor_data(step.value, field="value", device=session.device,
+                               copy=False)  # a framed body's bytes become the tensor
     grad = None
     if step.grad is not None:
-        grad = decode_tensor(step.grad.model_dump(), field="grad", device=session.device)
+        grad = decode_tensor_data(step.grad, field="grad", device=session.device)
         if grad.shape != value.shape or grad.dtype != value.dtype:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
     if step.requires_grad:
