@@ -13,6 +13,7 @@ from remote_autograd.proto.messages import BackwardStep, GradStep
 
 from . import grad_ownership
 from .custom_tensor import CustomTensor
+from .program_run import ProgramRun
 from .settings import Settings
 from .store import Session
 from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_made
@@ -75,7 +76,8 @@ def _grad_outputs(values, session: Session) -> list | None:
     return [resolve_value(v, session) for v in values]
 
 
-def backward_step(session: Session, step: BackwardStep, settings: Settings, as_json: bool) -> dict:
+def backward_step(run: ProgramRun, step: BackwardStep) -> dict:
+    session, settings = run.session, run.settings
     roots = [session.tensor(t).value for t in step.tensors]
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
@@ -152,7 +154,8 @@ def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bo
             ct.grad.add_(g)
 
 
-def grad_step(session: Session, step: GradStep, settings: Settings, as_json: bool) -> dict:
+def grad_step(run: ProgramRun, step: GradStep) -> dict:
+    session, settings = run.session, run.settings
     if len(step.out) != len(step.inputs):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
     check_new_ids(session, step.out)

@@ -5,7 +5,8 @@
 - programs run in process: optimizer-style steps with grad off against the same steps
   recorded in a graph, in-place writes under ``no_grad`` on views and parameters;
 - the step-time histogram against prometheus_client's own ``Histogram``;
-- fetched small tensors travel as bytes, and still count against the retry cache's limit.
+- fetched small tensors travel as bytes, and still count against the retry cache's limit;
+- fetched big tensors as views of their bytes against copies, when later steps write them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from remote_autograd.proto import encode_tensor
+from remote_autograd.proto import JSON, MSGPACK, decode_body, decode_tensor, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service import grad_ownership
-from remote_autograd.service.answers import keepable
+from remote_autograd.service.answers import encode_answer, keepable
 from remote_autograd.service.metrics import _OP_BUCKETS
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
 from remote_autograd.service.runner import run_steps
@@ -284,3 +286,43 @@ def test_backward_reports_and_charges_only_the_leaves_it_reaches():
     assert _grad(session, "far") is None and _grad(session, "u") is None
     assert torch.equal(_grad(session, "x"), torch.ones(4))
     assert session.bytes_held == 16 + 16 + 1600 + 4 + 4 + 4 + 16  # values, then x's grad
+
+
+# -- fetched big tensors as views of their bytes --------------------------------------------------
+
+BIG = FRAME_MIN_BYTES // 4  # float32 elements: big enough for a fetch to answer with a view
+
+
+def _answered(outcome, accept: str) -> list[torch.Tensor]:
+    """The values and grads an answer carries, as the client decodes the body it is sent."""
+    media_type, parts, _ = encode_answer(outcome.body, accept != JSON, accept)
+    body = b"".join(bytes(p) for p in parts)
+    decoded = unpack_frames(bytearray(body)) if media_type == FRAMES else decode_body(body, media_type)
+    return [decode_tensor(r["tensor"][k]) for r in decoded["results"] if r and r.get("tensor")
+            for k in ("value", "grad") if r["tensor"][k] is not None]
+
+
+@pytest.mark.parametrize("accept", [FRAMES, MSGPACK, JSON])
+def test_a_fetch_answers_the_value_at_its_step_though_later_steps_write_the_tensor(accept):
+    """A view of the live bytes (the speed path) only after the program's last writing step: a
+    fetch before it answers what the tensor held then, as the copy (the plain path) does."""
+    _, session, settings = _session()
+    ref = lambda t: {"ref": t}  # noqa: E731
+    steps = [_put("x", torch.zeros(BIG)), _put("w", torch.ones(BIG), True),
+             {"kind": "fetch", "id": "x"},
+             {"kind": "call", "op": "add_", "args": [ref("x"), 1.0], "out": []},
+             {"kind": "call", "op": "sum", "args": [ref("w")], "out": ["l"]},
+             {"kind": "backward", "tensors": ["l"], "retain_graph": True},
+             {"kind": "fetch", "id": "w", "value": False},
+             {"kind": "backward", "tensors": ["l"]},  # accumulates into w's grad in place
+             {"kind": "fetch", "id": "x"}, {"kind": "fetch", "id": "w", "value": False},
+             {"kind": "free", "ids": ["l"]}]
+    outcome = run_steps(session, validate_program({"id": "p", "steps": steps}), settings, as_json=accept == JSON)
+    assert outcome.status == 200, outcome.body
+    got = _answered(outcome, accept)
+    for t, want in zip(got, [0.0, 1.0, 1.0, 2.0], strict=True):
+        assert torch.equal(t, torch.full((BIG,), want)), (want, t[:3])
+    fetched = [r["tensor"] for r in outcome.body["results"] if r and r.get("tensor")]
+    if accept != JSON:  # the copies before the last writing step, the views after it
+        kinds = [type(m[k]["data"]) for m in fetched for k in ("value", "grad") if m[k] is not None]
+        assert kinds == [bytes, bytes, memoryview, memoryview]
