@@ -30,7 +30,7 @@ def run(url: str | None = None) -> None:
     program = validate_program({"id": "p", "steps": steps})
     runner = measure(lambda: run_steps(session, program, settings), repeat=50, warmup=5, per=n)
     add = OP_TABLE.get("add").fn
-    a, b = session.tensors["a"]._custom_data, session.tensors["b"]._custom_data
+    a, b = session.tensors["a"].value, session.tensors["b"].value
     direct = measure(lambda: [add(a, b) for _ in range(n)], repeat=50, warmup=5, per=n)
     raw = measure(lambda: [torch.add(a, b) for _ in range(n)], repeat=50, warmup=5, per=n)
     r = row("runner, per call step (incl. the op)", runner)

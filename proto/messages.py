@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from .dtypes import DTYPES
 
@@ -42,7 +42,9 @@ class TensorData(_Model):
     """``{dtype, shape, data}``: a tensor's values on the wire."""
 
     dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
-    shape: list[Annotated[int, Field(ge=0)]]
+    # Strict: a dim is an integer as sent, never "3", 3.0 or true made one, so the element limit
+    # checked on the raw body (service/guards.py, before this validation) sees the shape that is used.
+    shape: list[Annotated[StrictInt, Field(ge=0)]]
     data: Annotated[Any, WithJsonSchema(_DATA_SCHEMA)]
 
 

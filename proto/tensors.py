@@ -13,12 +13,15 @@ import binascii
 import math
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .dtypes import ITEMSIZES, dtype_from_name, dtype_name
+from .dtypes import DTYPES, ITEMSIZES, dtype_from_name, dtype_name
 from .errors import ErrorCode, ProtocolError, bad_request
+
+if TYPE_CHECKING:
+    from .messages import TensorData
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian hosts in sight
     raise ImportError("proto assumes a little-endian host")
@@ -102,7 +105,9 @@ def decode_tensor(
     device: torch.device | str | None = None,
     copy: bool = True,
 ) -> torch.Tensor:
-    """A new tensor from a wire object; every check happens before any allocation.
+    """A new tensor from an unchecked wire object (an answer the SDK reads); every check happens
+    before any allocation. A put step's tensors are validated with their program:
+    ``decode_tensor_data`` builds them.
 
     ``copy=False`` with a writable buffer (a framed body the caller owns) keeps the bytes
     where they are: the tensor is a view of the buffer, and keeps it alive.
@@ -121,11 +126,24 @@ def decode_tensor(
             ErrorCode.TOO_LARGE,
             f"{field}: shape {list(shape)} has {numel} elements, over the limit max_tensor_elements={max_elements}",
         )
-    dtype = dtype_from_name(obj.get("dtype"), f"{field}.dtype")
-    name = obj["dtype"]
+    dtype_from_name(obj.get("dtype"), f"{field}.dtype")
+    return _build(obj["dtype"], shape, obj["data"], field, device, copy)
+
+
+def decode_tensor_data(value: TensorData, *, field: str = "value", device: torch.device | str | None = None,
+                       copy: bool = True) -> torch.Tensor:
+    """A new tensor from a validated ``TensorData`` (a put step's value or grad), as ``decode_tensor``
+    builds it. Validation has checked its keys, its dtype's name and its shape's dims, and the
+    element limit was checked on the body before that; what is left (the data against the shape
+    and dtype) is checked here, before any allocation."""
+    return _build(value.dtype, tuple(value.shape), value.data, field, device, copy)
+
+
+def _build(name: str, shape: tuple[int, ...], data: Any, field: str, device, copy: bool) -> torch.Tensor:
+    """The tensor of a known dtype ``name`` and a checked ``shape``: ``data``'s form and size checked first."""
+    dtype, numel = DTYPES[name], math.prod(shape)
     if math.prod(d for d in shape if d) * ITEMSIZES[name] >= _MAX_BYTES:
         raise bad_request(f"{field}.shape: {list(shape)} is too large to describe a tensor")
-    data = obj["data"]
     if isinstance(data, (bytes, bytearray, memoryview)):
         return _from_bytes(data, dtype, name, shape, numel, field, device, copy)
     if isinstance(data, str):

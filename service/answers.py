@@ -25,22 +25,23 @@ def reencode(outcome: Outcome, as_json: bool) -> Outcome:
     return Outcome(outcome.status, {**outcome.body, "results": results}, outcome.seconds)
 
 
-def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool) -> dict:
-    """A fetched tensor. Binary data big enough to travel as a frame is a view of the tensor's
-    bytes (no copy); it is encoded (msgpack) or streamed (frames) right after the program, before
-    this session runs another. Smaller data is copied to bytes at once: msgpack copies it into the
-    body anyway, and the retry cache (``keepable``) then has no view to copy out."""
-    grad_tensor = ct._custom_grad if grad else None
+def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool, views: bool = True) -> dict:
+    """A fetched tensor, encoded for the answer's format. With ``views``, binary data big enough
+    to travel as a frame is a view of the tensor's bytes (no copy); it is encoded (msgpack) or
+    streamed (frames) right after the program, before this session runs another. Smaller data
+    is copied to bytes at once: msgpack copies it into the body anyway, and the retry cache
+    (``keepable``) then has no view to copy out."""
+    grad_tensor = ct.grad if grad else None
     return {
         "id": tid,
-        "value": _encoded(ct._custom_data, as_json) if value else None,
-        "grad": _encoded(grad_tensor, as_json) if grad_tensor is not None else None,
+        "value": _encoded(ct.value, as_json, views) if value else None,
+        "grad": _encoded(grad_tensor, as_json, views) if grad_tensor is not None else None,
         "requires_grad": ct.requires_grad,
     }
 
 
-def _encoded(t, as_json: bool) -> dict:
-    return encode_tensor(t, as_json=as_json, as_view=not as_json and t.nbytes >= FRAME_MIN_BYTES)
+def _encoded(t, as_json: bool, views: bool) -> dict:
+    return encode_tensor(t, as_json=as_json, as_view=views and not as_json and t.nbytes >= FRAME_MIN_BYTES)
 
 
 _KEEP_FETCHED_BYTES = 1 << 20

@@ -13,9 +13,10 @@ from remote_autograd.proto.messages import BackwardStep, GradStep
 
 from . import grad_ownership
 from .custom_tensor import CustomTensor
+from .program_run import ProgramRun
 from .settings import Settings
 from .store import Session
-from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_tensors
+from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_made
 
 
 def _candidates(session: Session) -> list[CustomTensor]:
@@ -23,15 +24,15 @@ def _candidates(session: Session) -> list[CustomTensor]:
     leaves: dict[int, CustomTensor] = {}  # by tensor object: one entry per value
     retained: list[CustomTensor] = []
     for ct in session.tensors.values():
-        data = ct._custom_data
-        if not data.requires_grad:  # most tensors (inputs, optimizer state): the cheapest test first
+        value = ct.value
+        if not value.requires_grad:  # most tensors (inputs, optimizer state): the cheapest test first
             continue
         # Views are never leaves; asking a stale view (its base changed in place) for
         # is_leaf would make autograd raise, so skip them before looking further.
-        if data._base is not None and data._base.requires_grad and not ct.retains_grad:
+        if value._base is not None and value._base.requires_grad and not ct.retains_grad:
             continue
-        if data.is_leaf:
-            leaves[id(data)] = ct
+        if value.is_leaf:
+            leaves[id(value)] = ct
         elif ct.retains_grad:
             retained.append(ct)
     return [*leaves.values(), *retained]
@@ -39,7 +40,7 @@ def _candidates(session: Session) -> list[CustomTensor]:
 
 def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[CustomTensor]:
     """Those of ``candidates`` that a backward from ``roots`` reaches (a walk of the graph's nodes)."""
-    leaves = {id(ct._custom_data): ct for ct in candidates if ct._custom_data.is_leaf}
+    leaves = {id(ct.value): ct for ct in candidates if ct.value.is_leaf}
     found: dict[int, CustomTensor] = {}
     seen: set = set()
     stack = []
@@ -57,7 +58,7 @@ def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[
             if id(var) in leaves:
                 found[id(var)] = leaves[id(var)]
         stack.extend(n for n, _ in node.next_functions)
-    return [ct for ct in candidates if id(ct._custom_data) in found or ct._custom_data.grad_fn in seen]
+    return [ct for ct in candidates if id(ct.value) in found or ct.value.grad_fn in seen]
 
 
 def _accumulate_grad_type() -> type:
@@ -75,8 +76,9 @@ def _grad_outputs(values, session: Session) -> list | None:
     return [resolve_value(v, session) for v in values]
 
 
-def backward_step(session: Session, step: BackwardStep, settings: Settings, as_json: bool) -> dict:
-    roots = [session.tensor(t)._custom_data for t in step.tensors]
+def backward_step(run: ProgramRun, step: BackwardStep) -> dict:
+    session, settings = run.session, run.settings
+    roots = [session.tensor(t).value for t in step.tensors]
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
     # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
@@ -90,7 +92,7 @@ def backward_step(session: Session, step: BackwardStep, settings: Settings, as_j
     # temporaries, then commit: a failing backward leaves every .grad untouched.
     targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
     try:
-        grads = torch.autograd.grad(roots, [ct._custom_data for ct in targets], grad_tensors,
+        grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
                                     retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
     except BaseException:
         session.release(reserved)
@@ -99,10 +101,10 @@ def backward_step(session: Session, step: BackwardStep, settings: Settings, as_j
     used = 0
     for ct, g, own in zip(targets, grads, owned):
         if g is not None:
-            used += data_bytes(ct) if ct._custom_grad is None else 0
+            used += data_bytes(ct) if ct.grad is None else 0
             _accumulate(ct, g, step.create_graph, own)
     session.release(reserved - used)
-    without = [ct for ct in targets if ct._custom_grad is None]
+    without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
     return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
 
@@ -114,14 +116,14 @@ def _reserve(session: Session, settings: Settings, targets: list[CustomTensor],
     With ``roots`` the targets are candidates: when their room is refused, the ones the
     graph reaches are charged instead (so the limit applies to those alone, as it must).
     """
-    reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
+    reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
     try:
         session.charge(reserved, settings.max_session_bytes)
     except ProtocolError:
         if roots is None:
             raise
         targets = _reached(targets, roots)
-        reserved = sum(data_bytes(ct) for ct in targets if ct._custom_grad is None)
+        reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
         session.charge(reserved, settings.max_session_bytes)
     return targets, reserved
 
@@ -143,23 +145,24 @@ def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bo
     # up in another tensor (see grad_ownership.owned for how autograd may share one).
     if not create_graph and g.requires_grad:  # without create_graph, grads normally have no graph already
         g = g.detach()
-    if ct._custom_grad is None:
-        ct._custom_grad = g if owned else g.clone(memory_format=torch.contiguous_format)
-    elif create_graph or ct._custom_grad.requires_grad:
-        ct._custom_grad = ct._custom_grad + g
+    if ct.grad is None:
+        ct.grad = g if owned else g.clone(memory_format=torch.contiguous_format)
+    elif create_graph or ct.grad.requires_grad:
+        ct.grad = ct.grad + g
     else:
         with torch.no_grad():
-            ct._custom_grad.add_(g)
+            ct.grad.add_(g)
 
 
-def grad_step(session: Session, step: GradStep, settings: Settings, as_json: bool) -> dict:
+def grad_step(run: ProgramRun, step: GradStep) -> dict:
+    session, settings = run.session, run.settings
     if len(step.out) != len(step.inputs):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
     check_new_ids(session, step.out)
-    outputs = [session.tensor(t)._custom_data for t in step.outputs]
-    inputs = [session.tensor(t)._custom_data for t in step.inputs]
+    outputs = [session.tensor(t).value for t in step.outputs]
+    inputs = [session.tensor(t).value for t in step.inputs]
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                 create_graph=step.create_graph, allow_unused=step.allow_unused)
-    store_tensors(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
     return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}

@@ -92,7 +92,10 @@ def check_limits(body: Any, settings: Settings) -> None:
     """Limits answer before anything else about a body: step count and claimed tensor sizes (413).
 
     Runs on the raw decoded body, before validation, so a huge claimed shape is a 413
-    even when something else about the message is also wrong.
+    even when something else about the message is also wrong. The one check of these limits:
+    every program passes here (``LocalSessions.answer_program``, which the Ray workers run
+    too), and the runner and ``decode_tensor_data`` trust it; validation takes a shape's dims
+    only as integers, so the shape counted here is the shape used.
     """
     steps = body.get("steps") if isinstance(body, dict) else None
     if not isinstance(steps, list):

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from time import perf_counter
+from typing import AsyncIterator
 
 import torch
 
@@ -113,9 +115,13 @@ class LocalSessions:
 
     # -- work ------------------------------------------------------------------------------
 
+    @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None) -> ProgramAnswer:
-        """Decode, check and run one program's ``body`` in session ``sid``, and encode its answer."""
+                             accept: str | None) -> AsyncIterator[ProgramAnswer]:
+        """Decode, check and run one program's ``body`` in session ``sid``; its answer, encoded, for
+        the caller to send inside the ``async with``. Until then the session runs no other program:
+        a big fetched tensor goes out as a view of the session's own memory, which the next
+        program could write."""
         session = self.store.get(sid, owner)
         framed = is_frames(ctype)
         decoded = unpack_frames(body) if framed else decode_body(body, ctype)
@@ -123,15 +129,22 @@ class LocalSessions:
         program = validate_program(decoded)
         key = header_of(body) if framed else body  # idempotency: a framed body is known by its header
         as_msgpack = wants_msgpack(accept, ctype)
-        with self.slots:
-            async with session.gate:  # this session's programs queue here, not in the workers
+        with self.slots:  # admitted: queued behind the session's earlier programs, then running
+            await session.gate.acquire()  # this session's programs queue here, not in the workers
+            try:
                 start = perf_counter()
                 outcome = await self.workers.run(session.worker, self.store.run_or_replay, session, program, key,
                                                  not as_msgpack)
-                worker = perf_counter() - start
-                self.observe_program(worker)
-        media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
-        return ProgramAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
+            except BaseException:
+                session.gate.release()
+                raise
+            worker = perf_counter() - start
+            self.observe_program(worker)
+        try:  # the slot is free (the program ran); the gate is held until the answer is sent
+            media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
+            yield ProgramAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
+        finally:
+            session.gate.release()
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

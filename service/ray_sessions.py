@@ -22,7 +22,8 @@ import asyncio
 import os
 import re
 import time
-from typing import Any, Callable
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -102,9 +103,11 @@ class RaySessions:
 
     # -- work ------------------------------------------------------------------------------
 
+    @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None) -> ProgramAnswer:
-        """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded."""
+                             accept: str | None) -> AsyncIterator[ProgramAnswer]:
+        """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded,
+        as bytes of its own (nothing of the session's is held while the caller sends it)."""
         data = body if isinstance(body, bytes) else bytes(body)  # a view of the receive buffer cannot travel
         with self.slots:
             start = time.perf_counter()
@@ -112,7 +115,7 @@ class RaySessions:
                 sid, lambda h: h.answer_program.remote(sid, owner, data, ctype, accept))
             hop = time.perf_counter() - start
             self.observe_program(hop)
-        return ProgramAnswer(status, media_type, [answer], len(answer), steps, hop)
+        yield ProgramAnswer(status, media_type, [answer], len(answer), steps, hop)
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

@@ -24,7 +24,6 @@ import ray
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
-from .answers import copy_views
 from .local_sessions import LocalSessions
 from .ops import load_op_modules
 from .settings import Settings
@@ -67,18 +66,17 @@ class SessionWorker:
     async def answer_program(self, sid: str, owner: str | None, body: bytes, ctype: str | None,
                              accept: str | None) -> tuple:
         """The program's answer as ``(status, media type, body bytes, steps seconds, worker seconds)``."""
-        status, answer = await self._answer(
-            lambda: self.sessions.answer_program(self._own(sid), owner, body, ctype, accept))
-        if status != "ok":
-            return status, answer
-        return status, (answer.status, answer.media_type, b"".join(answer.parts), answer.steps_seconds,
+        async def joined() -> tuple:  # the answer's bytes copied out while the session is still held
+            async with self.sessions.answer_program(self._own(sid), owner, body, ctype, accept) as answer:
+                return (answer.status, answer.media_type, b"".join(answer.parts), answer.steps_seconds,
                         answer.worker_seconds)
+
+        return await self._answer(joined)
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, value: bool, grad: bool,
                           as_json: bool) -> tuple:
-        status, message = await self._answer(
+        return await self._answer(
             lambda: self.sessions.read_tensor(self._own(sid), owner, tid, value=value, grad=grad, as_json=as_json))
-        return status, copy_views(message)  # big tensors' data are views of live tensors: bytes to travel
 
     def _own(self, sid: str) -> str:
         """``sid`` if this actor made it; ``session_lost`` if an earlier actor of this name did."""

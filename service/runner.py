@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto import ErrorCode, ProtocolError, decode_tensor, dtype_name
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
@@ -27,6 +27,7 @@ from remote_autograd.proto.messages import (
     SetGradStep,
     SetRequiresGradStep,
 )
+from remote_autograd.proto.tensors import decode_tensor_data
 
 from . import ops as _ops
 from .custom_tensor import CustomTensor
@@ -35,8 +36,10 @@ from .settings import Settings
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .program_run import ProgramRun
 from .store import Outcome, Session
-from .values import check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_tensors
+from .values import (check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_made,
+                     store_tensors)
 
 log = logging.getLogger("remote_autograd.service.runner")
 OP_TABLE = _ops.OP_TABLE
@@ -46,21 +49,23 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                 observe: Callable[[str, float], None] | None = None) -> Outcome:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
+    The limits a body claims (its step count, its put steps' shapes) were checked when it was
+    admitted (``guards.check_limits``, on every path a program takes); the limits of what steps
+    make (outputs, tensors and bytes held) are checked here, step by step.
     ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
     """
-    if len(program.steps) > settings.max_steps_per_program:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"program has {len(program.steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
-        )
     results: list[Any] = []
+    run = ProgramRun(session, settings, as_json)
+    views_from = _views_from(program.steps)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()
     try:
         for index, step in enumerate(program.steps):
+            if index == views_from:
+                run.views = True
             start = perf_counter()
             try:
-                results.append(_HANDLERS[type(step)](session, step, settings, as_json))
+                results.append(_HANDLERS[type(step)](run, step))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
                 return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
@@ -69,6 +74,15 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     finally:
         reset(token)
     return Outcome(200, {"id": program.id, "results": results}, perf_counter() - began)
+
+
+def _views_from(steps: list) -> int:
+    """The index after the program's last step that may write to a tensor (neither a fetch nor a
+    free): fetches from there on may answer with views of the tensors' bytes (``ProgramRun.views``)."""
+    for index in range(len(steps) - 1, -1, -1):  # most programs end with their fetches: a short walk
+        if not isinstance(steps[index], (FetchStep, FreeStep)):
+            return index + 1
+    return 0
 
 
 def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
@@ -98,19 +112,20 @@ def _step_op(step) -> str:
 # -- values -------------------------------------------------------------------------------
 
 
-def _put(session: Session, step: PutStep, settings: Settings, as_json: bool) -> dict:
+def _put(run: ProgramRun, step: PutStep) -> dict:
+    session = run.session
     check_new_ids(session, [step.id])
-    value = decode_tensor(step.value.model_dump(), field="value", max_elements=settings.max_tensor_elements,
-                          device=session.device, copy=False)  # a framed body's bytes become the tensor
+    # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
+    value = decode_tensor_data(step.value, field="value", device=session.device,
+                               copy=False)  # a framed body's bytes become the tensor
     grad = None
     if step.grad is not None:
-        grad = decode_tensor(step.grad.model_dump(), field="grad", max_elements=settings.max_tensor_elements,
-                             device=session.device)
+        grad = decode_tensor_data(step.grad, field="grad", device=session.device)
         if grad.shape != value.shape or grad.dtype != value.dtype:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
     if step.requires_grad:
         value.requires_grad_(True)  # torch's own error for integer dtypes
-    store_tensors(session, settings, [(step.id, CustomTensor(value, grad))])
+    store_tensors(session, run.settings, [(step.id, CustomTensor(value, grad))])
     return {"tensors": [meta_of(step.id, value)]}
 
 
@@ -122,7 +137,8 @@ def _lookup(name: str):
     return found
 
 
-def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -> dict:
+def _call(run: ProgramRun, step: CallStep) -> dict:
+    session = run.session
     entry, inplace = _lookup(step.op)
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
@@ -135,7 +151,7 @@ def _call(session: Session, step: CallStep, settings: Settings, as_json: bool) -
     else:
         result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                               lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
-    return _store_outputs(session, settings, step, result, args, kwargs)
+    return _store_outputs(session, run.settings, step, result, args, kwargs)
 
 
 def _store_outputs(session: Session, settings: Settings, step: CallStep, result: Any, args: list, kwargs: dict
@@ -154,7 +170,7 @@ def _store_outputs(session: Session, settings: Settings, step: CallStep, result:
         check_new_ids(session, ids)
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
-    store_tensors(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
     metas = [meta_of(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
@@ -261,7 +277,8 @@ def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> None:
     target.copy_(value)  # a view a custom op's Function returned: torch's own refusal, as locally
 
 
-def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: bool) -> dict:
+def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
+    session = run.session
     ct = session.tensor(step.id)
     grad = resolve_value(step.grad, session)
     if grad is not None:
@@ -272,19 +289,19 @@ def _set_grad(session: Session, step: SetGradStep, settings: Settings, as_json: 
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
     # Counted as its own bytes even when it aliases another tensor: the bound stays safe.
-    session.charge(grad_bytes(grad) - grad_bytes(ct._custom_grad), settings.max_session_bytes)
-    ct._custom_grad = grad  # aliasing, as `p.grad = g` does in torch
+    session.charge(grad_bytes(grad) - grad_bytes(ct.grad), run.settings.max_session_bytes)
+    ct.grad = grad  # aliasing, as `p.grad = g` does in torch
     return None
 
 
-def _set_requires_grad(session: Session, step: SetRequiresGradStep, settings: Settings, as_json: bool) -> dict:
-    ct = session.tensor(step.id)
-    ct._custom_data.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
-    return {"tensors": [meta_of(step.id, ct._custom_data)]}
+def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict:
+    ct = run.session.tensor(step.id)
+    ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
+    return {"tensors": [meta_of(step.id, ct.value)]}
 
 
-def _retain_grad(session: Session, step: RetainGradStep, settings: Settings, as_json: bool) -> None:
-    ct = session.tensor(step.id)
+def _retain_grad(run: ProgramRun, step: RetainGradStep) -> None:
+    ct = run.session.tensor(step.id)
     if not ct.requires_grad:
         raise ProtocolError(ErrorCode.OP_ERROR, "can't retain_grad on Tensor that has requires_grad=False")
     if not ct.is_leaf:
@@ -292,16 +309,17 @@ def _retain_grad(session: Session, step: RetainGradStep, settings: Settings, as_
     return None
 
 
-def _free(session: Session, step: FreeStep, settings: Settings, as_json: bool) -> None:
-    freed = [ct for ct in (session.tensors.pop(tid, None) for tid in step.ids) if ct is not None]
+def _free(run: ProgramRun, step: FreeStep) -> None:
+    tensors = run.session.tensors
+    freed = [ct for ct in (tensors.pop(tid, None) for tid in step.ids) if ct is not None]
     if freed:
-        session.release(sum(ct.nbytes for ct in freed))  # one release: it takes the store's lock
+        run.session.release(sum(ct.nbytes for ct in freed))  # one release: it takes the store's lock
     return None
 
 
-def _fetch(session: Session, step: FetchStep, settings: Settings, as_json: bool) -> dict:
-    return {"tensor": tensor_message(step.id, session.tensor(step.id), value=step.value, grad=step.grad,
-                                     as_json=as_json)}
+def _fetch(run: ProgramRun, step: FetchStep) -> dict:
+    return {"tensor": tensor_message(step.id, run.session.tensor(step.id), value=step.value, grad=step.grad,
+                                     as_json=run.as_json, views=run.views)}
 
 
 _HANDLERS: dict[type, Callable[..., Any]] = {

@@ -265,7 +265,8 @@ class SessionStore:
 
         with session.lock:
             _check_open(session)
-            return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json)
+            # copies, never views: the answer is sent after the lock is released, while programs may run
+            return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json, views=False)
 
 
 def check_token_sessions(held: int, settings: Settings) -> None:

@@ -23,7 +23,7 @@ def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
     if isinstance(value, dict) and len(value) == 1 and depth <= _MAX_VALUE_DEPTH:
         (tag, payload), = value.items()
         if tag == "ref":  # by far the most common argument: first
-            return session.tensor(payload)._custom_data
+            return session.tensor(payload).value
         return _resolve_tagged(tag, payload, value, session)
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
@@ -49,7 +49,7 @@ _PLAIN = frozenset({int, float, str, bool, type(None)})
 
 def _resolve_tagged(tag: str, payload: Any, value: dict, session: Session) -> Any:
     if tag == "grad_of":
-        grad = session.tensor(payload)._custom_grad
+        grad = session.tensor(payload).grad
         if grad is None:
             raise ProtocolError(ErrorCode.OP_ERROR, f"tensor {payload!r} has no grad (it is None)")
         return grad
@@ -75,29 +75,37 @@ def meta_of(tid: str, t: torch.Tensor) -> dict:
 
 
 def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
-    """Keep new tensors under their ids, all or none: every limit is checked before the first is kept."""
+    """Keep new tensors under their ids, all or none: the session's limits are checked before the first is kept.
+
+    A put's element count was checked at admission (``guards.check_limits``); what steps
+    compute goes through ``store_made``, which checks theirs.
+    """
     if len(session.tensors) + len(pairs) > settings.max_tensors_per_session:
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"session would hold {len(session.tensors) + len(pairs)} tensors: "
             f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
-    nbytes = 0
+    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+    session.tensors.update(pairs)
+
+
+def store_made(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
+    """``store_tensors`` for tensors a step computed (an op's outputs, a grad step's grads), each
+    held to ``max_tensor_elements`` first: only the op knew their size."""
     for tid, ct in pairs:
-        numel = ct._custom_data.numel()
+        numel = ct.value.numel()
         if numel > settings.max_tensor_elements:
             raise ProtocolError(
                 ErrorCode.TOO_LARGE,
                 f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
             )
-        nbytes += ct.nbytes
-    session.charge(nbytes, settings.max_session_bytes)
-    session.tensors.update(pairs)
+    store_tensors(session, settings, pairs)
 
 
 def data_bytes(ct: CustomTensor) -> int:
     """The bytes of ``ct``'s value, which are also the bytes its grad takes once it has one."""
-    return ct._custom_data.nbytes
+    return ct.value.nbytes
 
 
 def grad_bytes(grad: torch.Tensor | None) -> int:

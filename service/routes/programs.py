@@ -31,9 +31,13 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     owner = caller_of(scope, header_text(headers.get(PROTOCOL_KEY)))
     body = await read_body(receive, header_text(headers.get(b"content-length")), state.settings.max_body_bytes,
                            state.settings.body_timeout_seconds)
-    answer = await state.backend.answer_program(scope["path_params"]["sid"], owner, body,
-                                                header_text(headers.get(b"content-type")),
-                                                header_text(headers.get(b"accept")))
+    async with state.backend.answer_program(scope["path_params"]["sid"], owner, body,
+                                            header_text(headers.get(b"content-type")),
+                                            header_text(headers.get(b"accept"))) as answer:
+        await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
+
+
+async def _send(answer, send) -> None:
     # where the time went, for clients and benchmarks: steps inside the worker, and the worker hop
     timing = f"steps;dur={answer.steps_seconds * 1e3:.3f}, worker;dur={answer.worker_seconds * 1e3:.3f}"
     await send({"type": "http.response.start", "status": answer.status, "headers": [

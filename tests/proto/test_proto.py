@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from remote_autograd import proto
 from remote_autograd.proto import DTYPES, ITEMSIZES, ErrorCode, ProtocolError, decode_body, decode_tensor, encode_body, encode_tensor
-from remote_autograd.proto.messages import Program, validate_program
+from remote_autograd.proto.messages import Program, TensorData, validate_program
+from remote_autograd.proto.tensors import decode_tensor_data
 
 ALL_DTYPES = list(DTYPES)
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -370,6 +371,55 @@ def test_zero_element_shape_with_overflowing_dims_is_a_protocol_error():
         assert err.status == 400
 
 
+# -- a validated TensorData (a put step's value or grad) -------------------------------------
+
+# What validation lets through and only decoding can refuse: the data against the shape and dtype.
+VALIDATED = {
+    "bytes": {"dtype": "float32", "shape": [2], "data": b"\0\0\x80\x3f\0\0\0\xc0"},
+    "base64": {"dtype": "bfloat16", "shape": [2], "data": "gD8AwA=="},
+    "list": {"dtype": "int16", "shape": [2, 2], "data": [1, 2, 3, 256]},
+    "bool-list": {"dtype": "bool", "shape": [2], "data": [True, False]},
+    "0-d": {"dtype": "float64", "shape": [], "data": [3.5]},
+    "empty": {"dtype": "float32", "shape": [0, 3], "data": []},
+    "bytes-short": {"dtype": "float32", "shape": [2], "data": b"\0" * 7},
+    "base64-short": {"dtype": "float32", "shape": [2], "data": base64.b64encode(b"\0" * 4).decode()},
+    "base64-invalid": {"dtype": "float32", "shape": [2], "data": "!!!!"},
+    "list-short": {"dtype": "float32", "shape": [2], "data": [1.0]},
+    "list-string": {"dtype": "float32", "shape": [2], "data": [1.0, "2"]},
+    "list-out-of-range": {"dtype": "int8", "shape": [1], "data": [1000]},
+    "list-bfloat16": {"dtype": "bfloat16", "shape": [1], "data": [1.0]},
+    "data-wrong-type": {"dtype": "float32", "shape": [2], "data": 5},
+    "shape-too-large": {"dtype": "float32", "shape": [2**40, 2**40], "data": [1.0]},
+    "zero-elements-overflowing": {"dtype": "float32", "shape": [0, 10**20], "data": b""},
+}
+
+
+@pytest.mark.parametrize("field", ["value", "grad"])
+@pytest.mark.parametrize("case", list(VALIDATED))
+def test_a_validated_tensor_decodes_as_its_wire_object(case: str, field: str):
+    """``decode_tensor_data`` skips what validation checked, and nothing else: the same tensor, or
+    the same 400 with the same field path, as ``decode_tensor`` of the object."""
+    obj = VALIDATED[case]
+    typed = TensorData.model_validate(obj)
+    try:
+        want = decode_tensor(obj, field=field)
+    except ProtocolError as exc:
+        with pytest.raises(ProtocolError) as info:
+            decode_tensor_data(typed, field=field)
+        assert (info.value.status, info.value.message) == (exc.status, exc.message)
+        assert info.value.message.startswith(f"{field}.")
+        return
+    assert_bitwise_equal(decode_tensor_data(typed, field=field), want)
+
+
+def test_a_validated_tensor_from_a_writable_buffer_is_a_view_of_it_unless_copied():
+    buf = bytearray(b"\0\0\x80\x3f" * 2)
+    typed = TensorData.model_validate({"dtype": "float32", "shape": [2], "data": memoryview(buf)})
+    view, copied = decode_tensor_data(typed, copy=False), decode_tensor_data(typed)
+    buf[:4] = b"\0\0\0\x40"
+    assert view.tolist() == [2.0, 1.0] and copied.tolist() == [1.0, 1.0]
+
+
 # -- codec --------------------------------------------------------------------------------
 
 
@@ -538,14 +588,15 @@ def _only_protocol_errors(fn, *args, **kw):
 
 
 def _decode_everything(obj) -> None:
-    """validate_program, then decode_tensor on every tensor-looking part of what validated."""
+    """validate_program, then decode_tensor_data on every put's tensors (as the runner does), and
+    decode_tensor on the object itself."""
     program = _only_protocol_errors(validate_program, obj)
     if program is not None:
         for step in program.steps:
             for name in ("value", "grad"):
                 td = getattr(step, name, None)
-                if hasattr(td, "model_dump"):
-                    _only_protocol_errors(decode_tensor, td.model_dump(), field=name, max_elements=1 << 20)
+                if isinstance(td, TensorData) and math.prod(td.shape) <= 1 << 20:  # the limit: checked before
+                    _only_protocol_errors(decode_tensor_data, td, field=name)
     if isinstance(obj, dict):
         _only_protocol_errors(decode_tensor, obj, max_elements=1 << 20)
         _only_protocol_errors(decode_tensor, obj)
@@ -608,5 +659,5 @@ _put_steps = st.fixed_dictionaries(
 @PROPERTY
 @given(st.lists(_put_steps, min_size=1, max_size=3))
 def test_put_programs_with_wrong_tensors_only_raise_protocol_errors(steps):
-    """Programs that validate, so that decode_tensor sees every value, as the runner would."""
+    """Programs that validate, so that decode_tensor_data sees every value, as the runner would."""
     _decode_everything({"id": "p", "steps": steps})

@@ -35,20 +35,20 @@ def test_from_torch_stores_a_copy_of_the_value(dtype):
     src = torch.arange(6, dtype=torch.float64).reshape(2, 3).to(dtype)
     want = src.clone()
     ct = CustomTensor.from_torch(src)
-    assert not _shares_memory(ct._custom_data, src)
+    assert not _shares_memory(ct.value, src)
     src.zero_() if dtype != torch.bool else src.fill_(False)
-    assert torch.equal(ct._custom_data, want)
+    assert torch.equal(ct.value, want)
     assert ct.dtype == dtype and ct.device == src.device and ct.shape == src.shape
 
 
 def test_from_torch_of_a_leaf_that_requires_grad_is_a_new_leaf():
     src = torch.randn(3, requires_grad=True)
     ct = CustomTensor.from_torch(src)
-    assert ct._custom_data is not src
-    assert ct.requires_grad and ct.is_leaf and ct._custom_data.grad_fn is None
+    assert ct.value is not src
+    assert ct.requires_grad and ct.is_leaf and ct.value.grad_fn is None
     with torch.no_grad():
         src.add_(1)
-    assert not torch.equal(ct._custom_data, src.detach())
+    assert not torch.equal(ct.value, src.detach())
 
 
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
@@ -57,17 +57,17 @@ def test_from_torch_of_a_non_leaf_is_detached_from_its_graph():
     y = x * 2
     ct = CustomTensor.from_torch(y)
     assert ct.requires_grad  # carried: `obj.requires_grad = t.requires_grad`
-    assert ct.is_leaf and ct._custom_data.grad_fn is None
+    assert ct.is_leaf and ct.value.grad_fn is None
     # a backward through the stored value never reaches the source's graph
-    ct._custom_data.sum().backward()
+    ct.value.sum().backward()
     assert x.grad is None
 
 
 def test_from_torch_without_backward_has_grad_none_not_zeros():
     src = torch.randn(2, 2, requires_grad=True)
     ct = CustomTensor.from_torch(src)
-    assert ct._custom_grad is None
-    assert CustomTensor.from_torch(torch.randn(2))._custom_grad is None
+    assert ct.grad is None
+    assert CustomTensor.from_torch(torch.randn(2)).grad is None
     assert ct.to_torch().grad is None
 
 
@@ -76,16 +76,16 @@ def test_from_torch_copies_the_grad_as_a_clone(dtype):
     src = _leaf_with_grad(dtype)
     want = src.grad.clone()
     ct = CustomTensor.from_torch(src)
-    assert ct._custom_grad is not None and ct._custom_grad is not src.grad
-    assert not _shares_memory(ct._custom_grad, src.grad)
-    assert torch.equal(ct._custom_grad, want)
-    assert ct._custom_grad.dtype == dtype
+    assert ct.grad is not None and ct.grad is not src.grad
+    assert not _shares_memory(ct.grad, src.grad)
+    assert torch.equal(ct.grad, want)
+    assert ct.grad.dtype == dtype
     src.grad.mul_(0)  # in place on the source's .grad
     src.grad.add_(5)
-    assert torch.equal(ct._custom_grad, want)
+    assert torch.equal(ct.grad, want)
     # another backward accumulating into the source's grad does not reach the copy either
     (src * 3).sum().abs().backward() if src.is_complex() else (src * 3).sum().backward()
-    assert torch.equal(ct._custom_grad, want)
+    assert torch.equal(ct.grad, want)
 
 
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning")
@@ -94,8 +94,8 @@ def test_from_torch_grad_is_detached():
     (x ** 3).sum().backward(create_graph=True)
     assert x.grad.requires_grad  # a grad in a graph
     ct = CustomTensor.from_torch(x)
-    assert not ct._custom_grad.requires_grad and ct._custom_grad.grad_fn is None
-    torch.testing.assert_close(ct._custom_grad, 3 * x.detach() ** 2)
+    assert not ct.grad.requires_grad and ct.grad.grad_fn is None
+    torch.testing.assert_close(ct.grad, 3 * x.detach() ** 2)
 
 
 def test_from_torch_copies_a_retained_non_leaf_grad():
@@ -104,9 +104,9 @@ def test_from_torch_copies_a_retained_non_leaf_grad():
     y.retain_grad()
     (y * y).sum().backward()
     ct = CustomTensor.from_torch(y)
-    torch.testing.assert_close(ct._custom_grad, 2 * y.detach())
+    torch.testing.assert_close(ct.grad, 2 * y.detach())
     y.grad.zero_()
-    assert ct._custom_grad.abs().sum() > 0
+    assert ct.grad.abs().sum() > 0
 
 
 def test_from_torch_carries_requires_grad_dtype_device():
@@ -141,11 +141,11 @@ def test_to_torch_builds_a_new_leaf():
     ct = CustomTensor(x * 2)  # a value live in a graph, as after a call step
     out = ct.to_torch()
     assert out.is_leaf and out.grad_fn is None and out.requires_grad
-    assert out is not ct._custom_data and not _shares_memory(out, ct._custom_data)
+    assert out is not ct.value and not _shares_memory(out, ct.value)
     torch.testing.assert_close(out, (x * 2).detach())
     out.sum().backward()  # its own graph: nothing reaches x
     assert x.grad is None and torch.equal(out.grad, torch.ones(3))
-    assert ct._custom_grad is None
+    assert ct.grad is None
 
 
 @pytest.mark.parametrize("rg", [False, True])
@@ -161,13 +161,13 @@ def test_to_torch_grad_is_a_copy_in_the_values_device_and_dtype():
     out = ct.to_torch()
     assert out.grad.dtype == torch.float64 and out.grad.device == out.device
     assert torch.equal(out.grad, grad.double())
-    assert not _shares_memory(out.grad, ct._custom_grad)
+    assert not _shares_memory(out.grad, ct.grad)
     out.grad.add_(1)
-    assert torch.equal(ct._custom_grad, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert torch.equal(ct.grad, torch.arange(6, dtype=torch.float32).reshape(2, 3))
     # same dtype: still a copy, never the stored tensor
     ct2 = CustomTensor(data, grad.double())
     out2 = ct2.to_torch()
-    assert out2.grad is not ct2._custom_grad and not _shares_memory(out2.grad, ct2._custom_grad)
+    assert out2.grad is not ct2.grad and not _shares_memory(out2.grad, ct2.grad)
 
 
 def test_to_torch_grad_is_detached():
@@ -192,11 +192,11 @@ def test_to_torch_twice_gives_independent_tensors():
         a.mul_(10)
     a.grad.zero_()
     assert torch.equal(b, src.detach()) and torch.equal(b.grad, src.grad)
-    assert torch.equal(ct._custom_data, src.detach()) and torch.equal(ct._custom_grad, src.grad)
+    assert torch.equal(ct.value, src.detach()) and torch.equal(ct.grad, src.grad)
     # and a backward on one accumulates into its grad only
     (b * 1).sum().backward()
     assert torch.equal(a.grad, torch.zeros_like(a))
-    assert torch.equal(ct._custom_grad, src.grad)
+    assert torch.equal(ct.grad, src.grad)
 
 
 def test_round_trip_from_torch_to_torch():

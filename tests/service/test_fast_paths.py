@@ -5,7 +5,8 @@
 - programs run in process: optimizer-style steps with grad off against the same steps
   recorded in a graph, in-place writes under ``no_grad`` on views and parameters;
 - the step-time histogram against prometheus_client's own ``Histogram``;
-- fetched small tensors travel as bytes, and still count against the retry cache's limit.
+- fetched small tensors travel as bytes, and still count against the retry cache's limit;
+- fetched big tensors as views of their bytes against copies, when later steps write them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from remote_autograd.proto import encode_tensor
+from remote_autograd.proto import JSON, MSGPACK, decode_body, decode_tensor, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service import grad_ownership
-from remote_autograd.service.answers import keepable
+from remote_autograd.service.answers import encode_answer, keepable
 from remote_autograd.service.metrics import _OP_BUCKETS
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
 from remote_autograd.service.runner import run_steps
@@ -131,7 +133,7 @@ def test_optimizer_steps_with_grad_off_match_the_graph_recording_functions():
              + [_put("w", torch.zeros(5, 3), requires_grad=True),
                 {"kind": "call", "op": "add", "args": [{"ref": "p"}, {"ref": "w"}], "out": ["q"]}], "setup")
         _run(session, settings, _adam_like("q", grad_enabled), "step")
-        finals.append({k: session.tensors[k]._custom_data.detach() for k in ("q", "m", "v", "s", "d", "e", "f", "h")})
+        finals.append({k: session.tensors[k].value.detach() for k in ("q", "m", "v", "s", "d", "e", "f", "h")})
     for k in finals[0]:
         assert_same_bits(finals[0][k], finals[1][k])
 
@@ -147,7 +149,7 @@ def test_in_place_under_no_grad_on_views_and_parameters():
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], **no_grad},  # a leaf that requires grad
         {"kind": "call", "op": "add_", "args": [{"ref": "row"}, {"ref": "z"}], **no_grad},  # reads one
     ], "update")
-    torch.testing.assert_close(session.tensors["w"]._custom_data.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
+    torch.testing.assert_close(session.tensors["w"].value.detach(), torch.tensor([[2.0, 4, 6], [4, 5, 6]]))
     bad = run_steps(session, validate_program({"id": "bad", "steps": [
         {"kind": "call", "op": "add_", "args": [{"ref": "w"}, 1.0], "out": []}]}), settings)
     assert bad.status == 422 and "leaf Variable that requires grad" in bad.body["error"]["message"]
@@ -199,7 +201,7 @@ def test_op_table_resolution_follows_the_table():
 # -- grads taken over without a copy --------------------------------------------------------------
 
 def _grad(session, tid):
-    return session.tensors[tid]._custom_grad
+    return session.tensors[tid].grad
 
 
 def test_grads_taken_over_never_alias_another_tensor():
@@ -224,12 +226,12 @@ def test_grads_taken_over_never_alias_another_tensor():
     assert_same_bits(_grad(session, "b"), lb.grad * 2)
     _grad(session, "a").mul_(3)
     assert torch.equal(_grad(session, "c"), t) and torch.equal(_grad(session, "a"), 3 * t)
-    assert torch.equal(session.tensors["t"]._custom_data, t)
+    assert torch.equal(session.tensors["t"].value, t)
     # a leaf as its own root: its new grad is the gradient sent, which stays the client's own tensor
     _run(session, settings, [{"kind": "set_grad", "id": "c", "grad": None},
                              {"kind": "backward", "tensors": ["c"], "grad_tensors": [ref("t")]}], "leaf")
     _grad(session, "c").zero_()
-    assert torch.equal(session.tensors["t"]._custom_data, t)
+    assert torch.equal(session.tensors["t"].value, t)
 
 
 def test_grads_taken_over_equal_the_grads_of_the_plain_path_that_clones_them(monkeypatch):
@@ -284,3 +286,43 @@ def test_backward_reports_and_charges_only_the_leaves_it_reaches():
     assert _grad(session, "far") is None and _grad(session, "u") is None
     assert torch.equal(_grad(session, "x"), torch.ones(4))
     assert session.bytes_held == 16 + 16 + 1600 + 4 + 4 + 4 + 16  # values, then x's grad
+
+
+# -- fetched big tensors as views of their bytes --------------------------------------------------
+
+BIG = FRAME_MIN_BYTES // 4  # float32 elements: big enough for a fetch to answer with a view
+
+
+def _answered(outcome, accept: str) -> list[torch.Tensor]:
+    """The values and grads an answer carries, as the client decodes the body it is sent."""
+    media_type, parts, _ = encode_answer(outcome.body, accept != JSON, accept)
+    body = b"".join(bytes(p) for p in parts)
+    decoded = unpack_frames(bytearray(body)) if media_type == FRAMES else decode_body(body, media_type)
+    return [decode_tensor(r["tensor"][k]) for r in decoded["results"] if r and r.get("tensor")
+            for k in ("value", "grad") if r["tensor"][k] is not None]
+
+
+@pytest.mark.parametrize("accept", [FRAMES, MSGPACK, JSON])
+def test_a_fetch_answers_the_value_at_its_step_though_later_steps_write_the_tensor(accept):
+    """A view of the live bytes (the speed path) only after the program's last writing step: a
+    fetch before it answers what the tensor held then, as the copy (the plain path) does."""
+    _, session, settings = _session()
+    ref = lambda t: {"ref": t}  # noqa: E731
+    steps = [_put("x", torch.zeros(BIG)), _put("w", torch.ones(BIG), True),
+             {"kind": "fetch", "id": "x"},
+             {"kind": "call", "op": "add_", "args": [ref("x"), 1.0], "out": []},
+             {"kind": "call", "op": "sum", "args": [ref("w")], "out": ["l"]},
+             {"kind": "backward", "tensors": ["l"], "retain_graph": True},
+             {"kind": "fetch", "id": "w", "value": False},
+             {"kind": "backward", "tensors": ["l"]},  # accumulates into w's grad in place
+             {"kind": "fetch", "id": "x"}, {"kind": "fetch", "id": "w", "value": False},
+             {"kind": "free", "ids": ["l"]}]
+    outcome = run_steps(session, validate_program({"id": "p", "steps": steps}), settings, as_json=accept == JSON)
+    assert outcome.status == 200, outcome.body
+    got = _answered(outcome, accept)
+    for t, want in zip(got, [0.0, 1.0, 1.0, 2.0], strict=True):
+        assert torch.equal(t, torch.full((BIG,), want)), (want, t[:3])
+    fetched = [r["tensor"] for r in outcome.body["results"] if r and r.get("tensor")]
+    if accept != JSON:  # the copies before the last writing step, the views after it
+        kinds = [type(m[k]["data"]) for m in fetched for k in ("value", "grad") if m[k] is not None]
+        assert kinds == [bytes, bytes, memoryview, memoryview]

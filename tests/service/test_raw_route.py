@@ -29,10 +29,10 @@ def _with_plain_route():
     @app.post("/plain/sessions/{sid}/programs")
     async def plain_program(sid: str, request: Request, backend=Depends(deps.backend),
                             caller=Depends(deps.caller)) -> Response:
-        answer = await backend.answer_program(sid, caller, await request.body(), request.headers.get("content-type"),
-                                              request.headers.get("accept"))
-        return Response(b"".join(bytes(p) for p in iter_parts(answer.parts)), status_code=answer.status,
-                        media_type=answer.media_type)
+        async with backend.answer_program(sid, caller, await request.body(), request.headers.get("content-type"),
+                                          request.headers.get("accept")) as answer:
+            return Response(b"".join(bytes(p) for p in iter_parts(answer.parts)), status_code=answer.status,
+                            media_type=answer.media_type)
 
     return app
 
