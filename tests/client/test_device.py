@@ -176,8 +176,10 @@ def _assert_same_run(got, want):
 
 
 @pytest.mark.parametrize("model_fn", [_mlp, _cnn], ids=["mlp", "cnn"])
-def test_a_model_built_under_torch_device_trains_like_cpu(sess, model_fn):
-    _assert_same_run(train_built_on(model_fn, sess.device), train_built_on(model_fn, "cpu"))
+@pytest.mark.parametrize("train", [train_built_on, train_moved_to],
+                         ids=["built-under-torch-device", "moved-with-an-optimizer-made-before"])
+def test_a_model_trains_like_cpu(sess, model_fn, train):
+    _assert_same_run(train(model_fn, sess.device), train(model_fn, "cpu"))
 
 
 def test_a_module_built_under_torch_device_uploads_nothing(recorded):
@@ -190,11 +192,6 @@ def test_a_module_built_under_torch_device_uploads_nothing(recorded):
     assert [p["value"]["shape"] for p in recorder.puts()] == [[]], "parameters are created on the server, not uploaded"
     assert all(p.device == sess.device for p in model.parameters())
     assert all(b.device == sess.device for b in model.buffers())
-
-
-@pytest.mark.parametrize("model_fn", [_mlp, _cnn], ids=["mlp", "cnn"])
-def test_a_model_moved_with_an_optimizer_made_before_trains_like_cpu(sess, model_fn):
-    _assert_same_run(train_moved_to(model_fn, sess.device), train_moved_to(model_fn, "cpu"))
 
 
 def test_module_to_keeps_the_parameter_objects_and_moves_them_in_one_program(recorded):

@@ -59,12 +59,17 @@ NATIVE_INPLACE = [(e, i) for e in OP_TABLE if e.native_inplace is not None for i
                   if _fits_in_place(e, i)]
 
 
+def _sample(case, dtype):
+    """The entry of an ``(entry, sample index)`` case, and that sample's plain arguments."""
+    entry, i = case
+    return (entry, *_plain(*entry.samples[i].materialise(dtype, seed=i)))
+
+
 @pytest.mark.optable
 @pytest.mark.parametrize("case", NATIVE, ids=_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_native_kernel_gives_the_functions_value(case, dtype):
-    entry, i = case
-    args, kwargs = _plain(*entry.samples[i].materialise(dtype, seed=i))
+    entry, args, kwargs = _sample(case, dtype)
     assert_same_bits(entry.native(*args, **kwargs), entry.fn(*args, **kwargs))
 
 
@@ -72,8 +77,7 @@ def test_native_kernel_gives_the_functions_value(case, dtype):
 @pytest.mark.parametrize("case", NATIVE_INPLACE, ids=_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_native_inplace_kernel_gives_the_copied_value(case, dtype):
-    entry, i = case
-    args, kwargs = _plain(*entry.samples[i].materialise(dtype, seed=i))
+    entry, args, kwargs = _sample(case, dtype)
     target = args[0]
     torch.manual_seed(0)  # random entries (uniform_, normal_) draw the same numbers both ways
     value = entry.fn(target, *args[1:], **kwargs)
