@@ -150,10 +150,15 @@ Step = Annotated[
 
 
 class Program(_Model):
-    """An ordered list of steps; ``id`` makes a retried program recognisable."""
+    """An ordered list of steps; ``id`` makes a retried program recognisable.
+
+    ``omit_known_meta``: the client names every output and infers its metadata itself, so the
+    steps whose result would only repeat that answer ``null`` (SPEC §6 lists which).
+    """
 
     id: str = Field(min_length=1, max_length=128)
     steps: list[Step]
+    omit_known_meta: bool = False
 
 
 class TensorMeta(_Model):

@@ -76,7 +76,7 @@ def _grad_outputs(values, session: Session) -> list | None:
     return [resolve_value(v, session) for v in values]
 
 
-def backward_step(run: ProgramRun, step: BackwardStep) -> dict:
+def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
     session, settings = run.session, run.settings
     roots = [session.tensor(t).value for t in step.tensors]
     grad_tensors = _grad_outputs(step.grad_tensors, session)
@@ -87,7 +87,7 @@ def backward_step(run: ProgramRun, step: BackwardStep) -> dict:
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
-        return {"tensors": []}
+        return _backward_result(run, [])
     # Room for the new grads first (a 413 leaves the graph intact for a retry), then
     # temporaries, then commit: a failing backward leaves every .grad untouched.
     targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
@@ -106,6 +106,14 @@ def backward_step(run: ProgramRun, step: BackwardStep) -> dict:
     session.release(reserved - used)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
+    return _backward_result(run, missing)
+
+
+def _backward_result(run: ProgramRun, missing: list[str]) -> dict | None:
+    """``{tensors: [], no_grad?}``; with ``omit_known_meta`` only the ``no_grad`` the client
+    cannot predict, and ``None`` when there is none."""
+    if run.omit_known_meta:
+        return {"no_grad": missing} if missing else None
     return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
 
 
@@ -154,7 +162,7 @@ def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bo
             ct.grad.add_(g)
 
 
-def grad_step(run: ProgramRun, step: GradStep) -> dict:
+def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     session, settings = run.session, run.settings
     if len(step.out) != len(step.inputs):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
@@ -165,4 +173,6 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict:
     grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                 create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
+        return None
     return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}

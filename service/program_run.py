@@ -20,9 +20,15 @@ class ProgramRun:
     ``views``: a fetch may hand out a view of a big tensor's bytes instead of a copy (the answer
     streams it as a frame). Only once no later step of the program can write to a tensor:
     ``run_steps`` turns it on after the program's last step that is not a fetch or a free.
+
+    ``omit_known_meta`` (the program's flag): steps whose result only repeats what the client
+    chose or inferred (the metadata of outputs it named) answer ``None`` and do not build it;
+    a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
+    grad still answer their metadata (only the server knows it).
     """
 
     session: Session
     settings: Settings
     as_json: bool = False
     views: bool = False
+    omit_known_meta: bool = False

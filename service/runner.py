@@ -55,7 +55,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
     """
     results: list[Any] = []
-    run = ProgramRun(session, settings, as_json)
+    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
     views_from = _views_from(program.steps)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()
@@ -112,7 +112,7 @@ def _step_op(step) -> str:
 # -- values -------------------------------------------------------------------------------
 
 
-def _put(run: ProgramRun, step: PutStep) -> dict:
+def _put(run: ProgramRun, step: PutStep) -> dict | None:
     session = run.session
     check_new_ids(session, [step.id])
     # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
@@ -126,7 +126,7 @@ def _put(run: ProgramRun, step: PutStep) -> dict:
     if step.requires_grad:
         value.requires_grad_(True)  # torch's own error for integer dtypes
     store_tensors(session, run.settings, [(step.id, CustomTensor(value, grad))])
-    return {"tensors": [meta_of(step.id, value)]}
+    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, value)]}
 
 
 def _lookup(name: str):
@@ -137,26 +137,27 @@ def _lookup(name: str):
     return found
 
 
-def _call(run: ProgramRun, step: CallStep) -> dict:
+def _call(run: ProgramRun, step: CallStep) -> dict | None:
     session = run.session
     entry, inplace = _lookup(step.op)
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
     if inplace:  # torch's autocast leaves in-place ops alone
         _run_inplace(entry, step, args, kwargs)
-        return {"tensors": []}
+        return None if run.omit_known_meta else {"tensors": []}
     check_new_ids(session, step.out)
     if step.autocast is None:
         result = _apply(entry, step.grad_enabled, args, kwargs)
     else:
         result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                               lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
-    return _store_outputs(session, run.settings, step, result, args, kwargs)
+    return _store_outputs(run, step, result, args, kwargs)
 
 
-def _store_outputs(session: Session, settings: Settings, step: CallStep, result: Any, args: list, kwargs: dict
-                   ) -> dict:
-    """Keep a call's outputs under the step's ids; their metadata is the step's result."""
+def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict) -> dict | None:
+    """Keep a call's outputs under the step's ids; their metadata is the step's result (unless
+    the client named them all and asked to be spared it: ``omit_known_meta`` without ``out_many``)."""
+    session = run.session
     is_tuple = isinstance(result, (tuple, list))
     # optional outputs that are None (attention weights with need_weights=False) get no id: the
     # client knows where they go from the same call on meta
@@ -170,7 +171,9 @@ def _store_outputs(session: Session, settings: Settings, step: CallStep, result:
         check_new_ids(session, ids)
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
-    store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    if run.omit_known_meta and not step.out_many:
+        return None
     metas = [meta_of(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
@@ -294,10 +297,10 @@ def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
     return None
 
 
-def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict:
+def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict | None:
     ct = run.session.tensor(step.id)
     ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
-    return {"tensors": [meta_of(step.id, ct.value)]}
+    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, ct.value)]}
 
 
 def _retain_grad(run: ProgramRun, step: RetainGradStep) -> None:
