@@ -146,7 +146,9 @@ class SessionCore:
             return []
         big = self._queued_bytes >= FRAME_MIN_BYTES
         self._queue, self._origins, self._queued_bytes = [], [], 0
-        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps}
+        # The SDK names every output and infers its metadata: the server need not send it back
+        # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
+        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps, "omit_known_meta": True}
         status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
         if status >= 400:
             self._fail(status, body, origins)

@@ -21,17 +21,21 @@ from ..bits import fit
 
 
 class ProgramRecorder(httpx.BaseTransport):
-    """The in-process transport, keeping the steps of every program the SDK sends: what a test
-    asserts was uploaded, seen where the bytes leave the client rather than by patching it."""
+    """The in-process transport, keeping every program the SDK sends (``bodies``) and its steps
+    (``programs``): what a test asserts was sent, seen where the bytes leave the client rather than
+    by patching it."""
 
     def __init__(self) -> None:
         self.inner = client.InProcessTransport()
         self.programs: list[list[dict]] = []
+        self.bodies: list[dict] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.method == "POST" and request.url.path.endswith("/programs"):
             body, kind = request.read(), request.headers.get("content-type")
-            self.programs.append((unpack_frames(body) if is_frames(kind) else decode_body(body, kind))["steps"])
+            program = unpack_frames(body) if is_frames(kind) else decode_body(body, kind)
+            self.bodies.append(program)
+            self.programs.append(program["steps"])
         return self.inner.handle_request(request)
 
     def close(self) -> None:
