@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .test_http import Wire, _call, _decode, _error, _put, _uid, api, ref, sid, wire  # noqa: F401 (fixtures)
+from .test_http import BOTH_BACKENDS, Wire, _call, _decode, _error, _put, _uid, api, ref, sid, wire  # noqa: F401 (fixtures)
 
 
 def _steps(w: Wire) -> list[dict]:
@@ -61,6 +61,7 @@ def _run(w: Wire, session: str, steps: list, omit: bool | None) -> list:
     return _decode(r)["results"]
 
 
+@BOTH_BACKENDS
 def test_each_step_kind_answers_as_the_table_says_and_values_are_the_same(wire: Wire, sid: str):
     steps = _steps(wire)
     other = wire.session()
@@ -104,6 +105,7 @@ def test_a_failing_step_reports_the_reduced_results_before_it(wire: Wire, sid: s
     assert answer["results"] == [None] and answer["error"]["step"] == 1
 
 
+@BOTH_BACKENDS
 def test_a_retry_with_the_other_flag_is_another_program(wire: Wire, sid: str):
     """The retry cache keys on the body's bytes: the flag is part of them, so a retry must resend
     it as it was; the other value under the same program id is a 409 and runs nothing."""
