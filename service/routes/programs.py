@@ -46,7 +46,12 @@ async def _send(answer, send) -> None:
     pieces = list(iter_parts(answer.parts)) or [b""]  # a small answer is one piece: one send
     last = len(pieces) - 1
     for i, piece in enumerate(pieces):
-        await send({"type": "http.response.body", "body": piece, "more_body": i < last})
+        # bytes(piece): a copy of each piece as it goes out, never the view itself. A big fetched
+        # tensor's frame is a view of the session's memory, and the event loop's transport (uvloop)
+        # keeps what the socket did not take yet by reference, past send()'s return and so past
+        # the session's gate: the next program's writes would go out in this answer. One piece at
+        # a time, the copy costs a memcpy and no more than a piece of memory.
+        await send({"type": "http.response.body", "body": bytes(piece), "more_body": i < last})
 
 
 async def _program_doc(sid: str) -> None:
