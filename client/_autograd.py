@@ -160,10 +160,14 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         for leaf in newly:
             leaf._has_grad = False
 
+    # By id, not ``leaf in newly``: a list's ``in`` falls back to ``==``, which on tensors is
+    # torch.eq (here a remote op, run from inside a flush, refused for unequal shapes).
+    newly_ids = {leaf._id for leaf in newly}
+
     def correct(result) -> None:
         for tid in (result or {}).get("no_grad") or ():
             leaf = session._grad_tracked.get(tid)
-            if leaf is not None and leaf in newly:
+            if leaf is not None and tid in newly_ids:
                 leaf._has_grad = False
                 leaf._grad_cache = None
 

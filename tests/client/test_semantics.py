@@ -74,6 +74,20 @@ def test_retain_grad_and_backward_inputs(sess):
     torch.testing.assert_close(h2.grad.to_torch(), torch.full((3,), 3.0))
 
 
+@pytest.mark.parametrize("device", ["cpu", "remote"])
+def test_a_leaf_a_backward_reaches_without_a_grad_keeps_none_beside_others(sess, device):
+    """``vector_norm(u, 0)`` reaches ``u`` yet gives it no grad: torch leaves ``u.grad`` None. The
+    SDK, which predicted a grad, corrects itself from the server's answer; with another leaf of
+    another shape beside it (a list's ``in`` on tensors would compare them with torch.eq)."""
+    device = sess.device if device == "remote" else device
+    x = torch.arange(6.0).to(device).requires_grad_()
+    u = torch.arange(4.0).to(device).requires_grad_()
+    (torch.linalg.vector_norm(u, 0) + (x * 2).sum()).backward(inputs=[x, u])
+    sess.sync()  # the correction comes with the answer: before it, u.grad is a handle (see the README)
+    assert u.grad is None
+    assert torch.equal(x.grad.cpu(), torch.full((6,), 2.0))
+
+
 def test_integer_and_bool_tensors_never_require_grad(sess):
     i = sess.tensor(torch.arange(3))
     assert not i.requires_grad
