@@ -9,31 +9,31 @@ from __future__ import annotations
 
 import torch
 
-from .test_http import BOTH_BACKENDS, Wire, _call, _decode, _error, _put, _uid, api, ref, sid, wire  # noqa: F401 (fixtures)
+from .wire import BOTH_BACKENDS, Wire, call_step, decode, expect_error, new_id, put_step, ref
 
 
 def _steps(w: Wire) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, generator=g, dtype=torch.float64)
     return [
-        _put("x", w.tensor(x), True),  # 0
-        _put("w", w.tensor(torch.randn(4, 2, generator=g, dtype=torch.float64)), True),
-        _put("c", w.tensor(torch.randn(3, 4, generator=g, dtype=torch.float64))),
+        put_step("x", w.tensor(x), True),  # 0
+        put_step("w", w.tensor(torch.randn(4, 2, generator=g, dtype=torch.float64)), True),
+        put_step("c", w.tensor(torch.randn(3, 4, generator=g, dtype=torch.float64))),
         {"kind": "set_requires_grad", "id": "c", "requires_grad": True},
-        _put("k", w.tensor(torch.arange(4.0))),
-        _call("add_", ref("k"), 1.0),  # 5: in place
-        _call("matmul", ref("x"), ref("w"), out=["y"]),
-        _call("unbind", ref("y"), out=["y0", "y1", "y2"]),  # a tuple
-        _put("mask", w.tensor(torch.tensor([[True, False], [False, True]]))),
+        put_step("k", w.tensor(torch.arange(4.0))),
+        call_step("add_", ref("k"), 1.0),  # 5: in place
+        call_step("matmul", ref("x"), ref("w"), out=["y"]),
+        call_step("unbind", ref("y"), out=["y0", "y1", "y2"]),  # a tuple
+        put_step("mask", w.tensor(torch.tensor([[True, False], [False, True]]))),
         {"kind": "call", "op": "where", "args": [ref("mask")], "out": ["idx"], "out_many": True},
         {"kind": "retain_grad", "id": "y"},  # 10
-        _call("sum", ref("y"), out=["loss"]),
+        call_step("sum", ref("y"), out=["loss"]),
         {"kind": "backward", "tensors": ["loss"]},
-        _put("u", w.tensor(torch.randn(4, generator=g, dtype=torch.float64)), True),
-        _call("vector_norm", ref("u"), 0, out=["n0"]),  # no gradient flows into u
+        put_step("u", w.tensor(torch.randn(4, generator=g, dtype=torch.float64)), True),
+        call_step("vector_norm", ref("u"), 0, out=["n0"]),  # no gradient flows into u
         {"kind": "backward", "tensors": ["n0"]},  # 15: u reached, still without grad
-        _call("mul", ref("x"), ref("x"), out=["sq"]),
-        _call("sum", ref("sq"), out=["s2"]),
+        call_step("mul", ref("x"), ref("x"), out=["sq"]),
+        call_step("sum", ref("sq"), out=["s2"]),
         {"kind": "grad", "outputs": ["s2"], "inputs": ["x"], "out": ["gx"], "retain_graph": True},
         {"kind": "grad", "outputs": ["s2"], "inputs": ["x", "c"], "out": ["gx2", "gc"], "allow_unused": True},
         {"kind": "set_grad", "id": "c", "grad": {"ref": "gx"}},  # 20
@@ -53,12 +53,12 @@ def _reduced(step: dict, full):
 
 
 def _run(w: Wire, session: str, steps: list, omit: bool | None) -> list:
-    body = {"id": _uid(), "steps": steps}
+    body = {"id": new_id(), "steps": steps}
     if omit is not None:
         body["omit_known_meta"] = omit
     r = w.post_raw(f"/v1/sessions/{session}/programs", w.encode(body))
     assert r.status_code == 200, r.text
-    return _decode(r)["results"]
+    return decode(r)["results"]
 
 
 @BOTH_BACKENDS
@@ -90,7 +90,7 @@ def test_each_step_kind_answers_as_the_table_says_and_values_are_the_same(wire: 
 
 
 def test_the_flag_false_is_the_default(wire: Wire, sid: str):
-    steps = [_put("a", wire.tensor(torch.ones(2)), True), _call("neg", ref("a"), out=["b"])]
+    steps = [put_step("a", wire.tensor(torch.ones(2)), True), call_step("neg", ref("a"), out=["b"])]
     other = wire.session()
     try:
         assert _run(wire, sid, steps, False) == _run(wire, other, steps, None)
@@ -99,9 +99,9 @@ def test_the_flag_false_is_the_default(wire: Wire, sid: str):
 
 
 def test_a_failing_step_reports_the_reduced_results_before_it(wire: Wire, sid: str):
-    body = {"id": _uid(), "omit_known_meta": True,
-            "steps": [_put("a", wire.tensor(torch.ones(2))), _call("matmul", ref("a"), ref("nope"), out=["b"])]}
-    answer = _error(wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode(body)), 404, "unknown_tensor", "nope")
+    body = {"id": new_id(), "omit_known_meta": True,
+            "steps": [put_step("a", wire.tensor(torch.ones(2))), call_step("matmul", ref("a"), ref("nope"), out=["b"])]}
+    answer = expect_error(wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode(body)), 404, "unknown_tensor", "nope")
     assert answer["results"] == [None] and answer["error"]["step"] == 1
 
 
@@ -109,10 +109,10 @@ def test_a_failing_step_reports_the_reduced_results_before_it(wire: Wire, sid: s
 def test_a_retry_with_the_other_flag_is_another_program(wire: Wire, sid: str):
     """The retry cache keys on the body's bytes: the flag is part of them, so a retry must resend
     it as it was; the other value under the same program id is a 409 and runs nothing."""
-    pid, path = _uid(), f"/v1/sessions/{sid}/programs"
-    steps = [_put("once", wire.tensor(torch.ones(2)), True)]
+    pid, path = new_id(), f"/v1/sessions/{sid}/programs"
+    steps = [put_step("once", wire.tensor(torch.ones(2)), True)]
     first = wire.post_raw(path, wire.encode({"id": pid, "steps": steps, "omit_known_meta": True}))
-    assert first.status_code == 200 and _decode(first)["results"] == [None]
-    _error(wire.post_raw(path, wire.encode({"id": pid, "steps": steps})), 409, "conflict", pid)
+    assert first.status_code == 200 and decode(first)["results"] == [None]
+    expect_error(wire.post_raw(path, wire.encode({"id": pid, "steps": steps})), 409, "conflict", pid)
     again = wire.post_raw(path, wire.encode({"id": pid, "steps": steps, "omit_known_meta": True}))
     assert again.status_code == 200 and again.content == first.content
