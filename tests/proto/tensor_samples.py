@@ -12,7 +12,6 @@ from remote_autograd.proto import DTYPES, decode_tensor, encode_tensor
 
 
 ALL_DTYPES = list(DTYPES)
-FLOATS = ["float16", "bfloat16", "float32", "float64"]
 INTS = ["int8", "int16", "int32", "int64", "uint8"]
 COMPLEX = ["complex64", "complex128"]
 
