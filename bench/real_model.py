@@ -15,7 +15,9 @@ import torch
 from remote_autograd import client
 from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
 
+from . import _hot
 from ._util import measure, row
+from .training import breakdown
 
 _CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
 
@@ -39,10 +41,12 @@ def run(url: str, repeat: int = 30) -> None:
     base = GPT(_CONFIG)
     data = torch.randint(0, _CONFIG.vocab_size, (4096,), generator=torch.Generator().manual_seed(1))
     local = row("local torch", measure(_step_fn(copy.deepcopy(base), "cpu", data), repeat=repeat, warmup=3))
-    with client.connect(url) as sess:
+    tap = _hot.Tap()
+    with client.connect(url, transport=tap) as sess:
         step = _step_fn(copy.deepcopy(base), sess.device, data)
         times = measure(step, repeat=repeat, warmup=3)
         before = sess.requests
         for _ in range(5):
             step()
         row("remote, the same loop on sess.device", times, local, f"{(sess.requests - before) / 5:.1f} requests/step")
+        breakdown(sess, tap, step)

@@ -61,11 +61,11 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             name = "remote pipelined" if pipeline else "remote eager"
             row(name, times, local, f"{per_step:.1f} requests/step")
             if pipeline:
-                _breakdown(sess, tap, step)
+                breakdown(sess, tap, step)
                 _parts_alone(sess, tap, step, programs(), local, repeat)
 
 
-def _breakdown(sess, tap: _hot.Tap, step) -> None:
+def breakdown(sess, tap: _hot.Tap, step) -> None:
     """Where a pipelined step's time goes: the client (building steps, encoding, reading answers) vs the
     request (from sending until the answer's head arrives: the wire and the server)."""
     totals = []
