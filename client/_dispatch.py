@@ -231,7 +231,9 @@ def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str |
     step["op"] = route.wire_name
     step["out"] = []
     session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
-    for t in enc.inputs:  # every tensor argument may be written (GradScaler's found_inf too): drop local copies
+    # Which arguments an op of this kind writes is not declared (GradScaler's found_inf is written
+    # too), so every tensor argument's version is bumped: read-only ones then read one more than torch's.
+    for t in enc.inputs:
         t._after_inplace(False, frozenset())
 
 

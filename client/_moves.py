@@ -18,6 +18,7 @@ object and keeps it. Optimizers built before or after the move hold the same Par
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from ._callsite import where
 from ._device import DEVICE_TYPE
 from ._dispatch import apply_route
 from ._handler_table import HandlerTable
-from ._session_core import SessionCore
+from ._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
 
 T = torch.Tensor
@@ -175,8 +176,14 @@ def _compatible(t, other) -> bool:
 
 @_local(T.data.__get__)
 def _data_get(t):
-    """A new handle on the same server storage, cut from the graph, with its own version counter."""
-    return t._session._call_op("data", [t], {})
+    """A new handle on the same server storage, cut from the graph, with its own version counter (so,
+    unlike ``detach()``, not joined to ``t``'s storage here), laid out as ``t``. Queued: no round trip."""
+    t._check_usable()
+    out = RemoteTensor._new(t._session, t._session.new_id(), t._shape, t._dtype)
+    out._strides = t._strides
+    t._session.enqueue({"kind": "call", "op": "data", "args": [t._ref()], "out": [out._id]},
+                       _Origin("data", where(), [weakref.ref(out)]))
+    return out
 
 
 @_local(T.data.__set__)

@@ -198,22 +198,6 @@ class SessionCore:
         message = self.take_result(index)["tensor"]
         return message
 
-    def fetch_many(self, tensors: list["RemoteTensor"]) -> list[torch.Tensor]:
-        """Local copies (values only, no grad) of several RemoteTensors, in one program."""
-        self._check_open()
-        start = len(self._queue)
-        for t in tensors:
-            t._check_usable()
-            if t._grad_owner is not None:
-                step = {"kind": "fetch", "id": t._grad_owner._id, "value": False, "grad": True}
-            else:
-                step = {"kind": "fetch", "id": t._id, "value": True, "grad": False}
-            self._queue.append(step)  # even an eager session sends these together: reads only
-            self._origins.append(_Origin("fetch", None))
-        results = self.flush()[start:start + len(tensors)]
-        return [decode_tensor(r["tensor"]["grad" if t._grad_owner is not None else "value"], copy=False)
-                for t, r in zip(tensors, results)]
-
 
 def _route_table(transport: Transport) -> RouteTable:
     """The server's op table, fetched once per URL over sockets. A given transport's is not

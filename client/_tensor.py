@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the public Session, above this module, is what every handle
     from ._session import Session
 
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
-_META_DEVICE = torch.device("meta")
 
 
 def _not_wired(*args, **kwargs):
@@ -164,14 +163,10 @@ class RemoteTensor(torch.Tensor):
         _views.after_inplace(self, rg, leaves)
 
     def _adopt_metadata(self, value: "RemoteTensor") -> None:
-        """After ``self.data = value`` on the server: the handle's shape and dtype (and C++'s sizes) follow."""
-        if (value._shape, value._dtype) == (self._shape, self._dtype):
-            return
-        self._shape, self._dtype, self._meta_t = value._shape, value._dtype, None
-        wrapper = torch.Tensor._make_wrapper_subclass(type(self), value._shape, dtype=value._dtype,
-                                                      device=self._session.device)
-        with torch._C.DisableTorchFunctionSubclass():
-            torch._C.TensorBase.data.__set__(self, wrapper)
+        """After ``self.data = value`` on the server: the handle takes value's shape, dtype and strides
+        (and C++'s own sizes and strides)."""
+        self._dtype, self._strides = value._dtype, value._strides
+        _views.set_layout(self, value._meta(), type(self))
 
     def _grad_handle(self) -> "RemoteTensor":
         if self._grad_cache is None:

@@ -5,7 +5,7 @@ as in torch. The client mirrors what torch would answer locally without a round 
 
 - ``Storage``: the tensors that share one piece of server memory (views of one base,
   ``detach()`` aliases) and their shared version counter (``x._version``). Every
-  in-place op on a member bumps it and drops every member's local copy of values.
+  in-place op on a member bumps it.
 - ``_view_of``: the base a differentiable view was taken from (torch's ``_base``). An
   in-place op that records a graph on a view, or on its base, makes the base and all
   of its views require grad and depend on the same leaves, as torch does
@@ -224,11 +224,11 @@ def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> tor
 
 
 def set_layout(target, new: torch.Tensor, wrapper_type: type) -> None:
-    """Give ``target`` the shape and strides of ``new``: our fields, and the wrapper's own (C++) metadata,
-    which torch reads directly in places (``TensorBase.data.__set__``, as the subclass notes say)."""
+    """Give ``target`` the shape, strides and dtype of ``new``: our fields, and the wrapper's own (C++)
+    metadata, which torch reads directly in places (``TensorBase.data.__set__``, as the subclass notes say)."""
     known = target._strides is not UNKNOWN
     target._shape, target._strides, target._meta_t = tuple(new.shape), _layout(new) if known else UNKNOWN, None
     with DisableTorchFunctionSubclass():
-        replacement = T._make_wrapper_subclass(wrapper_type, new.shape, strides=new.stride(), dtype=target.dtype,
+        replacement = T._make_wrapper_subclass(wrapper_type, new.shape, strides=new.stride(), dtype=new.dtype,
                                                device=target.device)
         T.data.__set__(target, replacement)

@@ -169,3 +169,24 @@ def test_small_cnn_matches_local_training_step_by_step(sess):
     sd = remote.state_dict()
     for k, v in local.state_dict().items():
         torch.testing.assert_close(sd[k].cpu(), v, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_data_is_queued_and_laid_out_as_torch(sess):
+    """``p.data`` reads send nothing until a value is needed (an update loop over parameters is one
+    program), and ``.data`` in both directions keeps torch's strides and dtypes."""
+    local = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    params = [t.to(sess.device) for t in local]
+    sess.sync()
+    before = sess.requests
+    for p, t in zip(params, local):
+        p.data.mul_(0.5)
+        t.data.mul_(0.5)
+    assert sess.requests == before
+    assert all(torch.equal(p.cpu(), t) for p, t in zip(params, local))
+    assert params[0].t().data.stride() == local[0].t().data.stride()
+    p, lp = params[1], local[1]
+    p.data, lp.data = params[2].t(), local[2].t()
+    assert (p.shape, p.stride(), p.is_contiguous()) == (lp.shape, lp.stride(), lp.is_contiguous())
+    p.data, lp.data = torch.zeros(2, dtype=torch.float64).to(sess.device), torch.zeros(2, dtype=torch.float64)
+    assert (p.dtype, p.shape, p.stride()) == (lp.dtype, lp.shape, lp.stride())
+    assert torch.equal(p.cpu(), lp)
