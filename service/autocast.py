@@ -3,7 +3,10 @@
 Torch's autocast works at the dispatcher: for the ops on its lists it casts the
 floating inputs (float32, float16, bfloat16; never float64) to the low dtype
 (matmuls, linear, convolutions) or to float32 (reductions, losses, softmax...),
-then runs the op; other ops run unchanged. Running our table's own
+then runs the op; other ops run unchanged. A native entry (torch's own op, or a
+torch composite such as ``multi_head_attention_forward``) therefore runs inside
+``torch.autocast`` itself: torch casts op by op within it, exactly as locally.
+Running our table's own
 ``autograd.Function`` entries inside an autocast region would not do that: their
 forward would be cast op by op inside, and their backward would meet saved inputs
 of another dtype. So an entry runs with autocast off, after its inputs are cast
@@ -40,6 +43,9 @@ def autocast_dtype(name: str) -> torch.dtype:
 def run_autocast(entry, device: torch.device, dtype: torch.dtype, call: Callable[[list, dict], Any],
                  args: list, kwargs: dict) -> Any:
     """``call(args, kwargs)`` as torch's autocast would run ``entry``'s torch op on ``device``."""
+    if entry.kind == "native":
+        with torch.autocast(device_type=device.type, dtype=dtype):
+            return call(args, kwargs)
     policy = _policy(entry, device, dtype)
     target = dtype if policy == "low" else torch.float32 if policy == "fp32" else None
     if target is not None:

@@ -124,3 +124,32 @@ def test_an_autocast_dtype_the_server_does_not_support_is_a_422(sess):
     with pytest.raises(client.RemoteError, match="autocast: dtype 'float32' is not supported") as got:
         sess.sync()
     assert got.value.status == 422
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_torch_composites_under_autocast_cast_op_by_op_as_torch(sess, dtype):
+    """Native entries that are torch composites (multi-head attention, a GRU) run inside torch's own
+    autocast on the server, so each op within them is cast as torch casts it locally."""
+    torch.manual_seed(0)
+    mha, gru = nn.MultiheadAttention(8, 2, batch_first=True), nn.GRU(8, 8, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def run(mha, gru, x, ctx):
+        with ctx:
+            out, weights = mha(x, x, x)
+            h, _ = gru(out.float())
+            loss = h.float().pow(2).mean() + weights.float().sum()
+        loss.backward()
+        return out, weights, h, loss
+
+    device = torch.device(sess.remote_device)
+    local_models = copy.deepcopy(mha).to(device), copy.deepcopy(gru).to(device)
+    local = run(*local_models, x.to(device), torch.autocast(device.type, dtype=dtype))
+    remote_models = copy.deepcopy(mha).to(sess.device), copy.deepcopy(gru).to(sess.device)
+    remote = run(*remote_models, x.to(sess.device), server_autocast(dtype))
+    for r, l in zip(remote, local):
+        assert r.dtype == l.dtype and r.shape == l.shape
+        torch.testing.assert_close(r.cpu().detach(), l.detach().cpu(), rtol=0, atol=0)
+    for lm, rm in zip(local_models, remote_models):
+        for (name, lp), rp in zip(lm.named_parameters(), rm.parameters()):
+            torch.testing.assert_close(rp.grad.cpu(), lp.grad.cpu(), rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
