@@ -21,7 +21,7 @@ from .local_sessions import LocalSessions
 from .metrics import Metrics
 from .middleware import Gatekeeper
 from .openapi import install as install_openapi
-from .ops import load_op_modules
+from .ops import load_configured_ops
 from .routes import ROUTERS, errors
 from .settings import Settings
 
@@ -31,9 +31,7 @@ log = logging.getLogger("remote_autograd.service")
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A configured app: its own backend (sessions, workers), metrics and settings (tests make several)."""
     settings = settings or Settings.from_env()
-    load_op_modules(settings.op_modules)
-    if settings.test_ops:
-        from . import testing_ops  # noqa: F401  (registers test-only ops)
+    load_configured_ops(settings.op_modules, test_ops=settings.test_ops)
     backend = make_backend(settings)
     local = backend if isinstance(backend, LocalSessions) else None  # the front holds the sessions itself
     metrics = Metrics(local.store if local else None, in_flight=lambda: backend.slots.busy)
@@ -56,7 +54,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)  # the protocol's message schemas in /docs
     install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.backend, app.state.metrics = settings, backend, metrics
-    app.state.store = local.store if local else None
     # the Gatekeeper matches routes itself (the program route, and the route of a request it refuses):
     # it gets them flat, as an included router sits in app.router.routes as one opaque entry
     routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]

@@ -25,7 +25,7 @@ import ray
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .local_sessions import LocalSessions
-from .ops import load_op_modules
+from .ops import load_configured_ops
 from .settings import Settings
 from .token_ledger import LedgerReports
 
@@ -40,10 +40,8 @@ class SessionWorker:
     """Sessions of one device; every method answers ``("ok", value)`` or ``("error", wire error)``."""
 
     def __init__(self, settings: Settings, key: str) -> None:
-        load_op_modules(settings.op_modules)
-        if settings.test_ops:
-            from . import testing_ops  # noqa: F401  (registers test-only ops)
-        self.key, self.prefix = key, f"{key}.{secrets.token_hex(3)}."
+        load_configured_ops(settings.op_modules, test_ops=settings.test_ops)
+        self.prefix = f"{key}.{secrets.token_hex(3)}."
         self.sessions = LocalSessions(settings, id_prefix=self.prefix, name=worker_name(key),
                                       node=ray.get_runtime_context().get_node_id())
         self.reports = LedgerReports(key, self.sessions.store)  # max_bytes_per_token across workers

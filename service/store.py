@@ -150,7 +150,7 @@ class SessionStore:
                 raise ProtocolError(
                     ErrorCode.TOO_MANY, f"too many sessions: limit max_sessions={self.settings.max_sessions}"
                 )
-            check_token_sessions(sum(s.owner == owner for s in self._sessions.values()), self.settings)
+            check_token_sessions(self._sessions_of(owner), self.settings)
             sid = self.id_prefix + secrets.token_urlsafe(16)
             gen = torch.Generator(device=self.device)
             gen.manual_seed(secrets.randbits(63))
@@ -206,10 +206,12 @@ class SessionStore:
     def load(self, owner: str | None) -> dict:
         """What placement weighs (bytes held, then sessions) and what ``owner`` holds here."""
         with self._lock:
-            owned = sum(s.owner == owner for s in self._sessions.values())
-            token = self.token_budgets.get(owner)
             return {"bytes": self.budget.held, "sessions": len(self._sessions),
-                    "token_sessions": owned, "token_bytes": token.held if token else 0}
+                    "token_sessions": self._sessions_of(owner)}
+
+    def _sessions_of(self, owner: str | None) -> int:
+        """How many sessions ``owner`` holds here (the caller holds the lock)."""
+        return sum(s.owner == owner for s in self._sessions.values())
 
     def _is_idle(self, session: Session) -> bool:
         return time.monotonic() - session.last_used > self.settings.session_ttl_seconds

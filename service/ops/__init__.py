@@ -46,7 +46,15 @@ from ._registry import OP_TABLE, OpEntry, OpTable, op
 from ._samples import S, Sample, T
 
 __all__ = ["OP_TABLE", "OpEntry", "OpRegistrationError", "OpTable", "S", "Sample", "T", "check_entry",
-           "load_op_modules", "op"]
+           "load_configured_ops", "load_op_modules", "op"]
+
+
+def load_configured_ops(op_modules: tuple[str, ...] | list[str], *, test_ops: bool) -> None:
+    """The ops a server's settings add to the table: the operator's modules, and the test-only ops
+    when asked (a front and every Ray worker load the same)."""
+    load_op_modules(op_modules)
+    if test_ops:
+        from .. import testing_ops  # noqa: F401  (registers test-only ops)
 
 
 def load_op_modules(names: tuple[str, ...] | list[str]) -> None:

@@ -43,15 +43,16 @@ async def _send(answer, send) -> None:
     await send({"type": "http.response.start", "status": answer.status, "headers": [
         (b"content-type", answer.media_type.encode()), (b"content-length", str(answer.total).encode()),
         (b"server-timing", timing.encode())]})
-    pieces = list(iter_parts(answer.parts)) or [b""]  # a small answer is one piece: one send
+    pieces = list(iter_parts(answer.parts)) or [memoryview(b"")]  # a small answer is one piece: one send
     last = len(pieces) - 1
     for i, piece in enumerate(pieces):
-        # bytes(piece): a copy of each piece as it goes out, never the view itself. A big fetched
-        # tensor's frame is a view of the session's memory, and the event loop's transport (uvloop)
-        # keeps what the socket did not take yet by reference, past send()'s return and so past
-        # the session's gate: the next program's writes would go out in this answer. One piece at
-        # a time, the copy costs a memcpy and no more than a piece of memory.
-        await send({"type": "http.response.body", "body": bytes(piece), "more_body": i < last})
+        # A piece of a big fetched tensor's frame is a view of the session's memory, and the event
+        # loop's transport (uvloop) keeps what the socket did not take yet by reference, past
+        # send()'s return and so past the session's gate: the next program's writes would go out
+        # in this answer. So such a piece is copied as it goes out (a memcpy, never more than a
+        # piece of memory); pieces of bytes (encoded answers) cannot change and go as they are.
+        body = piece if isinstance(piece.obj, bytes) else bytes(piece)
+        await send({"type": "http.response.body", "body": body, "more_body": i < last})
 
 
 async def _program_doc(sid: str) -> None:
