@@ -11,12 +11,11 @@ import contextlib
 import threading
 import time
 
-import httpx
 import torch
 from torch import nn
 
 from remote_autograd import client
-from tests.ray_cluster import NODE, front_env, local_cluster
+from tests.ray_cluster import NODE, front_env, local_cluster, ready_workers
 
 from ._util import measure, row, serve
 from .training import _mlp, _step_fn
@@ -29,7 +28,7 @@ def run(url: str) -> None:
     print("\n[ray] the Ray backend (a front and worker actors on a local Ray cluster) beside in-process")
     with local_cluster(SLOT) as (cluster, _), serve(["-m", "remote_autograd.service"],
                                                      front_env(cluster.address)) as ray_url:
-        _wait_workers(ray_url, 1)
+        ready_workers(ray_url, 1, timeout=120)
         a, b = torch.randn(16), torch.randn(16)
         for label, where in (("in-process", url), ("ray", ray_url)):
             with client.connect(where, pipeline=False) as sess:
@@ -43,7 +42,7 @@ def run(url: str) -> None:
         one = _throughput(ray_url)
         print(f"  ray, 1 worker: {SESSIONS} concurrent sessions        {one:8.1f} steps/s")
         cluster.add_node(**NODE, **SLOT)
-        _wait_workers(ray_url, 2)
+        ready_workers(ray_url, 2, timeout=120)
         two = _throughput(ray_url)
         print(f"  ray, 2 workers: {SESSIONS} concurrent sessions       {two:8.1f} steps/s   "
               f"({two / one:.2f}x one worker; 2 cores run the front, both workers and the clients)")
@@ -85,11 +84,3 @@ def _throughput(url: str) -> float:
         for t in threads:
             t.join()
         return SESSIONS * STEPS / (time.perf_counter() - start)
-
-
-def _wait_workers(url: str, want: int) -> None:
-    deadline = time.monotonic() + 120
-    while httpx.get(url + "/readyz", timeout=30).json().get("workers") != want:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the Ray front never had {want} worker(s) up")
-        time.sleep(0.5)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from typing import Iterator
+
+import httpx
 
 # Without this Ray rewrites a RAY_ADDRESS of 127.0.0.1 to the machine's interface address,
 # where the GCS does not listen, and a front joining from outside hangs.
@@ -63,3 +66,15 @@ def local_cluster(*nodes: dict) -> Iterator[tuple[object, list]]:
 def front_env(address: str, **env: str) -> dict[str, str]:
     """The environment of a front process on the Ray backend joining ``address``."""
     return {"REMOTE_AUTOGRAD_BACKEND": "ray", "RAY_ADDRESS": address, **RAY_ENV, **env}
+
+
+def ready_workers(url: str, want: int, timeout: float = 90) -> dict:
+    """The front's ``/readyz`` answer once it counts ``want`` workers up; raises after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = httpx.get(url + "/readyz", timeout=30).json()
+        if body.get("workers") == want:
+            return body
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray front never had {want} worker(s) up: {body}")
+        time.sleep(0.5)

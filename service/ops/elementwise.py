@@ -397,7 +397,6 @@ def clamp_max(input, max):
     return Clamp.apply(input, None, max)
 
 
-
 def _save(ctx, *values):
     """Save the tensors among ``values`` for backward; numbers (and Nones) are kept in their places."""
     ctx.save_for_backward(*(v if isinstance(v, torch.Tensor) else None for v in values))

@@ -10,6 +10,8 @@ on tensors that require grad with grad enabled rather than lose that history.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ._native import native_op
@@ -44,7 +46,7 @@ _FOREACH = {
 def _no_grad(sample: S) -> S:
     def plain(v):
         if isinstance(v, T):
-            return T(v.shape, v.low, v.high, requires_grad=False)
+            return replace(v, requires_grad=False)
         if isinstance(v, list):
             return [plain(x) for x in v]
         return v

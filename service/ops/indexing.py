@@ -20,7 +20,6 @@ from ._samples import S, T
 _HOLE = object()  # where an index tensor sits in a key's template
 
 
-
 def _key(key, device) -> tuple:
     """The tuple torch would index with (see the module docstring); nested lists become index tensors."""
     items = tuple(key) if isinstance(key, (list, tuple)) else (key,)

@@ -11,10 +11,13 @@ The samples need no grad: torch refuses these ops on leaves that require grad.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._registry import op
 from ._samples import S, T
+from .shape import _sizes
 
 
 def _plain(shape, **kw):
@@ -58,10 +61,8 @@ def transpose_(input, dim0, dim1):
 def resize_(input, *args):
     """a new shape in place (torch refuses tensors that require grad). Growing it is refused here:
     torch leaves the new elements uninitialised, and memory a session receives is never unset"""
-    sizes = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else tuple(args)
-    needed = 1
-    for n in sizes:
-        needed *= n
+    sizes = _sizes(args)
+    needed = math.prod(sizes)
     if needed > input.numel():
         raise RuntimeError(f"resize_ to {list(sizes)} would grow the tensor from {input.numel()} elements to "
                            f"{needed}: torch leaves new elements uninitialised; use torch.zeros or cat instead")

@@ -20,7 +20,6 @@ from ._samples import S, T
 aten = torch.ops.aten
 
 
-
 # linear is torch's own (kind native): its autograd node in C++ costs less per forward and backward than
 # our Python Function did, with the same values and derivative
 native_op("linear", F.linear, torch_names=("torch.nn.functional.linear",), shape_rule="linear",

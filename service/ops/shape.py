@@ -25,11 +25,6 @@ def _sizes(args: tuple, given=None, name: str = "size") -> tuple:
     return tuple(args)
 
 
-def meta_like(x: torch.Tensor) -> torch.Tensor:
-    """A data-free stand-in for ``x`` (same shape, strides, dtype): ask torch for shapes and errors."""
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-
-
 # The ops below are views: torch's own op with torch's own derivative (DESIGN principle 4), so the
 # result shares memory with its input as in torch (``v = x[0]; v.add_(1)`` changes ``x``) and torch's
 # view+autograd machinery (version counters, CopySlices after an in-place write through a view, the

@@ -18,7 +18,7 @@ from torch import nn
 from remote_autograd import client
 
 from ..conftest import start_server
-from ..ray_cluster import cluster_or_skip, front_env
+from ..ray_cluster import cluster_or_skip, front_env, ready_workers
 from ..servers import api, call, error_of, program, put, ref
 from .test_training import _data, _mlp, _train
 
@@ -52,19 +52,9 @@ def _where(url: str, sid: str, token: str = "alice") -> dict:
         return r.json()
 
 
-def _ready_workers(url: str, want: int, timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        body = httpx.get(url + "/readyz", timeout=30).json()
-        if body.get("workers") == want or time.monotonic() > deadline:
-            assert body.get("workers") == want, body
-            return body
-        time.sleep(0.5)
-
-
 def test_readyz_counts_the_workers_and_health_says_ray(fronts):
     for url in fronts:
-        assert _ready_workers(url, 2)["status"] == "ready"
+        assert ready_workers(url, 2)["status"] == "ready"
         assert httpx.get(url + "/healthz").json()["device"] == "ray"
         with api(url, "alice") as c:  # the front's own metrics (programs in flight; sessions live in workers)
             assert "remote_autograd_programs_in_flight 0.0" in c.get("/metrics").text
@@ -183,7 +173,7 @@ def test_a_dead_worker_process_loses_its_sessions_and_its_replacement_does_not_t
     with api(fronts[0], "alice") as c:
         error_of(program(c, first, []), 410, "session_lost", first, victim, "died")
         assert program(c, second, [put("x", [1.0])]).status_code == 200  # the other worker's session goes on
-        _ready_workers(fronts[0], 2)  # the front made a new worker for that device
+        ready_workers(fronts[0], 2)  # the front made a new worker for that device
         # an id of the dead worker reaches its replacement (same name), which knows it is not its own
         error_of(c.get(f"/v1/sessions/{first}"), 410, "session_lost", "earlier run")
         for sid in (first, second):
@@ -209,13 +199,13 @@ def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster,
         with api(fronts[1], "alice") as c:  # through the other front too
             error_of(c.get(f"/v1/sessions/{lost[0].id}"), 410, "session_lost", lost[0].id)
         for url in fronts:
-            _ready_workers(url, 1)
+            ready_workers(url, 1)
             with client.connect(url, token="bob") as fresh:
                 fresh.sync()
                 assert _where(url, fresh.id, "bob")["node"] == head
         lost[0]._closed = True  # nothing left to delete
         joined = ray_cluster.add_node(node_ip_address="127.0.0.1", **GPU_NODE)
-        _ready_workers(fronts[0], 2)
+        ready_workers(fronts[0], 2)
         with client.connect(fronts[0], token="bob") as later:  # the empty worker is the least loaded
             later.sync()
             assert _where(fronts[0], later.id, "bob")["node"] == joined.node_id
