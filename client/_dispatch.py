@@ -22,7 +22,7 @@ from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
 from ._tensor import RemoteTensor
-from ._unsupported import refuse_local_leaf
+from ._unsupported import not_in_table, refuse_local_leaf
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__
@@ -104,6 +104,15 @@ def _value_dependent_index(idx: Any) -> bool:
         if isinstance(i, list) and _value_dependent_index(i):
             return True
     return False
+
+
+def call_torch(session: SessionCore, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` on the server through the op table; NotImplementedError naming
+    ``func`` when the table has no entry for it."""
+    route = session._routes.lookup(func)
+    if route is None:
+        raise not_in_table(func)
+    return apply_route(session, func, route, args, kwargs)
 
 
 def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:

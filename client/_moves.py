@@ -25,7 +25,7 @@ from torch import nn
 
 from ._callsite import where
 from ._device import DEVICE_TYPE
-from ._dispatch import apply_route
+from ._dispatch import call_torch
 from ._handler_table import HandlerTable
 from ._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
@@ -158,10 +158,7 @@ def _to(t, *args, **kwargs):
     copy = kwargs.get("copy", bools[1] if len(bools) > 1 else False)
     if (dtype is None or dtype == t._dtype) and not copy:
         return t
-    route = t._session._routes.lookup(T.to)
-    if route is None:
-        raise NotImplementedError("torch.Tensor.to(dtype) is not in the server's op table")
-    return apply_route(t._session, T.to, route, (t, dtype or t._dtype), {"copy": True} if copy else {})
+    return call_torch(t._session, T.to, (t, dtype or t._dtype), {"copy": True} if copy else {})
 
 
 @_local(torch._has_compatible_shallow_copy_type)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ._dispatch import apply_route
+from ._dispatch import call_torch
 from ._handler_table import HandlerTable
 from ._tensor import RemoteTensor
-from ._unsupported import not_in_table
 
 HANDLERS = HandlerTable()
 _local = HANDLERS.on
@@ -27,11 +26,7 @@ def _local_copy(t):
 
 def _server_half(func, args: tuple, kwargs: dict):
     """``func(*args)`` run on the server: the first output (the data) of its two."""
-    session = args[0]._session
-    route = session._routes.lookup(func)
-    if route is None:
-        raise not_in_table(func)
-    return apply_route(session, func, route, args, kwargs)[0]
+    return call_torch(args[0]._session, func, args, kwargs)[0]
 
 
 @_local(torch._pack_padded_sequence)
