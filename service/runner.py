@@ -31,6 +31,7 @@ from remote_autograd.proto.tensors import decode_tensor_data
 
 from . import ops as _ops
 from .custom_tensor import CustomTensor
+from .meta_check import check_call
 from .ops._context import RunContext, reset, set_current
 from .settings import Settings
 from .answers import tensor_message
@@ -142,15 +143,24 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
     entry, inplace = _lookup(step.op)
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
-    if inplace:  # torch's autocast leaves in-place ops alone
-        _run_inplace(entry, step, args, kwargs)
-        return None if run.omit_known_meta else {"tensors": []}
-    check_new_ids(session, step.out)
-    if step.autocast is None:
-        result = _apply(entry, step.grad_enabled, args, kwargs)
-    else:
-        result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
-                              lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
+    if not inplace:
+        check_new_ids(session, step.out)
+    # no kernel sees arguments torch would refuse, and what it will allocate is charged first
+    reserved = check_call(entry, args, kwargs, inplace=inplace, grad_enabled=step.grad_enabled)
+    if reserved:
+        session.charge(reserved, run.settings.max_session_bytes)
+    try:
+        if inplace:  # torch's autocast leaves in-place ops alone
+            _run_inplace(entry, step, args, kwargs)
+            return None if run.omit_known_meta else {"tensors": []}
+        if step.autocast is None:
+            result = _apply(entry, step.grad_enabled, args, kwargs)
+        else:
+            result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
+                                  lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
+    finally:
+        if reserved:
+            session.release(reserved)  # the outputs are charged as they are stored, by what they hold
     return _store_outputs(run, step, result, args, kwargs)
 
 

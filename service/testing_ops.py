@@ -14,7 +14,12 @@ import torch
 from .ops import OP_TABLE, op
 from .ops._context import current
 
-_TEST_OP = dict(reference=None, exact=False, differentiable=False, shape_rule="none")
+def _nothing_to_check(*args, **kwargs) -> None:
+    """The test ops' contract: they call no kernel with their arguments, and must not run on meta
+    (a sleep or an injected failure would happen twice)."""
+
+
+_TEST_OP = dict(reference=None, exact=False, differentiable=False, shape_rule="none", check=_nothing_to_check)
 _MAX_SLEEP_SECONDS = 30.0
 
 

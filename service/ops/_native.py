@@ -71,5 +71,6 @@ def native_op(name: str, torch_fn: Callable[..., Any], *, torch_names: Iterable[
             return torch_fn(*args, **kwargs)
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"torch's own {getattr(torch_fn, '__name__', name)} (torch's derivative)"
+    facts.setdefault("meta_fn", torch_fn)  # the meta check runs torch's function itself (no generator swap)
     return op(name, torch_names=torch_names, samples=samples, reference=reference or torch_fn, kind="native",
               **facts)(call)

@@ -56,6 +56,18 @@ class OpEntry:
     # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
     # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
     shape_inplace: bool = False
+    # What the runner's check before the kernel needs to know (``service/meta_check.py``):
+    # ``check``: an argument contract of our own, run on the real arguments, for kernels whose meta
+    # kernel is missing or too lax (the CPU fused optimizers trust their callers about list lengths
+    # and sizes); it replaces the meta run. ``data_dependent``: meta may not be able to say the
+    # outputs' shapes (``nonzero``, ``masked_select``); their bytes are then bounded by
+    # ``output_bound(*args, **kwargs)`` (elements of all outputs together; by default every input
+    # element once per dimension, which covers ``nonzero``). ``meta_fn``: what runs on meta when it is
+    # not ``fn`` itself (a native entry's torch function, without the session-generator swap).
+    check: Callable[..., None] | None = None
+    data_dependent: bool = False
+    output_bound: Callable[..., int] | None = None
+    meta_fn: Callable[..., Any] | None = None
     doc: str = ""
     kind: str = "function"
     signature: inspect.Signature = field(init=False, compare=False)
@@ -157,6 +169,10 @@ def op(
     native: Callable[..., Any] | None = None,
     kind: str = "function",
     shape_inplace: bool = False,
+    check: Callable[..., None] | None = None,
+    data_dependent: bool = False,
+    output_bound: Callable[..., int] | None = None,
+    meta_fn: Callable[..., Any] | None = None,
     table: OpTable | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated torch-like function as op ``name``; returns the function unchanged."""
@@ -179,6 +195,10 @@ def op(
                 native_inplace=native_inplace,
                 native=native,
                 shape_inplace=shape_inplace,
+                check=check,
+                data_dependent=data_dependent,
+                output_bound=output_bound,
+                meta_fn=meta_fn,
                 doc=doc.split("\n", 1)[0],
                 kind=kind,
             )

@@ -295,7 +295,7 @@ def _mask(shape, **kw):
              S(_mask((3,)), T((2, 3)), 0.0), S(_mask((2, 3)), 1.5, T((2, 3))), S(_mask(()), T((2, 2)), T(())),
              S(_mask((3, 2), noncontiguous=True), T((3, 2), noncontiguous=True), T((3, 2))),
              S(_mask((0, 3)), T((0, 3)), T((3,))), S(_mask((2, 3)))),
-    reference=torch.where)
+    reference=torch.where, data_dependent=True)  # where(condition) is nonzero
 def where(condition, input=None, other=None):
     """input where condition else other (numbers allowed); ``where(condition)`` gives nonzero indices"""
     if input is None and other is None:

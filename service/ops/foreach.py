@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from ._contracts import CONTRACTS
 from ._native import native_op
 from ._samples import S, T
 
@@ -98,9 +99,10 @@ _ADAM_SAMPLES = (S(_PARAMS, _PARAMS, _PARAMS, _xs(*_SHAPES, low=0.1, requires_gr
                    _xs(*_SHAPES, low=0.1, requires_grad=False), _STEPS, amsgrad=True, **_ADAM))
 for _name in ("adam", "adamw"):
     native_op(f"_fused_{_name}_", _writing(getattr(torch, f"_fused_{_name}_")), torch_names=(f"torch._fused_{_name}_",),
-              inplace=True, differentiable=False, shape_rule="none", samples=_ADAM_SAMPLES)
+              inplace=True, differentiable=False, shape_rule="none", samples=_ADAM_SAMPLES,
+              check=CONTRACTS[f"_fused_{_name}_"])
 native_op("_fused_sgd_", _writing(torch._fused_sgd_), torch_names=("torch._fused_sgd_",), inplace=True,
-          differentiable=False, shape_rule="none",
+          differentiable=False, shape_rule="none", check=CONTRACTS["_fused_sgd_"],
           samples=(S(_PARAMS, _PARAMS, [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0, nesterov=False,
                      maximize=False, is_first_step=True),
                    S(_PARAMS, _PARAMS, _PARAMS, weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True,

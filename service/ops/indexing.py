@@ -9,6 +9,8 @@ tensor before sending. A list nested inside the tuple is an advanced index, as i
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.autograd import Function
@@ -66,7 +68,7 @@ _GETITEM_SAMPLES = (
 
 
 @op("getitem", kind="native", torch_names=("torch.Tensor.__getitem__",), samples=_GETITEM_SAMPLES,
-    reference=lambda x, key: x[_ref_key(key)])
+    reference=lambda x, key: x[_ref_key(key)], data_dependent=True)  # bool masks, 0-d index tensors
 def getitem(input, key):
     """``input[key]``: ints, slices, None, ``...``, bool masks, index tensors. A top-level list is a
     tuple index, never an advanced one: the client sends ``x[[0, 1]]``'s list as an int64 tensor"""
@@ -274,6 +276,7 @@ class MaskedSelect(Function):
 
 
 @op("masked_select", torch_names=("torch.masked_select", "torch.Tensor.masked_select"), shape_rule="none",
+    data_dependent=True, output_bound=lambda input, mask: math.prod(torch.broadcast_shapes(input.shape, mask.shape)),
     samples=(S(T((2, 3)), T((2, 3), **_B)), S(T((2, 3)), T((3,), **_B)), S(T((3,)), T((2, 3), **_B)),
              S(T((3, 2), noncontiguous=True), T((3, 2), **_B))),
     reference=torch.masked_select)

@@ -258,7 +258,9 @@ interpolate = native_op(
     samples=(S(T((2, 3), dtype="int64", low=0, high=4, requires_grad=False)),
              S(T((3,), dtype="int64", low=0, high=3, requires_grad=False), 5),
              S(T((), dtype="int64", low=0, high=3, requires_grad=False), num_classes=3)),
-    reference=F.one_hot, differentiable=False, shape_rule="none")
+    reference=F.one_hot, differentiable=False, shape_rule="none", data_dependent=True,
+    output_bound=lambda tensor, num_classes=-1: tensor.numel() * (
+        num_classes if num_classes > 0 else (int(tensor.max()) + 1 if tensor.numel() else 0)))
 def one_hot(tensor, num_classes=-1):
     """int64 one-hot encoding along a new last dim (no gradient); num_classes=-1 means max + 1"""
     return F.one_hot(tensor, num_classes)
