@@ -35,7 +35,7 @@ def _scenario(device, sync=lambda: None) -> dict:
     zeros = torch.autograd.grad(loss, [x, z], materialize_grads=True, retain_graph=True)[1]
     u = torch.randn(4, generator=g, dtype=torch.float64).to(device).requires_grad_()
     (torch.linalg.vector_norm(u, 0) + loss).backward()  # u is reached, yet gets no grad (no_grad)
-    sync()  # u.grad is None only once the answer says so: before, a handle (README, known differences)
+    sync()  # u.grad is None only once the answer says so: before, a handle (docs/known-differences.md)
     x.data.mul_(2.0)
     w = torch.ones(3, dtype=torch.float64).to(device)
     w.requires_grad_()  # set_requires_grad

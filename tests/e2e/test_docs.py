@@ -15,7 +15,7 @@ from remote_autograd.service.ops.coverage import BEGIN, END, coverage_markdown, 
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS_DOC = ROOT / "docs" / "ops.md"
-DOCUMENTS = ["README.md", "ARCHITECTURE.md", "docs/ops.md", "bench/README.md", "proto/SPEC.md",
+DOCUMENTS = ["README.md", "ARCHITECTURE.md", "docs/ops.md", "docs/known-differences.md", "bench/README.md", "proto/SPEC.md",
              "proto/SPEC-examples.md", "docker/local/README.md"]
 
 
