@@ -34,8 +34,11 @@ class FillBuffer:
     Not zero-filled first (``bytearray(n)`` would touch every page twice); the owner overwrites
     all of it or drops it. A big one has its pages mapped by a thread of its own a little ahead
     of the filling: copying pieces into fresh memory takes a page fault per 4 KiB (2.1 GB/s
-    here, 11 GB/s into mapped pages). Never more than ``_POPULATE_AHEAD`` past the filling,
-    so a body that stalls holds little more memory than it sent.
+    here, 11 GB/s into mapped pages). Never further past the filling than what has been filled
+    (and never more than ``_POPULATE_AHEAD``): the memory a body holds grows with the bytes that
+    arrived, at most twice them, so a client that claims 1 GiB and sends 10 bytes holds a page,
+    and a steady upload still finds its pages mapped once its first megabytes are in. (The
+    memory itself is reserved but not touched: pages the filling never reaches are never mapped.)
     """
 
     def __init__(self, nbytes: int) -> None:
@@ -66,23 +69,34 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+: map pages writable without writing to 
 
 
 def _populate_ahead(madvise: Any, owner: "weakref.ref[FillBuffer]", start: int, nbytes: int) -> None:
-    """Map the pages of ``[start, start + nbytes)`` front to back, at most ``_POPULATE_AHEAD`` past
-    the filling, until done or the buffer is dropped. Contents are never touched: racing the writer is safe."""
+    """Map the pages of ``[start, start + nbytes)`` front to back, never further past the filling
+    than ``_populate_target`` allows, until done or the buffer is dropped. Contents are never
+    touched: racing the writer is safe."""
     page = mmap.PAGESIZE
     offset, end = -(-start // page) * page, (start + nbytes) // page * page  # madvise wants whole pages
     while offset < end:
         buffer = owner()  # held during the call: the memory stays mapped
         if buffer is None:
             return
-        if offset >= start + buffer.filled + _POPULATE_AHEAD:
+        ahead = _populate_target(start, buffer.filled, page)
+        if offset >= ahead:
             del buffer
             time.sleep(0.001)
             continue
-        step = min(_POPULATE_STEP, end - offset)
+        step = min(_POPULATE_STEP, end - offset, ahead - offset)
         if madvise(offset, step, _MADV_POPULATE_WRITE) != 0:
             return  # not supported here: the writer's own page faults do it
         offset += step
         del buffer
+
+
+def _populate_target(start: int, filled: int, page: int) -> int:
+    """Where the mapping may reach now: as far past the filling as the filling has come (never more
+    than ``_POPULATE_AHEAD``), rounded up to a page; nothing before the first byte arrives."""
+    if not filled:
+        return start
+    reach = start + filled + min(filled, _POPULATE_AHEAD)
+    return -(-reach // page) * page
 
 
 @functools.lru_cache(maxsize=1)

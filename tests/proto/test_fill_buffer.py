@@ -66,3 +66,23 @@ def test_the_pages_of_a_stalled_buffer_are_not_all_mapped_and_the_helper_stops_w
     del buf
     _wait_for_populate_threads(5)
     assert not any(t.name == "remote-autograd-populate" for t in threading.enumerate())
+
+
+def test_a_buffer_that_got_a_few_bytes_maps_a_few_pages_not_its_whole_claim():
+    # a body that claims 256 MiB and sends 10 bytes must not cost 64 MiB of mapped pages (it did:
+    # 32 such connections held 2 GB); the helper maps only as far ahead as the filling has come
+    if fill._madvise() is None:
+        pytest.skip("no madvise here")
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * fill.mmap.PAGESIZE  # noqa: E731
+    before = rss()
+    buf = FillBuffer(fill._POPULATE_AHEAD * 4)
+    buf.append(b"0123456789")
+    time.sleep(0.3)
+    assert rss() - before <= 1 << 20
+    buf.append(bytes(4 << 20))  # the filling goes on: the mapping follows it, ahead by what was filled
+    deadline = time.monotonic() + 5
+    while rss() - before < (6 << 20) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (6 << 20) <= rss() - before <= (16 << 20)
+    del buf
+    _wait_for_populate_threads(5)
