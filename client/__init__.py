@@ -9,7 +9,7 @@ own, at the top of the file (an ``if TYPE_CHECKING:`` import, for annotations on
 point anywhere). ``tests/client/test_layers.py`` reads this list and checks every import:
 
     leaves:     _errors _routes _infer _views _autocast _http _progress _device _embedded
-                _callsite _factory_outputs _handler_table _ops
+                _callsite _factory_outputs _handler_table _ops _backoff
     on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess
     transport:  _transport
     queue:      _session_core
@@ -53,11 +53,13 @@ __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "Sess
 
 
 def connect(url: str | None = None, *, token: str | None = None, pipeline: bool = True,
-            timeout: float = 600.0, transport: httpx.BaseTransport | None = None) -> Session:
+            timeout: float = 600.0, busy_wait: float = 60.0, transport: httpx.BaseTransport | None = None) -> Session:
     """A new session on ``url`` (or ``REMOTE_AUTOGRAD_URL``, or the embedded server when neither is set).
 
     ``token`` (or ``REMOTE_AUTOGRAD_TOKEN``) is sent as a bearer token. ``pipeline=False``
-    sends every step at once and waits (strict eager mode, for debugging).
+    sends every step at once and waits (strict eager mode, for debugging). A request the server
+    answers ``429`` (busy: too many programs or sessions at once) is resent with growing, jittered
+    waits for up to ``busy_wait`` seconds before it raises.
     ``transport`` is the ``httpx.BaseTransport`` requests go through (closed with the
     session, as ``httpx.Client`` closes its own), e.g. ``InProcessTransport()`` for the
     service in this process without sockets; by default a tuned socket transport.
@@ -66,7 +68,8 @@ def connect(url: str | None = None, *, token: str | None = None, pipeline: bool 
     if not url and transport is None:
         url = embedded_url()
     # A transport of your own with no URL: only the Host header and messages show it.
-    return Session(Transport(url or IN_PROCESS_URL, token, timeout=timeout, transport=transport), pipeline=pipeline)
+    return Session(Transport(url or IN_PROCESS_URL, token, timeout=timeout, busy_wait=busy_wait, transport=transport),
+                   pipeline=pipeline)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None):

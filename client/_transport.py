@@ -21,6 +21,7 @@ from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, de
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
 from ._answer_body import read_body
+from ._backoff import BusyWait
 from ._progress import UploadStream, shows_bar
 from ._http import TunedTransport
 from ._errors import RemoteError, SessionLost
@@ -30,7 +31,7 @@ class Transport:
     """Sends msgpack requests to one server and returns decoded bodies; counts requests."""
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 busy_wait: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._transport = transport if transport is not None else TunedTransport()
         self.own_socket_layer = transport is None  # else another transport reaches who-knows-what at this URL
@@ -49,12 +50,14 @@ class Transport:
         self._extensions = {"timeout": self._timeout}
         self._urls: dict[str, httpx.URL] = {}
         self._retries = retries
+        self._busy_wait = busy_wait  # seconds of resending a 429 before it is the caller's error
         self.requests = 0  # every request that went on the wire, for tests and benchmarks
         self.last_server_timing: dict[str, float] = {}  # ms, from the last answer's Server-Timing
 
     def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True,
                 big: bool = True) -> tuple[int, Any]:
-        """(status, decoded body). Connection failures are retried with backoff when ``idempotent``.
+        """(status, decoded body). Connection failures are retried with backoff when ``idempotent``;
+        a ``429`` (the server busy) is resent with growing, jittered waits for up to ``busy_wait`` s.
 
         ``big=False`` promises the body holds no tensor worth framing (skips looking for one).
         """
@@ -74,8 +77,8 @@ class Transport:
             req = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
             if shows_bar(len(content)):  # a bar for big uploads, where someone watches
                 req.stream = UploadStream([content], len(content), f"{method} {path}")
-        delay = 0.05
-        for attempt in range(self._retries + 1):
+        delay, attempt, busy = 0.05, 0, BusyWait(self._busy_wait)
+        while True:
             try:
                 self.requests += 1
                 response = self._transport.handle_request(req)
@@ -83,17 +86,23 @@ class Transport:
                     data = read_body(response)
                 finally:
                     response.close()
-                break
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if not idempotent or attempt == self._retries:
                     raise RemoteError(f"cannot reach {self.base_url}: {exc}", code="connection_error") from exc
                 time.sleep(delay)
                 delay *= 4
+                attempt += 1
+                continue
+            # 429: refused before anything ran, so resending is safe whatever the request (BusyWait)
+            if response.status_code != 429 or not busy.wait():
+                break
         self.last_server_timing = _server_timing(response.headers.get("server-timing"))
         ctype = response.headers.get("content-type")
         if is_frames(ctype):
             return response.status_code, unpack_frames(data)
         decoded = decode_body(data, ctype) if data else None
+        if response.status_code == 429 and isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
+            decoded["error"]["message"] = busy.say(str(decoded["error"].get("message", "")))
         return response.status_code, decoded
 
     def call(self, method: str, path: str, body: Any = None, *, session: str | None = None) -> Any:

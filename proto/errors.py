@@ -26,6 +26,10 @@ class ErrorCode(str, Enum):
     OP_ERROR = "op_error"
     TOO_MANY = "too_many"
     OUT_OF_MEMORY = "out_of_memory"
+    TIME_LIMIT = "time_limit"  # a program ran past max_program_seconds: stopped between steps
+    CANCELLED = "cancelled"  # its client disconnected while it ran: stopped between steps
+    REQUEST_TIMEOUT = "request_timeout"  # a request's headers did not arrive within header_timeout_seconds
+    HEADERS_TOO_LARGE = "headers_too_large"  # a request's line and headers over max_header_bytes
 
     @property
     def status(self) -> int:
@@ -47,6 +51,10 @@ _STATUS = {
     ErrorCode.OP_ERROR: 422,
     ErrorCode.TOO_MANY: 429,
     ErrorCode.OUT_OF_MEMORY: 507,
+    ErrorCode.TIME_LIMIT: 413,  # a quota, like the other limits a program can pass
+    ErrorCode.CANCELLED: 409,  # seen only by a retry: the program's first run was stopped
+    ErrorCode.REQUEST_TIMEOUT: 408,
+    ErrorCode.HEADERS_TOO_LARGE: 431,
 }
 
 

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import msgpack
 
-from .errors import bad_request
+from .codec import unpack_msgpack
+from .errors import ProtocolError, bad_request
 
 FRAMES = "application/vnd.remote-autograd.frames"
 MAGIC = b"RAF1"
@@ -44,8 +45,9 @@ def pack_frames(message: Any, frames: list[memoryview]) -> tuple[list[bytes | me
     return [p for p in parts if len(p)], total
 
 
-def unpack_frames(body: bytearray | memoryview | bytes) -> Any:
-    """The message of a framed body with each ``{"frame": i}`` replaced by a memoryview into ``body``."""
+def unpack_frames(body: bytearray | memoryview | bytes, *, max_values: int | None = None) -> Any:
+    """The message of a framed body with each ``{"frame": i}`` replaced by a memoryview into ``body``;
+    its header holds at most ``max_values`` values (``codec.unpack_msgpack``)."""
     view = memoryview(body)
     if len(view) < 8 or bytes(view[:4]) != MAGIC:
         raise bad_request("framed body: missing RAF1 magic")
@@ -53,7 +55,9 @@ def unpack_frames(body: bytearray | memoryview | bytes) -> Any:
     if 8 + hlen > len(view):
         raise bad_request("framed body: header length past the end of the body")
     try:
-        message = msgpack.unpackb(view[8:8 + hlen], raw=False, strict_map_key=True)
+        message = unpack_msgpack(view[8:8 + hlen], max_values)
+    except ProtocolError:
+        raise
     except Exception as exc:
         raise bad_request(f"framed body: malformed msgpack header: {exc}") from None
     if not isinstance(message, dict) or not isinstance(message.get("frames"), list):

@@ -227,6 +227,14 @@ class Limits(_Model):
     max_concurrent_programs: int | None = None
     session_ttl_seconds: float
     body_timeout_seconds: float | None = None
+    max_tensor_dims: int | None = None
+    max_list_values: int | None = None
+    max_program_seconds: float | None = None
+    max_programs_per_session: int | None = None
+    max_programs_per_token: int | None = None
+    max_header_bytes: int | None = None
+    header_timeout_seconds: float | None = None
+    idle_timeout_seconds: float | None = None
 
 
 class SessionCreated(_Model):

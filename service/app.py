@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     load_configured_ops(settings.op_modules, test_ops=settings.test_ops)
     backend = make_backend(settings)
     local = backend if isinstance(backend, LocalSessions) else None  # the front holds the sessions itself
-    metrics = Metrics(local.store if local else None, in_flight=lambda: backend.slots.busy)
+    metrics = Metrics(local.store if local else None, backend.slots)
     if local is not None:
         local.store.on_step = metrics.observe_step
     backend.observe_program = metrics.program_seconds.observe
@@ -57,7 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # the Gatekeeper matches routes itself (the program route, and the route of a request it refuses):
     # it gets them flat, as an included router sits in app.router.routes as one opaque entry
     routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]
-    app.add_middleware(Gatekeeper, tokens=Tokens(settings.tokens), metrics=metrics, routes=routes)
+    app.add_middleware(Gatekeeper, tokens=Tokens(settings.tokens, operator=settings.metrics_token), metrics=metrics,
+                       routes=routes)
 
     errors.install(app)
     for router in ROUTERS:

@@ -19,11 +19,20 @@ from .docs_page import PAGE_PATHS
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", *PAGE_PATHS})
 
 
-class Tokens:
-    """The configured tokens; ``owner`` maps an ``Authorization`` header to one of them."""
+METRICS_PATH = "/metrics"
 
-    def __init__(self, tokens: tuple[str, ...] | list[str]) -> None:
+
+class Tokens:
+    """The configured tokens; ``owner`` maps an ``Authorization`` header to one of them.
+
+    ``operator`` (``REMOTE_AUTOGRAD_METRICS_TOKEN``) is the operator's token: it is no tenant's,
+    and with it ``/metrics`` shows everything. Without it, ``/metrics`` shows each token its own
+    figures; a server with neither has one tenant, who sees everything.
+    """
+
+    def __init__(self, tokens: tuple[str, ...] | list[str], operator: str | None = None) -> None:
         self._tokens = tuple((t, t.encode()) for t in tokens if t)
+        self._operator = operator.encode() if operator else None
 
     @property
     def enabled(self) -> bool:
@@ -47,3 +56,11 @@ class Tokens:
         if found is None:
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token")
         return found
+
+    def is_operator(self, authorization: bytes | None) -> bool:
+        """Whether the caller may see every tenant's figures: it sent the operator token (compared in
+        constant time), or the server has no tokens of either kind."""
+        if self._operator is None:
+            return not self._tokens
+        scheme, _, given = (authorization or b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._operator)

@@ -21,14 +21,14 @@ from typing import AsyncIterator
 
 import torch
 
-from remote_autograd.proto import PROTOCOL_VERSION, decode_body
-from remote_autograd.proto.frames import header_of, is_frames, unpack_frames
-from remote_autograd.proto.messages import validate_program
+from remote_autograd.proto import PROTOCOL_VERSION
 
 from . import __version__
+from .admission import admit_program
 from .answers import encode_answer
-from .guards import ProgramSlots, check_limits
+from .guards import ProgramSlots
 from .middleware import wants_msgpack
+from .program_watch import ProgramWatch
 from .settings import Settings
 from .store import SessionStore
 from .workers import WorkerThreads
@@ -56,7 +56,7 @@ class LocalSessions:
         self.settings = settings
         self.store = SessionStore(settings, id_prefix=id_prefix)
         self.workers = WorkerThreads(settings.resolved_workers())  # each session always on the same one
-        self.slots = ProgramSlots(settings.max_concurrent_programs)
+        self.slots = ProgramSlots.of(settings)
         self.name, self.node = name, node or socket.gethostname()
         self.observe_program = lambda seconds: None  # the front's program-time histogram, when it has one
         self._sweeper: asyncio.Task | None = None
@@ -115,27 +115,31 @@ class LocalSessions:
 
     # -- work ------------------------------------------------------------------------------
 
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
+        """404/410 for an id ``owner`` holds no session under, before a byte of its body is read."""
+        self.store.get(sid, owner)
+
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
         """Decode, check and run one program's ``body`` in session ``sid``; its answer, encoded, for
         the caller to send inside the ``async with``. Until then the session runs no other program:
         a big fetched tensor goes out as a view of the session's own memory, which the next
-        program could write."""
+        program could write. ``watch`` stops it between steps (the route cancels it when its
+        client disconnects); without one, the time limit still holds, and a cancelled
+        ``async with`` (the Ray front's ``ray.cancel``) stops it too."""
         session = self.store.get(sid, owner)
-        framed = is_frames(ctype)
-        decoded = unpack_frames(body) if framed else decode_body(body, ctype)
-        check_limits(decoded, self.settings)
-        program = validate_program(decoded)
-        key = header_of(body) if framed else body  # idempotency: a framed body is known by its header
+        program, key = await admit_program(body, ctype, self.settings)  # key: what identifies it for retries
+        watch = watch or ProgramWatch(self.settings.max_program_seconds)
         as_msgpack = wants_msgpack(accept, ctype)
-        with self.slots:  # admitted: queued behind the session's earlier programs, then running
+        with self.slots.take(session.id, owner):  # admitted: queued behind the session's earlier programs, then running
             await session.gate.acquire()  # this session's programs queue here, not in the workers
             try:
                 start = perf_counter()
                 outcome = await self.workers.run(session.worker, self.store.run_or_replay, session, program, key,
-                                                 not as_msgpack)
+                                                 not as_msgpack, watch)
             except BaseException:
+                watch.cancel()  # cancelled while it runs: it stops at its next step
                 session.gate.release()
                 raise
             worker = perf_counter() - start

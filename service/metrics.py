@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from .step_histogram import StepHistogram
 
 if TYPE_CHECKING:
+    from .guards import ProgramSlots
     from .store import SessionStore
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -28,9 +29,16 @@ _OP_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0
 
 
 class Metrics:
-    """The app's metrics; ``observe_step(op, seconds)`` is the runner's per-step hook."""
+    """The app's metrics; ``observe_step(op, seconds)`` is the runner's per-step hook.
 
-    def __init__(self, store: "SessionStore | None", in_flight: Callable[[], int] = lambda: 0) -> None:
+    ``render()`` is everything, for the operator; ``render(owner)`` what one tenant may see: its own
+    sessions, tensors, bytes and programs in flight, nothing of another token's (no server totals,
+    no op names, no request counts: each would show other tenants' work).
+    """
+
+    def __init__(self, store: "SessionStore | None", slots: "ProgramSlots | None" = None) -> None:
+        in_flight: Callable[[], int] = (lambda: slots.busy) if slots is not None else (lambda: 0)
+        self._store, self._slots = store, slots
         self.registry = CollectorRegistry()
         self._requests = Counter("remote_autograd_requests", "HTTP requests by route template, method and status",
                                  ("route", "method", "status"), registry=self.registry)
@@ -50,8 +58,12 @@ class Metrics:
             child = self._request_children[key] = self._requests.labels(key[0], key[1], str(status))
         child.inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, owner: str | None = None, *, everything: bool = True) -> bytes:
+        if everything:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()  # a few gauges, made per scrape: a tenant's scrapes are rare
+        registry.register(_TenantCollector(self._store, self._slots, owner))
+        return generate_latest(registry)
 
 
 class _StoreCollector(Collector):
@@ -77,3 +89,26 @@ class _StoreCollector(Collector):
         used = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         yield GaugeMetricFamily("remote_autograd_device_memory_allocated_bytes",
                                 "torch.cuda.memory_allocated on the server's device (0 on cpu)", value=used)
+
+
+class _TenantCollector(Collector):
+    """One token's own figures (the store's part is absent on a Ray front, which holds no sessions)."""
+
+    def __init__(self, store: "SessionStore | None", slots: "ProgramSlots | None", owner: str | None) -> None:
+        self._store, self._slots, self._owner = store, slots, owner
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        held = self._slots.held_by(self._owner) if self._slots is not None else 0
+        yield GaugeMetricFamily("remote_autograd_token_programs_in_flight",
+                                "this token's programs admitted and not yet answered", value=held)
+        if self._store is None:
+            return
+        sessions = [s for s in self._store.sessions() if s.owner == self._owner]
+        budget = self._store.token_budgets.get(self._owner)
+        yield GaugeMetricFamily("remote_autograd_token_sessions", "this token's live sessions", value=len(sessions))
+        yield GaugeMetricFamily("remote_autograd_token_tensors", "tensors held by this token's sessions",
+                                value=sum(len(s.tensors) for s in sessions))
+        yield GaugeMetricFamily("remote_autograd_token_bytes_held", "bytes held by this token's sessions",
+                                value=budget.held if budget is not None else 0)
+        yield GaugeMetricFamily("remote_autograd_max_bytes_per_token", "limit max_bytes_per_token",
+                                value=self._store.settings.max_bytes_per_token)

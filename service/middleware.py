@@ -20,7 +20,7 @@ from starlette.routing import Match
 from remote_autograd.proto import MSGPACK, ProtocolError, encode_body, is_msgpack
 from remote_autograd.proto.frames import FRAMES, is_frames
 
-from .auth import PUBLIC_PATHS, Tokens
+from .auth import METRICS_PATH, PUBLIC_PATHS, Tokens
 from .logs import REQUEST_ID, request_id_from
 from .metrics import Metrics
 from .raw_route import RawRoute
@@ -73,8 +73,8 @@ class Gatekeeper:
 
         try:
             try:
-                owner = None if scope["path"] in PUBLIC_PATHS else self.tokens.owner(headers.get(b"authorization"))
-                scope.setdefault("state", {})["owner"] = owner
+                state = scope.setdefault("state", {})
+                state["owner"] = self._caller(scope, state, headers.get(b"authorization"))
                 await (self._raw_route_app(scope) or self.app)(scope, receive, send_with_id)
             except ProtocolError as err:  # refused here, or raised by a raw route (the router's handlers are past)
                 if started:
@@ -83,6 +83,17 @@ class Gatekeeper:
         finally:
             REQUEST_ID.reset(context)
             self._observe(scope, status, perf_counter() - start, rid)
+
+    def _caller(self, scope: dict, state: dict, authorization: bytes | None) -> str | None:
+        """The caller's token (None on public paths and for the operator, whom the metrics route is
+        told of as ``state["operator"]``), or 401."""
+        path = scope["path"]
+        if path in PUBLIC_PATHS:
+            return None
+        if path == METRICS_PATH and self.tokens.is_operator(authorization):
+            state["operator"] = True
+            return None
+        return self.tokens.owner(authorization)
 
     def _raw_route_app(self, scope: dict) -> Callable | None:
         """The ASGI app of the ``RawRoute`` that fully matches ``scope`` (its path parameters and route

@@ -26,13 +26,14 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .guards import ProgramSlots
 from .local_sessions import ProgramAnswer
+from .program_watch import ProgramWatch
 from .ray_worker import WORKER_PREFIX, SessionWorker, worker_name
 from .settings import Settings
 from .store import check_token_sessions
@@ -42,6 +43,7 @@ _KEY = re.compile(r"[0-9a-f]{12}-\d{1,4}")  # the node id's first 12 hex digits,
 _REFRESH_SECONDS = 2.0  # how stale the worker list may be when a session is placed
 _FIRST_ANSWER_SECONDS = 120.0  # a new worker imports torch (and opens CUDA) before it answers
 _READY_SECONDS = 5.0
+_ASK_ABOVE_BYTES = 1 << 20  # a smaller body costs less to read than a round trip to its worker
 
 
 class RaySessions:
@@ -49,7 +51,7 @@ class RaySessions:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.slots = ProgramSlots(settings.max_concurrent_programs)  # this front's programs in flight
+        self.slots = ProgramSlots.of(settings)  # this front's programs in flight
         self.observe_program: Callable[[float], None] = lambda seconds: None
         _connect(settings.ray_namespace)
         self._actor = ray.remote(SessionWorker)
@@ -103,16 +105,35 @@ class RaySessions:
 
     # -- work ------------------------------------------------------------------------------
 
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
+        """404/410 before the body is read: an id no worker could hold at once; for a body bigger than
+        ``_ASK_ABOVE_BYTES`` (or of unknown length), whether its worker holds the session."""
+        if body_bytes is None or body_bytes > _ASK_ABOVE_BYTES:
+            await self.describe_session(sid, owner)
+        elif not _KEY.fullmatch(sid.partition(".")[0]):
+            raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
+
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
         """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded,
-        as bytes of its own (nothing of the session's is held while the caller sends it)."""
+        as bytes of its own (nothing of the session's is held while the caller sends it). A cancelled
+        ``watch`` cancels the worker's call, which stops the program at its next step there."""
         data = body if isinstance(body, bytes) else bytes(body)  # a view of the receive buffer cannot travel
-        with self.slots:
+
+        def call(handle: Any) -> Any:
+            ref = handle.answer_program.remote(sid, owner, data, ctype, accept)
+            if watch is not None:
+                watch.on_cancel(lambda: ray.cancel(ref))
+            return ref
+
+        with self.slots.take(sid, owner):
             start = time.perf_counter()
-            status, media_type, answer, steps, worker = await self._ask(
-                sid, lambda h: h.answer_program.remote(sid, owner, data, ctype, accept))
+            try:
+                status, media_type, answer, steps, worker = await self._ask(sid, call)
+            except TaskCancelledError:
+                raise ProtocolError(ErrorCode.CANCELLED, "the client disconnected while the program ran: it "
+                                    "stopped at a step boundary on its worker") from None
             hop = time.perf_counter() - start
             self.observe_program(hop)
         yield ProgramAnswer(status, media_type, [answer], len(answer), steps, hop)

@@ -38,6 +38,7 @@ from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
 from .program_run import ProgramRun
+from .program_watch import ProgramWatch
 from .store import Outcome, Session
 from .values import (check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_made,
                      store_tensors)
@@ -47,13 +48,15 @@ OP_TABLE = _ops.OP_TABLE
 
 
 def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
-                observe: Callable[[str, float], None] | None = None) -> Outcome:
+                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> Outcome:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
     The limits a body claims (its step count, its put steps' shapes) were checked when it was
     admitted (``guards.check_limits``, on every path a program takes); the limits of what steps
     make (outputs, tensors and bytes held) are checked here, step by step.
     ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
+    ``watch`` is asked before each step whether the program must stop there (its time limit, its
+    client gone): the stop is that step's failure, the steps before it stay done.
     """
     results: list[Any] = []
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
@@ -66,6 +69,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                 run.views = True
             start = perf_counter()
             try:
+                if watch is not None:
+                    watch.check()
                 results.append(_HANDLERS[type(step)](run, step))
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))

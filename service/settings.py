@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -23,6 +23,15 @@ ADVERTISED_LIMITS = (
     "max_concurrent_programs",
     "session_ttl_seconds",
     "body_timeout_seconds",
+    # admission and fair work (issue 19): see README "Limits"
+    "max_tensor_dims",
+    "max_list_values",
+    "max_program_seconds",
+    "max_programs_per_session",
+    "max_programs_per_token",
+    "max_header_bytes",
+    "header_timeout_seconds",
+    "idle_timeout_seconds",
 )
 
 
@@ -35,6 +44,11 @@ class Settings:
     ``max_sessions_per_token`` bound one token across all of them (cluster-wide with Ray).
     ``sweep_interval_seconds`` is how often idle sessions are
     freed; ``body_timeout_seconds`` how long a request body may take to arrive.
+
+    A token's shares (``max_sessions_per_token``, ``max_bytes_per_token``,
+    ``max_programs_per_token``) and ``max_programs_per_session`` left at 0 are resolved when the
+    settings are made (``_SHARES``), so every reader sees a number; ``dataclasses.replace`` on
+    made settings keeps the resolved numbers (make new ones with ``from_env`` instead).
     """
 
     host: str = "127.0.0.1"
@@ -50,8 +64,8 @@ class Settings:
     max_session_bytes: int = 8 << 30
     max_total_bytes: int = 32 << 30
     max_sessions: int = 256
-    max_sessions_per_token: int = 256  # one token may not take every slot when this is below max_sessions
-    max_bytes_per_token: int = 32 << 30
+    max_sessions_per_token: int = 0  # 0: automatic (see _SHARES)
+    max_bytes_per_token: int = 0  # 0: automatic
     max_concurrent_programs: int = 64
     session_ttl_seconds: float = 3600.0
     sweep_interval_seconds: float = 30.0
@@ -62,7 +76,26 @@ class Settings:
     log_level: str = "warning"
     backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.ray_sessions)
     ray_namespace: str = "remote-autograd"
+    # -- admission, fair work and connections (service/guards.py, service/admission.py,
+    #    service/program_watch.py, service/http_protocol.py) --
+    max_tensor_dims: int = 64  # dims of one tensor on the wire
+    max_list_values: int = 1 << 20  # values a body's lists hold in all (JSON: counted by its separators)
+    max_program_seconds: float = 300.0  # checked between steps
+    max_programs_per_session: int = 0  # 0: automatic (see _SHARES)
+    max_programs_per_token: int = 0  # 0: automatic
+    max_header_bytes: int = 64 << 10  # a request's line and headers
+    header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
+    idle_timeout_seconds: float = 5.0  # a connection with no request under way
+    metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        # 0 (the default) for a share means a fraction of the server-wide limit on a server with
+        # tokens (so no tenant can take it all), and all of it without tokens (one tenant)
+        for name, (whole, fraction, without_tokens) in _SHARES.items():
+            if getattr(self, name) == 0:
+                share = getattr(self, whole) // (fraction if self.tokens else without_tokens)
+                object.__setattr__(self, name, max(1, share))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -75,7 +108,7 @@ class Settings:
                 continue
             values[f.name] = _parse(f.type, raw, f.name)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values)
+        return cls(**values)  # not replace(cls(), ...): the automatic shares are resolved from these values
 
     def limits(self) -> dict:
         """What a session may use, as the session-creation answer advertises it (clients size queues by it)."""
@@ -99,6 +132,16 @@ class Settings:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+
+# The automatic shares (a setting left at 0): share -> (the server-wide limit it is a part of,
+# the part with tokens, the part without). Without tokens the caller is the only tenant.
+_SHARES = {
+    "max_sessions_per_token": ("max_sessions", 4, 1),
+    "max_bytes_per_token": ("max_total_bytes", 4, 1),
+    "max_programs_per_token": ("max_concurrent_programs", 4, 1),
+    "max_programs_per_session": ("max_concurrent_programs", 8, 8),
+}
 
 
 def _parse(kind: str, raw: str, name: str):

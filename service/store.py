@@ -22,6 +22,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import Program
 
 from .custom_tensor import CustomTensor
+from .program_watch import ProgramWatch
 from .settings import Settings
 
 
@@ -236,10 +237,12 @@ class SessionStore:
 
     # -- programs --------------------------------------------------------------------------
 
-    def run_or_replay(self, session: Session, program: Program, body: bytes, as_json: bool) -> Outcome:
+    def run_or_replay(self, session: Session, program: Program, body: bytes, as_json: bool,
+                      watch: ProgramWatch | None = None) -> Outcome:
         """Run ``program`` under the session's lock; a retried program id gets its first answer.
 
-        ``body`` is what identifies the program's content (for a framed body, its header).
+        ``body`` is what identifies the program's content (for a framed body, its header);
+        ``watch`` stops the program between steps (time limit, client gone).
         """
         from .answers import keepable, reencode
         from .runner import run_steps  # the runner imports the op table; keep store light
@@ -255,7 +258,7 @@ class SessionStore:
                         ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
                     )
                 return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
-            outcome = run_steps(session, program, self.settings, as_json=as_json, observe=self.on_step)
+            outcome = run_steps(session, program, self.settings, as_json=as_json, observe=self.on_step, watch=watch)
             session.programs[program.id] = (digest, keepable(outcome, program.id), as_json)
             while len(session.programs) > self.settings.program_cache_size:
                 session.programs.popitem(last=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from remote_autograd.proto import PROTOCOL_VERSION
@@ -26,5 +26,8 @@ async def readyz(backend: Backend) -> Response:
 
 
 @router.get("/metrics", include_in_schema=False)  # Prometheus text, not part of the protocol
-async def prometheus_metrics(metrics: AppMetrics) -> Response:
-    return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+async def prometheus_metrics(request: Request, metrics: AppMetrics) -> Response:
+    """Everything for the operator (the Gatekeeper says who that is), a tenant's own figures otherwise."""
+    state = request.scope.get("state", {})
+    body = metrics.render(state.get("owner"), everything=bool(state.get("operator")))
+    return Response(body, media_type=METRICS_CONTENT_TYPE)

@@ -9,15 +9,17 @@ dependencies: the backend and settings come from ``scope["app"].state``, where
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 from fastapi import APIRouter
 
 from remote_autograd.proto.frames import iter_parts
 
-from ..guards import read_body
+from ..guards import declared_length, read_body
 from ..middleware import header_text
 from ..openapi import route_doc
+from ..program_watch import ProgramWatch
 from ..raw_route import RawRoute
 from .deps import PROTOCOL_KEY, caller_of
 
@@ -25,16 +27,56 @@ router = APIRouter()
 
 
 async def answer_program_request(scope: dict, receive, send) -> None:
-    """Read the program (size and time bounded), have the backend answer it, send the answer."""
+    """Find the session, read the program (size and time bounded), have the backend answer it while
+    listening for the client going away, send the answer."""
     state = scope["app"].state
+    settings, backend = state.settings, state.backend
     headers = dict(scope["headers"])
     owner = caller_of(scope, header_text(headers.get(PROTOCOL_KEY)))
-    body = await read_body(receive, header_text(headers.get(b"content-length")), state.settings.max_body_bytes,
-                           state.settings.body_timeout_seconds)
-    async with state.backend.answer_program(scope["path_params"]["sid"], owner, body,
-                                            header_text(headers.get(b"content-type")),
-                                            header_text(headers.get(b"accept"))) as answer:
-        await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
+    sid = scope["path_params"]["sid"]
+    declared = header_text(headers.get(b"content-length"))
+    # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
+    await backend.check_session(sid, owner, declared_length(declared))
+    body = await read_body(receive, declared, settings.max_body_bytes, settings.body_timeout_seconds)
+    watch = ProgramWatch(settings.max_program_seconds)
+    disconnects = _DisconnectListener(receive, watch)
+    try:
+        async with backend.answer_program(sid, owner, body, header_text(headers.get(b"content-type")),
+                                          header_text(headers.get(b"accept")), watch) as answer:
+            disconnects.stop()
+            await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
+    finally:
+        disconnects.stop()
+
+
+class _DisconnectListener:
+    """Cancels ``watch`` when ASGI ``receive`` says the client disconnected while its program runs.
+
+    The body was read, so the next message is the disconnect: under uvicorn it comes when the
+    connection is lost (or once the answer is sent, after ``stop``). Listening starts only after
+    ``LISTEN_AFTER_SECONDS``, on a timer: a program answered sooner (most: every eager op) never
+    pays for a task, and one whose client leaves sooner stops that much later.
+    """
+
+    LISTEN_AFTER_SECONDS = 0.05
+
+    def __init__(self, receive, watch: ProgramWatch) -> None:
+        self._receive, self._watch = receive, watch
+        self._task: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(self.LISTEN_AFTER_SECONDS, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._watch.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def _send(answer, send) -> None:

@@ -33,6 +33,14 @@ LIMITS = {
     "max_concurrent_programs": 1,
     "session_ttl_seconds": 3600.0,
     "body_timeout_seconds": 1.0,
+    "max_tensor_dims": 8,
+    "max_list_values": 4096,
+    "max_program_seconds": 3600.0,
+    "max_programs_per_session": 1,
+    "max_programs_per_token": 1,
+    "max_header_bytes": 65536,
+    "header_timeout_seconds": 10.0,
+    "idle_timeout_seconds": 5.0,
 }
 FLOATS = [0.5] * 1000  # 4000 bytes as float32
 

@@ -19,14 +19,15 @@ from ..servers import ROOT
 from ..servers import AUTH, api, call, error_of, program, put, ref, running
 
 TOKEN_A, TOKEN_B = "tok-alpha-0123456789", "tok-beta-9876543210"
+OPERATOR = "tok-operator-5555555555"  # REMOTE_AUTOGRAD_METRICS_TOKEN: no tenant's
 UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid bearer token", "step": None,
                           "op": None}, "results": []}
 
 
 @pytest.fixture(scope="module")
 def secured() -> Iterator[str]:
-    """A server with two tokens and without the test-only ops."""
-    with running(REMOTE_AUTOGRAD_TOKENS=f"{TOKEN_A}, {TOKEN_B}") as server:
+    """A server with two tokens (and an operator's for /metrics) and without the test-only ops."""
+    with running(REMOTE_AUTOGRAD_TOKENS=f"{TOKEN_A}, {TOKEN_B}", REMOTE_AUTOGRAD_METRICS_TOKEN=OPERATOR) as server:
         yield server.url
 
 
@@ -67,6 +68,27 @@ def test_docs_and_metrics_answer_with_a_token(secured: str, path: str):
     with api(secured, TOKEN_B) as c:
         r = c.get(path)
         assert r.status_code == 200 and r.content
+
+
+def test_metrics_show_a_tenant_only_its_own_figures_and_the_operator_everything(secured: str):
+    with api(secured, TOKEN_A) as a, api(secured, TOKEN_B) as b, api(secured, OPERATOR) as operator:
+        sid = a.post("/v1/sessions").json()["session_id"]
+        r = program(a, sid, [put("x", [0.5] * 1000), call("cosh", ref("x"), out=["y"])])  # an op only A ran
+        assert r.status_code == 200, r.text
+        mine, theirs, everything = (c.get("/metrics") for c in (a, b, operator))
+        assert mine.status_code == theirs.status_code == everything.status_code == 200
+        assert "remote_autograd_token_sessions 1.0" in mine.text
+        assert "remote_autograd_token_bytes_held 8000.0" in mine.text
+        assert "remote_autograd_token_sessions 0.0" in theirs.text
+        assert "remote_autograd_token_bytes_held 0.0" in theirs.text
+        for other_tenants in ("cosh", "8000", "remote_autograd_bytes_held ", "remote_autograd_sessions ",
+                              "remote_autograd_requests", "remote_autograd_op_seconds"):
+            assert other_tenants not in theirs.text, other_tenants
+        assert 'op="cosh"' in everything.text and "remote_autograd_bytes_held 8000.0" in everything.text
+        assert "remote_autograd_sessions 1.0" in everything.text
+        # the operator's token opens /metrics and nothing else
+        error_of(operator.post("/v1/sessions"), 401, "unauthorized")
+        a.delete(f"/v1/sessions/{sid}")
 
 
 def test_sessions_belong_to_the_token_that_made_them(secured: str):

@@ -1,0 +1,58 @@
+"""``ProgramWatch``: whether a running program must stop, checked by the runner between steps.
+
+A program stops at the next step boundary once it has run ``max_program_seconds``
+(``time_limit``) or once its client has gone (``cancelled``: the program route hears
+ASGI's ``http.disconnect`` while it runs). A step is never interrupted: the steps before
+the boundary stay done and the answer says where it stopped, as for any failing step
+(DESIGN principle 3). That answer is kept by program id like any other, so a retry of
+the same program is answered from it and never runs the done steps twice.
+
+``cancel`` is called on the event loop and ``check`` on a worker thread; a bool set once
+and only ever read is all they share.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Callable
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+
+
+class ProgramWatch:
+    """The time limit and the cancel flag of one program; its clock starts at its first step."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.cancelled = False
+        self._started: float | None = None
+        self._on_cancel: list[Callable[[], None]] = []
+
+    def cancel(self) -> None:
+        """Stop the program at its next step boundary (and tell whoever asked: ``on_cancel``)."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        for callback in self._on_cancel:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when cancelled (at once if it already is): a backend whose program runs
+        elsewhere (a Ray worker) passes the cancel on."""
+        if self.cancelled:
+            callback()
+        else:
+            self._on_cancel.append(callback)
+
+    def check(self) -> None:
+        """Before a step: ``cancelled`` or ``time_limit`` if the program must stop here."""
+        now = perf_counter()
+        if self._started is None:
+            self._started = now
+        if self.cancelled:
+            raise ProtocolError(ErrorCode.CANCELLED, "the client disconnected while the program ran: it stopped "
+                                "before this step; the steps before it stay done")
+        if now - self._started > self.seconds:
+            raise ProtocolError(ErrorCode.TIME_LIMIT, f"the program ran {now - self._started:.3g} s: limit "
+                                f"max_program_seconds={self.seconds}; it stopped before this step, the steps "
+                                "before it stay done")

@@ -1,0 +1,112 @@
+"""Admission is bounded work: what a body claims is capped before any arithmetic, what it holds before
+it is built, and a session is found before its body is read; while a bomb is refused, other clients
+are served.
+
+Against the shared server (default limits), on both backends: the Ray workers decode bodies with
+the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import msgpack
+import pytest
+
+from ..servers import error_of
+
+pytestmark = pytest.mark.backends("inprocess", "ray")
+
+JSON, MSGPACK = "application/json", "application/msgpack"
+BIG = 2**63 - 1
+
+
+def _put(shape: list, data) -> dict:
+    return {"id": "bomb", "steps": [{"kind": "put", "id": "t", "value": {"dtype": "float32", "shape": shape,
+                                                                       "data": data}}]}
+
+
+def _post(http: httpx.Client, sid: str, body: bytes, ctype: str) -> httpx.Response:
+    return http.post(f"/v1/sessions/{sid}/programs", content=body, headers={"Content-Type": ctype, "Accept": JSON})
+
+
+@pytest.fixture
+def sid(http: httpx.Client):
+    s = http.post("/v1/sessions").json()["session_id"]
+    yield s
+    http.delete(f"/v1/sessions/{s}")
+
+
+def _bombs() -> list[tuple[str, bytes, str, str]]:
+    """(what, body, content type, the limit its 413 names)."""
+    dims = json.dumps(_put([BIG] * 200_000, [])).encode()  # 4 MB of big dims: the loop computed their product
+    assert len(dims) > 4_000_000
+    return [
+        ("250 dims of 2**63-1 in msgpack (2.3 KB)", msgpack.packb(_put([BIG] * 250, b"")), MSGPACK,
+         "max_tensor_dims=64"),
+        ("64 dims of 2**63-1 in msgpack", msgpack.packb(_put([BIG] * 64, b"")), MSGPACK, "max_tensor_elements="),
+        ("4 MB of big dims in JSON", dims, JSON, "max_tensor_dims=64"),
+        ("two dims of 4000 digits in JSON", json.dumps(_put([10**4000] * 2, [])).encode(), JSON,
+         "max_tensor_elements="),
+    ]
+
+
+def test_shape_bombs_are_413_at_once_while_another_client_is_served(http: httpx.Client, sid: str, server_url: str):
+    victim_sid = http.post("/v1/sessions").json()["session_id"]
+    waits: list[float] = []
+    bombing = threading.Event()
+    bombing.set()
+
+    def victim() -> None:  # another client's eager ops, timed, for as long as the bombs go on
+        with httpx.Client(base_url=server_url, headers={"Remote-Autograd-Protocol": "1"}, timeout=60) as c:
+            while bombing.is_set() or not waits:
+                start = time.monotonic()
+                r = c.post(f"/v1/sessions/{victim_sid}/programs", json={"id": str(len(waits)), "steps": []})
+                assert r.status_code == 200, r.text
+                waits.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=victim)
+    thread.start()
+    try:
+        for what, body, ctype, limit in _bombs():
+            start = time.monotonic()
+            r = _post(http, sid, body, ctype)
+            took = time.monotonic() - start
+            err = error_of(r, 413, "too_large", limit)
+            assert (err["step"], err["op"]) == (0, "put") and len(err["message"]) < 400, (what, err)
+            assert took < 5, f"{what}: answered after {took:.1f} s"  # it took 50 s, or answered 500
+    finally:
+        bombing.clear()
+        thread.join(timeout=60)
+    assert waits and max(waits) < 3, f"the other client waited up to {max(waits):.1f} s"
+    http.delete(f"/v1/sessions/{victim_sid}")
+
+
+def test_a_body_holding_more_values_than_max_list_values_is_refused_before_it_is_built(http: httpx.Client,
+                                                                                       sid: str):
+    n = http.post("/v1/sessions").json()["limits"]["max_list_values"]
+    zeros = json.dumps(_put([n + 1], [0] * (n + 1)), separators=(",", ":")).encode()
+    error_of(_post(http, sid, zeros, JSON), 413, "too_large", f"max_list_values={n}", "JSON body")
+    error_of(_post(http, sid, msgpack.packb(_put([n + 1], [0] * (n + 1))), MSGPACK), 413, "too_large",
+             f"max_list_values={n}")
+    # many small lists count together: no one of them is long, all of them are too many values
+    nested = msgpack.packb({"id": "p", "steps": [{"kind": "free", "ids": []}], "pad": [[0]] * (n // 2 + 1)})
+    error_of(_post(http, sid, nested, MSGPACK), 413, "too_large", f"max_list_values={n}")
+    # at the limit, a list travels (and is then checked against its shape like any other)
+    ok = _post(http, sid, msgpack.packb(_put([1000], [0.5] * 1000)), MSGPACK)
+    assert ok.status_code == 200, ok.text
+    assert http.get(f"/v1/sessions/{sid}/tensors/t").status_code == 200
+
+
+def test_a_body_for_an_unknown_session_is_not_read(server_url: str):
+    # 10 bytes of a body that claims a megabyte: the 404 comes at once, not after body_timeout_seconds
+    host, port = server_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"POST /v1/sessions/made-up-id/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"id\": \"x\"")
+        answer = raw.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 404") and "unknown_session" in answer, answer
