@@ -43,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import logs
     from .app import create_app
+    from .http_protocol import guarded_http_protocol
 
     logs.configure(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        http="httptools",
+        http=guarded_http_protocol(settings),  # httptools, with header and idle limits (service/http_protocol.py)
+        timeout_keep_alive=settings.idle_timeout_seconds,
         loop="uvloop",
         log_config=None,  # uvicorn's records go to our JSON handler
         log_level=settings.log_level,

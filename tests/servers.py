@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -59,8 +60,11 @@ class Server:
         self.log.unlink(missing_ok=True)
 
 
-def launch(port: int | None = None, **env: str) -> Server:
-    """``python -m remote_autograd.service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers."""
+def launch(port: int | None = None, *, nofile: int | None = None, **env: str) -> Server:
+    """``python -m remote_autograd.service`` on 127.0.0.1:``port`` with ``env``; returns once ``/healthz`` answers.
+
+    ``nofile`` caps the server's open files (``RLIMIT_NOFILE``), as a container's ``ulimits`` would.
+    """
     port = port or _free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_AUTOGRAD_")}
     if "REMOTE_AUTOGRAD_DEVICE" in os.environ:  # the suite on a GPU host: REMOTE_AUTOGRAD_DEVICE=cuda make test
@@ -69,7 +73,8 @@ def launch(port: int | None = None, **env: str) -> Server:
     log = Path(tempfile.mkstemp(prefix="remote-autograd-", suffix=".log")[1])
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "remote_autograd.service", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+                                cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=None if nofile is None else partial(_limit_open_files, nofile))
     server = Server(f"http://127.0.0.1:{port}", port, proc, log)
     deadline = time.monotonic() + 120  # a Ray front joins its cluster first
     while True:
@@ -84,9 +89,15 @@ def launch(port: int | None = None, **env: str) -> Server:
         time.sleep(0.05)
 
 
+def _limit_open_files(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
 @contextlib.contextmanager
-def running(port: int | None = None, **env: str) -> Iterator[Server]:
-    server = launch(port, **env)
+def running(port: int | None = None, *, nofile: int | None = None, **env: str) -> Iterator[Server]:
+    server = launch(port, nofile=nofile, **env)
     try:
         yield server
     finally:
