@@ -46,7 +46,7 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
                         return chunk  # the whole body in one message (every small one): no copy
                     # With a declared length the body lands in one buffer as it arrives: no joining
                     # copy, and a framed body's tensors can then be views of it.
-                    buf = bytearray() if expected is None else FillBuffer(expected)
+                    buf = bytearray() if expected is None else _fill_buffer(expected)
                 if expected is None:
                     buf += chunk
                 elif end > expected:
@@ -62,9 +62,19 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
             ErrorCode.BAD_REQUEST,
             f"body stalled: nothing for {timeout} s after {size} bytes: limit body_timeout_seconds={timeout}",
         ) from None
+    except MemoryError:
+        raise ProtocolError(ErrorCode.OUT_OF_MEMORY, f"the server ran out of memory receiving a body "
+                            f"({size} bytes in): send less in one program") from None
     if expected is not None and size != expected:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"body of {size} bytes, but Content-Length said {expected}")
     return buf if expected is None else buf.view
+
+
+def _fill_buffer(nbytes: int) -> FillBuffer:
+    try:
+        return FillBuffer(nbytes)
+    except RuntimeError as exc:  # torch's allocator refuses with a RuntimeError, not a MemoryError
+        raise MemoryError(str(exc)) from None
 
 
 def declared_length(declared: str | None) -> int | None:

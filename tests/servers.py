@@ -157,3 +157,17 @@ def error_of(r: httpx.Response, status: int, code: str, *words: str) -> dict:
     for w in words:
         assert w in err["message"], (w, err["message"])
     return err
+
+
+def read_answer(raw: socket.socket) -> str:
+    """A whole HTTP answer from a raw socket: its head and Content-Length bytes of body, which the
+    server may write as separate segments."""
+    data = b""
+    while b"\r\n\r\n" not in data and (piece := raw.recv(65536)):
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length and (piece := raw.recv(65536)):
+        body += piece
+    return (head + b"\r\n\r\n" + body).decode()

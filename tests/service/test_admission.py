@@ -3,7 +3,7 @@ it is built, and a session is found before its body is read; while a bomb is ref
 are served.
 
 Against the shared server (default limits), on both backends: the Ray workers decode bodies with
-the same code.
+the same code. Running out of memory needs a server of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import msgpack
 import pytest
 
-from ..servers import error_of
+from ..servers import api, error_of, program, put, read_answer, running
 
 pytestmark = pytest.mark.backends("inprocess", "ray")
 
@@ -108,5 +108,26 @@ def test_a_body_for_an_unknown_session_is_not_read(server_url: str):
     with socket.create_connection((host, int(port)), timeout=5) as raw:
         raw.sendall(b"POST /v1/sessions/made-up-id/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1\r\n"
                     b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"id\": \"x\"")
-        answer = raw.recv(65536).decode()
+        answer = read_answer(raw)
     assert answer.startswith("HTTP/1.1 404") and "unknown_session" in answer, answer
+
+
+@pytest.mark.backends("inprocess")
+def test_running_out_of_memory_for_a_body_is_507_with_a_body_and_the_server_goes_on():
+    import resource
+
+    with running(REMOTE_AUTOGRAD_DEVICE="cpu") as server, api(server.url) as c:
+        sid = c.post("/v1/sessions").json()["session_id"]
+        held = int(next(line.split()[1] for line in open(f"/proc/{server.proc.pid}/status")
+                        if line.startswith("VmSize:"))) * 1024
+        # room for ordinary work, not for the gigabyte a body claims (the limit a cgroup or host would set)
+        resource.prlimit(server.proc.pid, resource.RLIMIT_AS, (held + (512 << 20), resource.RLIM_INFINITY))
+        claim = (1 << 30) - 16
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(f"POST /v1/sessions/{sid}/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {claim}\r\n\r\n".encode() + b"[0," * 1000)
+            answer = read_answer(raw)
+        assert answer.startswith("HTTP/1.1 507") and '"code":"out_of_memory"' in answer, answer
+        r = program(c, sid, [put("x", [1.0, 2.0]), {"kind": "fetch", "id": "x"}])  # it served this body, and goes on
+        assert r.status_code == 200 and r.json()["results"][1]["tensor"]["value"]["data"] == [1.0, 2.0]

@@ -18,7 +18,7 @@ import pytest
 from remote_autograd import client
 from remote_autograd.service.settings import ADVERTISED_LIMITS
 
-from ..servers import api, call, error_of, program, put, ref, running, sleep_program, wait_in_flight
+from ..servers import api, call, error_of, program, put, read_answer, ref, running, sleep_program, wait_in_flight
 
 LIMITS = {
     "max_body_bytes": 65536,
@@ -209,20 +209,6 @@ def test_max_sessions(c: httpx.Client):
             c.delete(f"/v1/sessions/{s}")
 
 
-def _read_answer(raw: socket.socket) -> str:
-    """A whole HTTP answer from a raw socket: its head and Content-Length bytes of body, which the
-    server may write as separate segments."""
-    data = b""
-    while b"\r\n\r\n" not in data and (piece := raw.recv(65536)):
-        data += piece
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length and (piece := raw.recv(65536)):
-        body += piece
-    return (head + b"\r\n\r\n" + body).decode()
-
-
 def test_a_stalled_body_times_out_and_blocks_nobody(c: httpx.Client, sid: str, limited: str):
     host, port = limited.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as raw:
@@ -233,7 +219,7 @@ def test_a_stalled_body_times_out_and_blocks_nobody(c: httpx.Client, sid: str, l
         assert_usable(c, other)
         c.delete(f"/v1/sessions/{other}")
         start = time.monotonic()
-        answer = _read_answer(raw)
+        answer = read_answer(raw)
         assert time.monotonic() - start < 3
     assert answer.startswith("HTTP/1.1 400"), answer
     assert "body_timeout_seconds=1.0" in answer
@@ -251,7 +237,7 @@ def test_a_slow_but_steady_body_is_read(c: httpx.Client, sid: str, limited: str)
         for piece in pieces:
             time.sleep(0.35)
             raw.sendall(piece)
-        answer = _read_answer(raw)
+        answer = read_answer(raw)
     assert answer.startswith("HTTP/1.1 200"), answer
     assert held(c, sid)["tensors"] == 1
 
