@@ -56,8 +56,8 @@ def test_readyz_counts_the_workers_and_health_says_ray(fronts):
     for url in fronts:
         assert ready_workers(url, 2)["status"] == "ready"
         assert httpx.get(url + "/healthz").json()["device"] == "ray"
-        with api(url, "alice") as c:  # the front's own metrics (programs in flight; sessions live in workers)
-            assert "remote_autograd_programs_in_flight 0.0" in c.get("/metrics").text
+        with api(url, "alice") as c:  # the front's own metrics (programs in flight; sessions live in workers),
+            assert "remote_autograd_token_programs_in_flight 0.0" in c.get("/metrics").text  # a tenant's own
 
 
 def test_sessions_land_on_both_nodes_and_either_front_serves_them(cluster, fronts):
