@@ -94,7 +94,7 @@ def _views_from(steps: list) -> int:
 def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
     if isinstance(exc, ProtocolError):
         err = exc
-    elif isinstance(exc, torch.OutOfMemoryError):
+    elif isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # the device's allocator, or the host's
         err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"device out of memory in {op}: {_first_line(exc)}")
     elif isinstance(exc, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, ZeroDivisionError,
                           OverflowError, AssertionError)):

@@ -35,8 +35,10 @@ class _FailInBackward(torch.autograd.Function):
         raise RuntimeError("_test_fail: injected failure in backward")
 
 
-def _test_oom(input):
-    """always raises torch.OutOfMemoryError (exercises the 507 path)"""
+def _test_oom(input, host=False):
+    """always raises torch.OutOfMemoryError, or with ``host=True`` Python's MemoryError (the 507 path)"""
+    if host:
+        raise MemoryError("cannot allocate 1024.00 GiB (test op)")
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 GiB (test op)")
 
 

@@ -242,10 +242,13 @@ def test_a_slow_but_steady_body_is_read(c: httpx.Client, sid: str, limited: str)
     assert held(c, sid)["tensors"] == 1
 
 
-def test_device_out_of_memory_is_507_and_the_session_lives(server_url: str):
+@pytest.mark.parametrize("host", [False, True], ids=["device", "host"])
+def test_device_out_of_memory_is_507_and_the_session_lives(server_url: str, host: bool):
+    """torch's OutOfMemoryError (a GPU's allocator) and Python's MemoryError (the host's) alike."""
     with api(server_url) as c:
         sid = c.post("/v1/sessions").json()["session_id"]
-        r = program(c, sid, [put("x", [1.0, 2.0]), call("_test_oom", ref("x"), out=["y"]), put("never", [0.0])])
+        r = program(c, sid, [put("x", [1.0, 2.0]), call("_test_oom", ref("x"), out=["y"], host=host),
+                             put("never", [0.0])])
         err = error_of(r, 507, "out_of_memory", "out of memory in _test_oom")
         assert err["step"] == 1 and err["op"] == "_test_oom" and len(r.json()["results"]) == 1
         assert held(c, sid)["tensors"] == 1
