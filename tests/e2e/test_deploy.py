@@ -126,13 +126,6 @@ def test_dockerfile_passes_hadolint():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dockerignore_keeps_secrets_and_venvs_out():
-    """The build context is an allow-list: .env (tokens) and local venvs never reach an image."""
-    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
-    assert lines[[i for i, ln in enumerate(lines) if ln and not ln.startswith("#")][0]] == "*"
-    assert not any(ln in ("!.env", "!.venv", "!.venv/") for ln in lines)
-
-
 # -- what an operator gets: closed by default, the tested torch, a clean image ------------------
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
