@@ -1,28 +1,34 @@
 # Two commands for a fresh machine: `make serve` and `make test`.
-# torch goes in first with an explicit pin: any looser spec resolves to a
-# multi-GB CUDA build. Override on a GPU host: make serve TORCH_SPEC='torch==2.13.0'
+# torch goes in first with an explicit pin, so that installing the project never resolves
+# another torch. It comes from pip's index (PyPI's Linux wheel is a CUDA build) unless
+# TORCH_INDEX_URL names another: https://download.pytorch.org/whl/cpu for the small CPU
+# build, https://download.pytorch.org/whl/cu126 (cu128, ...) for a given CUDA.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# setuptools tells every editable install of a package-dir mapping to beware of folders named
+# like the package (ours are mapped on purpose: pyproject.toml); the one line it would print is noise.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 
 .PHONY: serve test test-fast bench install install-test clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)")
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.created pyproject.toml
-	$(PIP) install -q -e ".[service,client]"
+	$(EDITABLE) ".[notebook]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
-	$(PIP) install -q -e ".[test]"
+	$(EDITABLE) ".[test]"
 	touch $@
 
 install: $(VENV)/.installed

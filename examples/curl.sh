@@ -23,7 +23,11 @@ fi
 api() {
   local method=$1 path=$2 answer status
   shift 2
-  answer=$(curl -sS -X "$method" "${headers[@]}" -w '\n%{http_code}' "$URL$path" "$@")
+  # -s without -S: when nothing answers, the one line below says so instead of curl's own.
+  if ! answer=$(curl -s -X "$method" "${headers[@]}" -w '\n%{http_code}' "$URL$path" "$@"); then
+    echo "error: no remote-autograd server answers at $URL: start one with \`make serve\` (or set URL=...)" >&2
+    exit 1
+  fi
   status=${answer##*$'\n'}  # the last line: the status written by -w
   answer=${answer%$'\n'*}
   if (( status >= 400 )); then

@@ -1,15 +1,20 @@
 """``python -m remote_autograd.service [--host --port --device auto|cpu|cuda --log-level]``: start uvicorn with the fast settings.
 
 Refuses (exit status 2) to listen beyond loopback without tokens unless
-``REMOTE_AUTOGRAD_INSECURE=1``. Logs are JSON lines on stderr (``service.logs``);
+``REMOTE_AUTOGRAD_INSECURE=1``. Once it listens it prints one line on stdout, its URL and
+its docs page's (``READY``); everything else is a JSON log line on stderr (``service.logs``:
+uvicorn's own startup lines are info records, below the default level);
 ``--log-level info`` (or ``REMOTE_AUTOGRAD_LOG_LEVEL=info``) adds one line per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import sys
+
+import uvicorn
 
 from .settings import Settings
 
@@ -39,14 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    import uvicorn
-
     from . import logs
     from .app import create_app
     from .http_protocol import guarded_http_protocol
 
     logs.configure(settings.log_level)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -57,7 +60,25 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         access_log=False,  # the Gatekeeper writes the access log, with request ids
     )
-    return 0
+    server = _AnnouncingServer(config)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is the way to stop it
+        server.run()
+    return 0 if server.started else 3  # uvicorn's own exit status when it could not start
+
+
+READY = "remote-autograd is serving on {url} (API docs: {url}/docs); Ctrl-C stops it"
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn's ``Server``, printing ``READY`` once its socket listens (after the app's startup)."""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            port = self.servers[0].sockets[0].getsockname()[1]  # the real one, when asked for port 0
+            host = self.config.host
+            host = f"[{host}]" if ":" in host else host
+            print(READY.format(url=f"http://{host}:{port}"), flush=True)
 
 
 if __name__ == "__main__":

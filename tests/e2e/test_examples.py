@@ -59,7 +59,46 @@ def test_curl_walkthrough_uses_the_token_and_stops_at_the_first_error():
         assert _printed_grad(accepted.stdout) == [4.0, 5.0, 6.0]
 
 
+@needs_curl
+def test_curl_walkthrough_without_a_server_stops_with_one_line():
+    from ..servers import _free_port
+
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    result = _run_curl_sh(url)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, no traceback
+    assert url in result.stderr and "make serve" in result.stderr, result.stderr
+
+
 # -- the notebook ---------------------------------------------------------------------------
+
+
+def test_notebook_needs_only_what_the_readme_installs_for_it():
+    """Every package the notebook imports comes with ``pip install 'remote-autograd[notebook]'``
+    (the README's install for notebooks; ``make serve`` installs the same)."""
+    import ast
+    from importlib import metadata
+
+    from ..requirements import pyproject_requirements, reached
+
+    nb = json.loads(NOTEBOOK.read_text())
+    imported = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"remote_autograd"}
+    assert {"torch", "matplotlib", "IPython"} <= third_party, third_party
+    installed = {d.metadata["Name"].lower() for d in reached(pyproject_requirements("notebook"))}
+    providers = metadata.packages_distributions()
+    missing = {m for m in third_party if not {p.lower() for p in providers.get(m, [])} & installed}
+    assert not missing, f"the notebook imports {sorted(missing)}, which its install does not bring"
+    assert "pip install 'remote-autograd[notebook]'" in "".join(nb["cells"][0]["source"])
+    assert ".[notebook]" in (ROOT / "Makefile").read_text()
+
 
 
 def _python3_kernel_manager():
