@@ -45,14 +45,20 @@ def _hadolint() -> Path:
 
 def _compose(tmp_path: Path, *files: Path, env_file: str | None,
              command: tuple[str, ...] = ("config", "-q")) -> subprocess.CompletedProcess:
-    """``docker compose -f ... config -q`` with only ``env_file`` as configuration (never the caller's .env)."""
+    """``docker compose -f ... config -q`` with only ``env_file`` as configuration (never the caller's .env).
+
+    The files are copied into a project folder of their own whose ``.env`` is ``env_file``:
+    compose reads it for interpolation and, through ``env_file:``, into the containers.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("REMOTE_AUTOGRAD_", "COMPOSE_", "DOCKER_")) and k not in ("BASE_IMAGE", "IMAGE")}
-    dotenv = tmp_path / "test.env"
-    dotenv.write_text(env_file or "")
-    args = [str(_compose_binary()), "--project-directory", str(ROOT), "--env-file", str(dotenv)]
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / ".env").write_text(env_file or "")
+    args = [str(_compose_binary()), "--project-directory", str(project)]
     for f in files:
-        args += ["-f", str(f)]
+        shutil.copy(f, project / f.name)
+        args += ["-f", str(project / f.name)]
     return subprocess.run(args + list(command), env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -105,6 +111,34 @@ def test_compose_ray_runs_a_head_gpu_workers_and_a_front_from_one_image(tmp_path
     other = _compose(tmp_path, RAY, env_file=TOKEN_ENV + "RAY_HEAD_ADDRESS=10.0.0.5:6379\n",
                      command=("config", "--format", "json"))
     assert "--address=10.0.0.5:6379" in json.loads(other.stdout)["services"]["gpu-worker"]["command"]
+
+
+# The compose files, and the service in them that runs the server (or the Ray front).
+SERVERS = [((MAIN,), "server"), ((MAIN, CPU), "server"), ((RAY,), "front")]
+
+
+@pytest.mark.parametrize("files,service", SERVERS, ids=["gpu", "gpu+cpu-override", "ray"])
+def test_every_setting_in_dotenv_reaches_the_server(tmp_path: Path, files: tuple[Path, ...], service: str):
+    """Each ``REMOTE_AUTOGRAD_*`` field of ``Settings`` (taken from the class, so new ones are
+    covered as they come) set in ``.env`` is in the container's environment, unchanged."""
+    from dataclasses import fields
+
+    from remote_autograd.service.settings import Settings
+
+    names = [f"REMOTE_AUTOGRAD_{f.name.upper()}" for f in fields(Settings) if f.name != "extra"]
+    assert {"REMOTE_AUTOGRAD_MAX_SESSIONS_PER_TOKEN", "REMOTE_AUTOGRAD_MAX_BYTES_PER_TOKEN"} <= set(names)
+    dotenv = "".join(f"{name}=value-of-{name.lower()}\n" for name in names)
+    result = _compose(tmp_path, *files, env_file=dotenv, command=("config", "--format", "json"))
+    assert result.returncode == 0, result.stderr
+    environment = json.loads(result.stdout)["services"][service]["environment"]
+    fixed = {}  # what a compose file sets itself, whatever .env says
+    if service == "front":
+        fixed["REMOTE_AUTOGRAD_BACKEND"] = "ray"
+    if CPU in files:
+        fixed["REMOTE_AUTOGRAD_DEVICE"] = "cpu"
+    wrong = {name: environment.get(name) for name in names
+             if environment.get(name) != fixed.get(name, f"value-of-{name.lower()}")}
+    assert not wrong, wrong
 
 
 def test_compose_check_fails_on_a_broken_file(tmp_path: Path):
@@ -181,6 +215,13 @@ def test_local_check_files_are_mounted_never_copied():
     assert not [ln for ln in text.splitlines() if ln.startswith(("COPY", "ADD")) and "docker/local" in ln]
     runs = [block for block in text.split("\nRUN ")[1:] if "/tmp/local" in block]
     assert len(runs) == 2 and all("--mount=type=bind,source=docker/local,target=/tmp/local" in r for r in runs)
+
+
+def test_env_example_names_each_variable_once():
+    import re
+
+    named = re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M)
+    assert len(named) == len(set(named)), sorted({n for n in named if named.count(n) > 1})
 
 
 def test_readme_names_everything_an_operator_sets():
