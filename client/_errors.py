@@ -25,11 +25,16 @@ class RemoteError(RuntimeError):
 class SessionLost(RemoteError):
     """The server no longer knows the session (expired, deleted, or the server restarted).
 
-    ``session_id`` names the lost session; the message names it too.
+    ``session_id`` names the lost session. The message always says what went with it and
+    what to do next, after the server's own words (``server_message``).
     """
 
     def __init__(self, message: str, *, session_id: str | None = None, **kw) -> None:
         self.session_id = session_id
-        if session_id and session_id not in message:
-            message = f"session {session_id} is lost (expired, deleted, or the server restarted): {message}"
-        super().__init__(message, **kw)
+        name = f"session {session_id}" if session_id else "the session"
+        advice = (f"{message}: {name} is gone on the server (it expired, was deleted, or the server restarted), "
+                  f"and its tensors, their grads and its random generator state went with it. Open a new session "
+                  f"(client.connect(...)) and load your last checkpoint (model.load_state_dict(...), "
+                  f"optimizer.load_state_dict(...))")
+        super().__init__(advice, **kw)
+        self.server_message = message

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, decode_body, encode_body
+from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, ProtocolError, decode_body, encode_body
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
 
 from ._answer_body import read_body
@@ -32,7 +32,7 @@ class Transport:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3,
                  busy_wait: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = checked_url(base_url).rstrip("/")
         self._transport = transport if transport is not None else TunedTransport()
         self.own_socket_layer = transport is None  # else another transport reaches who-knows-what at this URL
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
@@ -86,9 +86,10 @@ class Transport:
                     data = read_body(response)
                 finally:
                     response.close()
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+                    httpx.WriteError) as exc:
                 if not idempotent or attempt == self._retries:
-                    raise RemoteError(f"cannot reach {self.base_url}: {exc}", code="connection_error") from exc
+                    raise RemoteError(unreachable(self.base_url, exc), code="connection_error") from exc
                 time.sleep(delay)
                 delay *= 4
                 attempt += 1
@@ -100,7 +101,11 @@ class Transport:
         ctype = response.headers.get("content-type")
         if is_frames(ctype):
             return response.status_code, unpack_frames(data)
-        decoded = decode_body(data, ctype) if data else None
+        try:
+            decoded = decode_body(data, ctype) if data else None
+        except ProtocolError:  # an answer in neither of our formats: something else listens at the URL
+            raise RemoteError(not_ours(self.base_url, response.status_code, ctype), code="not_remote_autograd",
+                              status=response.status_code) from None
         if response.status_code == 429 and isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
             decoded["error"]["message"] = busy.say(str(decoded["error"].get("message", "")))
         return response.status_code, decoded
@@ -115,6 +120,27 @@ class Transport:
     def close(self) -> None:
         """Closes the httpx transport too, given or not (as ``httpx.Client`` does)."""
         self._transport.close()
+
+
+def checked_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host; else a ``ValueError`` saying how to write it."""
+    parsed = httpx.URL(url) if "://" in url else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        guess = f"http://{url.split('://', 1)[-1]}" if url else "http://127.0.0.1:8000"
+        raise ValueError(f"{url!r} is not a server URL (connect(url) or REMOTE_AUTOGRAD_URL): it starts with "
+                         f"http:// or https://, e.g. {guess!r}")
+    return url
+
+
+def unreachable(url: str, exc: Exception) -> str:
+    return (f"cannot reach a remote-autograd server at {url} ({exc}). Start one there (`make serve` or "
+            f"`remote-autograd-serve`) and check the URL; or call client.connect() without a URL for a server "
+            f"of this process's own")
+
+
+def not_ours(url: str, status: int, content_type: str | None) -> str:
+    return (f"{url} answered HTTP {status} in {content_type or 'no content type'}, not as a remote-autograd "
+            f"server does: check the URL (host and port) names one")
 
 
 def _server_timing(header: str | None) -> dict[str, float]:

@@ -4,8 +4,8 @@ With no tokens configured the server is open (and ``__main__`` keeps it on loopb
 with tokens, every path but ``PUBLIC_PATHS`` needs ``Authorization: Bearer <token>``,
 ``/openapi.json`` and the metrics included. Public: the two probes, and the ``/docs``
 page with its Swagger UI files (they hold nothing of the server's; the page asks for
-a token to read the API). The answer to a missing or wrong token is the same either
-way and names no token.
+a token to read the API). A missing token and a wrong one get different messages, so a
+user knows which to fix; neither names a token, and every wrong one reads the same.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from .docs_page import PAGE_PATHS
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", *PAGE_PATHS})
+
+# Both say where a token goes, for the SDK and for plain HTTP.
+_WHERE = "(the Python SDK: connect(token=...) or REMOTE_AUTOGRAD_TOKEN; HTTP: Authorization: Bearer <token>)"
+MISSING_TOKEN = f"missing bearer token: this server needs one of its tokens {_WHERE}"
+WRONG_TOKEN = f"wrong bearer token: this server has no such token; check the one you send {_WHERE}"
 
 
 METRICS_PATH = "/metrics"
@@ -47,14 +52,15 @@ class Tokens:
         if not self._tokens:
             return None
         scheme, _, given = (authorization or b"").partition(b" ")
+        given = given.strip()
+        if scheme.lower() != b"bearer" or not given:  # no header, another scheme, or no token after it
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, MISSING_TOKEN)
         found = None
-        if scheme.lower() == b"bearer":
-            given = given.strip()
-            for token, raw in self._tokens:
-                if hmac.compare_digest(given, raw):
-                    found = token
+        for token, raw in self._tokens:
+            if hmac.compare_digest(given, raw):
+                found = token
         if found is None:
-            raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, WRONG_TOKEN)
         return found
 
     def is_operator(self, authorization: bytes | None) -> bool:

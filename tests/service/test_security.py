@@ -20,8 +20,17 @@ from ..servers import AUTH, api, call, error_of, program, put, ref, running
 
 TOKEN_A, TOKEN_B = "tok-alpha-0123456789", "tok-beta-9876543210"
 OPERATOR = "tok-operator-5555555555"  # REMOTE_AUTOGRAD_METRICS_TOKEN: no tenant's
-UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "missing or invalid bearer token", "step": None,
-                          "op": None}, "results": []}
+
+
+def unauthorized(message: str) -> dict:
+    return {"error": {"code": "unauthorized", "message": message, "step": None, "op": None}, "results": []}
+
+
+MISSING = ("missing bearer token: this server needs one of its tokens (the Python SDK: connect(token=...) or "
+           "REMOTE_AUTOGRAD_TOKEN; HTTP: Authorization: Bearer <token>)")
+WRONG = ("wrong bearer token: this server has no such token; check the one you send (the Python SDK: "
+         "connect(token=...) or REMOTE_AUTOGRAD_TOKEN; HTTP: Authorization: Bearer <token>)")
+UNAUTHORIZED = unauthorized(MISSING)
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +53,24 @@ PROTECTED = [("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/docs/oauth2-
              ("GET", "/metrics"), ("GET", "/v1/ops"), ("POST", "/v1/sessions"), ("GET", "/v1/sessions/abc"),
              ("DELETE", "/v1/sessions/abc"), ("POST", "/v1/sessions/abc/programs"),
              ("GET", "/v1/sessions/abc/tensors/t"), ("GET", "/no/such/route"), ("PUT", "/healthz/x")]
-BAD_CREDENTIALS = [None, "Bearer", "Bearer wrong", "bearer  x", f"Basic {TOKEN_A}", f"Bearer {TOKEN_A[:-1]}",
-                   f"Bearer {TOKEN_A}x", f"Bearer {TOKEN_A},{TOKEN_B}", f"{TOKEN_A}"]
+# Each with the message it gets: no token at all, or one the server does not hold.
+BAD_CREDENTIALS = [(None, MISSING), ("Bearer", MISSING), (f"Basic {TOKEN_A}", MISSING),
+                   (f"{TOKEN_A}", MISSING), ("Bearer wrong", WRONG), ("bearer  x", WRONG),
+                   (f"Bearer {TOKEN_A[:-1]}", WRONG), (f"Bearer {TOKEN_A}x", WRONG),
+                   (f"Bearer {TOKEN_A},{TOKEN_B}", WRONG)]
 
 
 @pytest.mark.parametrize("method,path", PROTECTED)
 def test_every_other_route_needs_a_valid_token(secured: str, method: str, path: str):
     with api(secured) as c:
         bodies = set()
-        for credentials in BAD_CREDENTIALS:
+        for credentials, message in BAD_CREDENTIALS:
             headers = {AUTH: credentials} if credentials is not None else {}
             r = c.request(method, path, headers=headers, json={"id": "p", "steps": []})
             assert r.status_code == 401, (credentials, r.status_code, r.text[:200])
-            assert r.json() == UNAUTHORIZED and r.headers["www-authenticate"] == "Bearer"
+            assert r.json() == unauthorized(message) and r.headers["www-authenticate"] == "Bearer", credentials
             bodies.add(r.content)
-        assert len(bodies) == 1  # a near miss and no token at all look the same
+        assert len(bodies) == 2  # a near miss reads as any wrong token: nothing says how close it came
         r = c.request(method, path, headers={"Accept": "application/msgpack"})
         assert r.status_code == 401 and msgpack.unpackb(r.content) == UNAUTHORIZED
 
@@ -162,8 +174,6 @@ def test_refuses_a_public_address_without_tokens():
                                       ("::", {"REMOTE_AUTOGRAD_TOKENS": "t"}),
                                       ("127.0.0.1", {}), ("localhost", {}), ("::1", {})])
 def test_tokens_or_insecure_or_loopback_may_listen(monkeypatch: pytest.MonkeyPatch, host: str, env: dict):
-    import uvicorn
-
     from remote_autograd.service import __main__ as entry
     from remote_autograd.service import logs
 
@@ -172,10 +182,15 @@ def test_tokens_or_insecure_or_loopback_may_listen(monkeypatch: pytest.MonkeyPat
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))  # no socket is opened
+
+    def serve(server) -> None:  # no socket is opened
+        served.append(server.config)
+        server.started = True
+
+    monkeypatch.setattr(entry._AnnouncingServer, "run", serve)
     monkeypatch.setattr(logs, "configure", lambda level: None)  # leave pytest's logging alone
     assert entry.main(["--host", host, "--port", "9"]) == 0
-    assert served[0]["host"] == host
+    assert served[0].host == host
 
 
 # -- nothing but the op table runs ---------------------------------------------------------
