@@ -5,8 +5,10 @@ cannot reach, and fetches ``/openapi.json`` with no way to send a bearer token. 
 page serves the Swagger UI files that the ``fastapi-offline`` package ships (read
 once, kept in memory) and asks for a token in the page itself: it is kept in the
 tab's ``sessionStorage`` and added to every request Swagger UI makes, the OpenAPI
-document included. Swagger's own Authorize button (the ``bearer`` scheme of
-``service.openapi``) works too, for the calls it makes.
+document included. That field is the page's one token input: Swagger's own Authorize
+button (drawn for the ``bearer`` scheme of ``service.openapi``, which stays in the document
+for other tools) is hidden, as it could not load the document and would be a second
+place to type the same token.
 
 The page and its assets need no token (``PAGE_PATHS``, public in ``service.auth``):
 they hold nothing of the server's. ``/openapi.json`` and the API keep needing one.
@@ -28,10 +30,9 @@ ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css
 PAGE_PATHS = frozenset({DOCS_PATH, *(f"{ASSETS_PATH}/{name}" for name in ASSETS)})
 _ASSET_PACKAGE = "fastapi_offline"  # ships Swagger UI 5 (OpenAPI 3.1, which FastAPI writes)
 
-# Swagger UI's defaults as FastAPI sets them, plus: no validator badge (it calls
-# validator.swagger.io), and the Authorize dialog's token kept across reloads.
+# Swagger UI's defaults as FastAPI sets them, plus: no validator badge (it calls validator.swagger.io).
 _UI_PARAMETERS = {"dom_id": "#swagger-ui", "layout": "BaseLayout", "deepLinking": True, "showExtensions": True,
-                  "showCommonExtensions": True, "validatorUrl": None, "persistAuthorization": True}
+                  "showCommonExtensions": True, "validatorUrl": None}
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
@@ -44,6 +45,8 @@ _PAGE = """<!DOCTYPE html>
 <style>
   #token-bar {{ font-family: sans-serif; padding: 8px 20px; background: #f4f4f4; border-bottom: 1px solid #ddd; }}
   #token-bar input {{ width: 28em; }}
+  /* the token bar is the one token input: no Authorize button, no lock on each operation */
+  .swagger-ui .auth-wrapper, .swagger-ui .authorization__btn {{ display: none; }}
 </style>
 </head>
 <body>
@@ -72,7 +75,7 @@ const parameters = {parameters};
 parameters.url = {openapi};
 parameters.presets = [SwaggerUIBundle.presets.apis];
 // The token goes on every request Swagger UI makes (the OpenAPI document and "Try it out"),
-// unless the Authorize dialog already put one there.
+// unless the request already carries one.
 parameters.requestInterceptor = (request) => {{
   if (token() && !request.headers.Authorization) {{
     request.headers.Authorization = "Bearer " + token();

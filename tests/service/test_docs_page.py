@@ -70,12 +70,41 @@ def test_docs_page_and_its_assets_load_without_a_token_or_another_host(secured: 
     assert '"validatorUrl": null' in script  # Swagger UI would otherwise call validator.swagger.io
 
 
+class _Inputs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[dict] = []
+        self.styles: list[str] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "input":
+            self.inputs.append(dict(attrs))
+        self._in_style = tag == "style"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_style:
+            self.styles.append(data)
+
+
+def test_the_page_has_one_token_input(secured: str):
+    """The page's own field; Swagger UI's Authorize button and its per-operation locks (a second
+    way to type the same token, which could not load the document) are hidden."""
+    page = _Inputs()
+    page.feed(httpx.get(secured + "/docs", timeout=30).text)
+    assert [i.get("id") for i in page.inputs] == ["token"] and page.inputs[0]["type"] == "password"
+    css = re.sub(r"/\*.*?\*/", "", "".join(page.styles), flags=re.S)
+    rules = re.findall(r"([^{}]+)\{([^}]*)\}", css)
+    hidden = {sel.strip() for selectors, body in rules if "display: none" in body for sel in selectors.split(",")}
+    assert {".swagger-ui .auth-wrapper", ".swagger-ui .authorization__btn"} <= hidden, rules
+
+
 def test_openapi_still_needs_the_token_the_page_sends(secured: str):
     assert httpx.get(secured + "/openapi.json", timeout=30).status_code == 401
     r = httpx.get(secured + "/openapi.json", headers={AUTH: f"Bearer {TOKEN}"}, timeout=30)
     assert r.status_code == 200
     schemes = r.json()["components"]["securitySchemes"]
-    assert schemes["bearer"] == {**schemes["bearer"], "type": "http", "scheme": "bearer"}  # the Authorize button
+    assert schemes["bearer"] == {**schemes["bearer"], "type": "http", "scheme": "bearer"}  # for other tools
     assert "/docs" not in r.json()["paths"] and "/redoc" not in r.json()["paths"]
 
 
@@ -115,4 +144,4 @@ def test_page_script_sends_the_token_on_every_swagger_request(secured: str, tmp_
     assert seen["url"] == "/openapi.json" and seen["validatorUrl"] is None
     assert seen["without"] == {}
     assert seen["withToken"] == {"Authorization": "Bearer tok-1"}
-    assert seen["authorized"] == {"Authorization": "Bearer from-dialog"}  # the Authorize dialog's token wins
+    assert seen["authorized"] == {"Authorization": "Bearer from-dialog"}  # a request's own token stays
