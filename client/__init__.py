@@ -15,7 +15,7 @@ point anywhere). ``tests/client/test_layers.py`` reads this list and checks ever
     queue:      _session_core
     tensor:     _tensor
     dispatch:   _dispatch
-    handlers:   _local _autograd _moves _packed _composites
+    handlers:   _local _autograd _moves _packed _composites _weights
     kernels:    _kernels
     session:    _session
     wiring:     __init__

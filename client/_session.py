@@ -15,6 +15,7 @@ from ._ops import OpsNamespace
 from ._session_core import SessionCore
 from ._tensor import RemoteTensor
 from ._transport import Transport
+from ._weights import load_weights
 
 
 class Session(SessionCore):
@@ -43,6 +44,15 @@ class Session(SessionCore):
     def optimizer(self, optimizer: "torch.optim.Optimizer") -> "torch.optim.Optimizer":
         """Kept for old code: ``optimizer.load_state_dict`` now moves state to ``param.device`` as torch does."""
         return optimizer
+
+    def models(self) -> list[str]:
+        """The safetensors files of the server's model directory that ``load_weights`` can name."""
+        return [m["name"] for m in self._transport.call("GET", "/v1/models")["models"]]
+
+    def load_weights(self, module: "torch.nn.Module", name: str, *, strict: bool = True):
+        """Fill ``module`` (on ``sess.device``) from the server's file ``name`` (see ``models()``), as
+        ``module.load_state_dict(safetensors.torch.load_file(name), strict=strict)``; returns its result."""
+        return load_weights(self, module, name, strict=strict)
 
     def manual_seed(self, seed: int) -> None:
         """Seed this session's own generator (dropout and random factories draw from it)."""

@@ -19,6 +19,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_SESSION = "unknown_session"
     UNKNOWN_TENSOR = "unknown_tensor"
     UNKNOWN_OP = "unknown_op"
+    UNKNOWN_MODEL = "unknown_model"  # no such file in the server's model directory
     CONFLICT = "conflict"
     SESSION_EXPIRED = "session_expired"
     SESSION_LOST = "session_lost"  # its Ray worker or node died; other sessions go on
@@ -44,6 +45,7 @@ _STATUS = {
     ErrorCode.UNKNOWN_SESSION: 404,
     ErrorCode.UNKNOWN_TENSOR: 404,
     ErrorCode.UNKNOWN_OP: 404,
+    ErrorCode.UNKNOWN_MODEL: 404,
     ErrorCode.CONFLICT: 409,
     ErrorCode.SESSION_EXPIRED: 410,
     ErrorCode.SESSION_LOST: 410,

@@ -143,8 +143,18 @@ class FetchStep(_Model):
     grad: bool = True
 
 
+class LoadStep(_Model):
+    """New tensors from a safetensors file in the server's model directory (``GET /v1/models``):
+    ``tensors`` maps a key of the file to the new tensor's id."""
+
+    kind: Literal["load"]
+    file: str = Field(min_length=1, max_length=1024)
+    tensors: dict[Annotated[str, Field(max_length=1024)], TensorId] = Field(min_length=1)
+
+
 Step = Annotated[
-    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep],
+    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
+          LoadStep],
     Field(discriminator="kind"),
 ]
 
@@ -277,6 +287,36 @@ class OpInfo(_Model):
 
 class OpList(_Model):
     ops: list[OpInfo]
+
+
+class ModelFile(_Model):
+    """A safetensors file of the server's model directory: its name there and its size."""
+
+    name: str
+    bytes: int
+
+
+class ModelList(_Model):
+    """``GET /v1/models``: every ``.safetensors`` file under ``REMOTE_AUTOGRAD_MODEL_DIR``, by name."""
+
+    models: list[ModelFile]
+
+
+class ModelTensor(_Model):
+    """One tensor of a model file: its key, dtype (a wire name, or the file's own for one the wire
+    has not) and shape."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+
+
+class ModelInfo(_Model):
+    """``GET /v1/models/{name}``: the file's tensors, in the file's order."""
+
+    name: str
+    bytes: int
+    tensors: list[ModelTensor]
 
 
 class Health(_Model):

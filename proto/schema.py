@@ -37,6 +37,7 @@ MESSAGES: dict[str, Any] = {
     "RetainGradStep": m.RetainGradStep,
     "FreeStep": m.FreeStep,
     "FetchStep": m.FetchStep,
+    "LoadStep": m.LoadStep,
     "TensorData": m.TensorData,
     "TensorMeta": m.TensorMeta,
     "TensorMessage": m.TensorMessage,
@@ -49,6 +50,8 @@ MESSAGES: dict[str, Any] = {
     "SessionInfo": m.SessionInfo,
     "OpInfo": m.OpInfo,
     "OpList": m.OpList,
+    "ModelList": m.ModelList,
+    "ModelInfo": m.ModelInfo,
     "Health": m.Health,
     "Readiness": m.Readiness,
 }

@@ -21,6 +21,7 @@ from remote_autograd.proto.messages import (
     FetchStep,
     FreeStep,
     GradStep,
+    LoadStep,
     Program,
     PutStep,
     RetainGradStep,
@@ -37,6 +38,7 @@ from .settings import Settings
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .load_step import load_step
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .store import Outcome, Session
@@ -350,4 +352,5 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     RetainGradStep: _retain_grad,
     FreeStep: _free,
     FetchStep: _fetch,
+    LoadStep: load_step,
 }

@@ -75,6 +75,7 @@ class Settings:
     test_ops: bool = False
     log_level: str = "warning"
     backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.ray_sessions)
+    model_dir: str = ""  # safetensors files sessions may load by name (service.model_dir); "": none
     ray_namespace: str = "remote-autograd"
     # -- admission, fair work and connections (service/guards.py, service/admission.py,
     #    service/program_watch.py, service/http_protocol.py) --

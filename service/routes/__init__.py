@@ -7,6 +7,6 @@ exception handlers. ``programs.py`` is the one route in plain ASGI (the hot path
 
 from __future__ import annotations
 
-from . import health, ops, programs, sessions, tensors
+from . import health, models, ops, programs, sessions, tensors
 
-ROUTERS = (programs.router, sessions.router, tensors.router, ops.router, health.router)
+ROUTERS = (programs.router, sessions.router, tensors.router, ops.router, models.router, health.router)

@@ -24,7 +24,7 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 # What a checkout may hold besides git's files; none of it may be sent to the daemon.
 NEVER_SENT = [".env", ".venv/pyvenv.cfg", ".venv/bin/python", ".venv/lib/python3.11/site-packages/torch/__init__.py",
-              "venv/bin/python", ".git/config", ".git/HEAD", ".pytest_cache/README.md", ".hypothesis/examples/x",
+              "venv/bin/python", ".git/config", ".git/HEAD", ".pytest_cache/CACHEDIR.TAG", ".hypothesis/examples/x",
               "build/lib/remote_autograd/__init__.py", "remote_autograd.egg-info/PKG-INFO", "dist/x.whl",
               "proto/__pycache__/codec.cpython-311.pyc", "service/ops/__pycache__/nn.cpython-311.pyc",
               "client/stale.pyc"]
@@ -32,10 +32,10 @@ NEVER_SENT = [".env", ".venv/pyvenv.cfg", ".venv/bin/python", ".venv/lib/python3
 
 @pytest.mark.parametrize("lines,path,sent", [
     # Docker's documentation: the last matching line decides
-    (["*.md", "!README*.md", "README-secret.md"], "README.md", True),
-    (["*.md", "!README*.md", "README-secret.md"], "README-secret.md", False),
-    (["*.md", "!README*.md", "README-secret.md"], "other.md", False),
-    (["*.md", "README-secret.md", "!README*.md"], "README-secret.md", True),
+    (["*.txt", "!README*.txt", "README-secret.txt"], "README.txt", True),
+    (["*.txt", "!README*.txt", "README-secret.txt"], "README-secret.txt", False),
+    (["*.txt", "!README*.txt", "README-secret.txt"], "other.txt", False),
+    (["*.txt", "README-secret.txt", "!README*.txt"], "README-secret.txt", True),
     (["*/temp*"], "somedir/temporary.txt", False),
     (["*/temp*"], "temporary.txt", True),
     (["*/*/temp*"], "somedir/subdir/temporary.txt", False),
