@@ -21,7 +21,8 @@ JSON = "application/json"
 
 
 def is_msgpack(content_type: str | None) -> bool:
-    return bool(content_type) and ("msgpack" in content_type)
+    """Media types are matched without regard to case (RFC 9110): ``Application/MsgPack`` is msgpack."""
+    return bool(content_type) and ("msgpack" in content_type.lower())
 
 
 def decode_body(body: bytes, content_type: str | None, *, max_values: int | None = None) -> Any:
@@ -34,7 +35,7 @@ def decode_body(body: bytes, content_type: str | None, *, max_values: int | None
             raise
         except Exception as exc:  # msgpack raises several unrelated types
             raise bad_request(f"malformed msgpack body: {exc}") from None
-    if content_type and "json" not in content_type:
+    if content_type and "json" not in content_type.lower():
         raise bad_request(f"unsupported Content-Type {content_type!r}; use {MSGPACK} or {JSON}")
     raw = bytes(body) if isinstance(body, memoryview) else body
     # every list item and map member but the first of each is after a ",": an upper bound, counted

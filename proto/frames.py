@@ -83,7 +83,7 @@ def header_of(body: bytearray | memoryview | bytes) -> bytes:
 
 
 def is_frames(content_type: str | None) -> bool:
-    return bool(content_type) and content_type.split(";")[0].strip() == FRAMES
+    return bool(content_type) and content_type.split(";")[0].strip().lower() == FRAMES
 
 
 def _resolve(value: Any, slices: list[memoryview]) -> Any:

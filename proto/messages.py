@@ -22,6 +22,10 @@ PROTOCOL_HEADER = "Remote-Autograd-Protocol"
 TENSOR_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 TENSOR_ID_RULE = "a tensor id is 1 to 128 of A-Z a-z 0-9 _ . - and starts with a letter, a digit or _"
 TensorId = Annotated[str, Field(min_length=1, max_length=128, pattern=TENSOR_ID_PATTERN)]
+# An id naming a tensor the session holds, which may be one ``out_many`` made from a 128-character
+# prefix: ".", then the output's index (at most 20 digits).
+TENSOR_REF_MAX_LENGTH = 128 + 1 + 20
+TensorRef = Annotated[str, Field(min_length=1, max_length=TENSOR_REF_MAX_LENGTH, pattern=TENSOR_ID_PATTERN)]
 
 _DATA_SCHEMA = {
     "description": "msgpack: bin of raw little-endian C-contiguous bytes. "
@@ -88,19 +92,19 @@ class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
     kind: Literal["backward"]
-    tensors: list[TensorId] = Field(min_length=1)
+    tensors: list[TensorRef] = Field(min_length=1)
     grad_tensors: list[Value] | None = None
     retain_graph: bool | None = None
     create_graph: bool = False
-    inputs: list[TensorId] | None = None
+    inputs: list[TensorRef] | None = None
 
 
 class GradStep(_Model):
     """``torch.autograd.grad``: the gradients are new tensors named by ``out``."""
 
     kind: Literal["grad"]
-    outputs: list[TensorId] = Field(min_length=1)
-    inputs: list[TensorId] = Field(min_length=1)
+    outputs: list[TensorRef] = Field(min_length=1)
+    inputs: list[TensorRef] = Field(min_length=1)
     grad_outputs: list[Value] | None = None
     retain_graph: bool | None = None
     create_graph: bool = False
@@ -112,33 +116,33 @@ class SetGradStep(_Model):
     """Set (``grad``: a value) or clear (``grad``: null) a tensor's ``.grad``."""
 
     kind: Literal["set_grad"]
-    id: TensorId
+    id: TensorRef
     grad: Value = None
 
 
 class SetRequiresGradStep(_Model):
     kind: Literal["set_requires_grad"]
-    id: TensorId
+    id: TensorRef
     requires_grad: bool
 
 
 class RetainGradStep(_Model):
     kind: Literal["retain_grad"]
-    id: TensorId
+    id: TensorRef
 
 
 class FreeStep(_Model):
     """Forget tensors; ids the session does not hold are ignored (frees are idempotent)."""
 
     kind: Literal["free"]
-    ids: list[TensorId]
+    ids: list[TensorRef]
 
 
 class FetchStep(_Model):
     """Read a tensor back: its value and/or its grad."""
 
     kind: Literal["fetch"]
-    id: TensorId
+    id: TensorRef
     value: bool = True
     grad: bool = True
 

@@ -191,11 +191,12 @@ def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:
 
 
 def _value_check(dtype: torch.dtype):
-    """A predicate for list items: exactly representable in ``dtype`` (no rounding to int, no wrap, no inf)."""
+    """A predicate for list items: a value of ``dtype`` (no rounding to int, no wrap, no finite value made inf)."""
     if dtype == torch.bool:
         return lambda v: isinstance(v, bool) or (type(v) is int and v in (0, 1))
-    if dtype.is_floating_point:
+    if dtype.is_floating_point:  # NaN and ±inf are values of every float dtype; 1e300 is no float16
         top = torch.finfo(dtype).max
-        return lambda v: isinstance(v, bool) or (type(v) in (int, float) and abs(v) <= top and math.isfinite(v))
+        return lambda v: isinstance(v, bool) or (type(v) in (int, float) and (abs(v) <= top or v != v or
+                                                                               (type(v) is float and math.isinf(v))))
     info = torch.iinfo(dtype)
     return lambda v: (type(v) is int and info.min <= v <= info.max) or isinstance(v, bool)

@@ -71,7 +71,7 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
 def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
     """(media type, body parts, total length) of an answer: framed when it carries big tensors and
     the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
-    if as_msgpack and FRAMES in (accept or "") and _framable(body):
+    if as_msgpack and FRAMES in (accept or "").lower() and _framable(body):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
         if frames:
             parts, total = pack_frames(header, frames)

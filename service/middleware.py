@@ -34,10 +34,18 @@ def wants_msgpack(accept: str | None, content_type: str | None) -> bool:
 
     The framed type counts as msgpack both ways (its header is msgpack): a client that
     accepts only frames gets frames or plain msgpack, never JSON (SPEC.md §1's table).
+    Matching ignores case; an ``Accept`` of wildcards alone (``*/*``, ``*/*;q=0.8``) says nothing.
     """
-    if accept and accept != "*/*":
-        return "msgpack" in accept or FRAMES in accept
+    if accept:
+        accept = accept.lower()
+        if not accepts_anything(accept):
+            return "msgpack" in accept or FRAMES in accept
     return is_msgpack(content_type) or is_frames(content_type)
+
+
+def accepts_anything(accept: str) -> bool:
+    """Whether every media range of a (lowercased) ``Accept`` is ``*/*``, parameters (q-values) aside."""
+    return all(part.split(";", 1)[0].strip() == "*/*" for part in accept.split(","))
 
 
 def error_response(err: ProtocolError, as_msgpack: bool) -> tuple[bytes, str]:

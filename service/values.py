@@ -15,21 +15,22 @@ from .custom_tensor import CustomTensor
 from .settings import Settings
 from .store import Session
 
-_MAX_VALUE_DEPTH = 8
+_MAX_VALUE_DEPTH = 8  # lists in lists: [[[[[[[[1]]]]]]]] is the deepest argument (SPEC §5)
 
 
 def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
-    """A wire value as an op argument: refs become tensors, tagged objects their Python values."""
-    if isinstance(value, dict) and len(value) == 1 and depth <= _MAX_VALUE_DEPTH:
+    """A wire value as an op argument: refs become tensors, tagged objects their Python values.
+    ``depth`` counts the lists around ``value``."""
+    if isinstance(value, dict) and len(value) == 1:
         (tag, payload), = value.items()
         if tag == "ref":  # by far the most common argument: first
             return session.tensor(payload).value
         return _resolve_tagged(tag, payload, value, session)
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
-    if depth > _MAX_VALUE_DEPTH:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"argument nested deeper than {_MAX_VALUE_DEPTH} levels")
     if isinstance(value, list):
+        if depth == _MAX_VALUE_DEPTH:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"argument nested deeper than {_MAX_VALUE_DEPTH} levels of lists")
         return [resolve_value(v, session, depth + 1) for v in value]
     raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
 
