@@ -26,27 +26,33 @@ def secured() -> Iterator[str]:
 
 
 class _Links(HTMLParser):
-    """Every URL the page makes the browser load (scripts, stylesheets, icons, images) and its inline scripts."""
+    """Every URL the page makes the browser load (scripts, stylesheets, icons, images), its inline
+    scripts and styles, and its input fields."""
 
     def __init__(self) -> None:
         super().__init__()
         self.urls: list[str] = []
         self.scripts: list[str] = []
-        self._in_script = False
+        self.styles: list[str] = []
+        self.inputs: list[dict] = []
+        self._inside: list[str] | None = None  # the list an inline script's or style's text goes to
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         found = dict(attrs)
         for key in ("src", "href"):
             if found.get(key):
                 self.urls.append(found[key])
-        self._in_script = tag == "script" and not found.get("src")
+        if tag == "input":
+            self.inputs.append(found)
+        inline = {"script": self.scripts, "style": self.styles}.get(tag)
+        self._inside = inline if inline is not None and not found.get("src") else None
 
     def handle_endtag(self, tag: str) -> None:
-        self._in_script = False
+        self._inside = None
 
     def handle_data(self, data: str) -> None:
-        if self._in_script:
-            self.scripts.append(data)
+        if self._inside is not None:
+            self._inside.append(data)
 
 
 def _page(url: str) -> _Links:
@@ -70,28 +76,10 @@ def test_docs_page_and_its_assets_load_without_a_token_or_another_host(secured: 
     assert '"validatorUrl": null' in script  # Swagger UI would otherwise call validator.swagger.io
 
 
-class _Inputs(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inputs: list[dict] = []
-        self.styles: list[str] = []
-        self._in_style = False
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag == "input":
-            self.inputs.append(dict(attrs))
-        self._in_style = tag == "style"
-
-    def handle_data(self, data: str) -> None:
-        if self._in_style:
-            self.styles.append(data)
-
-
 def test_the_page_has_one_token_input(secured: str):
     """The page's own field; Swagger UI's Authorize button and its per-operation locks (a second
     way to type the same token, which could not load the document) are hidden."""
-    page = _Inputs()
-    page.feed(httpx.get(secured + "/docs", timeout=30).text)
+    page = _page(secured)
     assert [i.get("id") for i in page.inputs] == ["token"] and page.inputs[0]["type"] == "password"
     css = re.sub(r"/\*.*?\*/", "", "".join(page.styles), flags=re.S)
     rules = re.findall(r"([^{}]+)\{([^}]*)\}", css)
