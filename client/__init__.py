@@ -9,7 +9,7 @@ own, at the top of the file (an ``if TYPE_CHECKING:`` import, for annotations on
 point anywhere). ``tests/client/test_layers.py`` reads this list and checks every import:
 
     leaves:     _errors _routes _infer _views _http _progress _device _embedded
-                _callsite _factory_outputs _handler_table _ops _backoff
+                _callsite _factory_outputs _handler_table _ops _backoff _device_rule
     on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess _autocast
     transport:  _transport
     queue:      _session_core
