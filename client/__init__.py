@@ -15,7 +15,7 @@ point anywhere). ``tests/client/test_layers.py`` reads this list and checks ever
     queue:      _session_core
     tensor:     _tensor
     dispatch:   _dispatch
-    handlers:   _local _autograd _moves _packed _composites
+    handlers:   _local _autograd _moves _packed _composites _copies
     kernels:    _kernels
     session:    _session
     wiring:     __init__
@@ -35,7 +35,7 @@ import os
 import httpx
 import torch
 
-from . import _autograd, _composites, _dispatch, _kernels, _local, _moves, _packed, _tensor
+from . import _autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed, _tensor
 from ._embedded import embedded_url
 from ._errors import RemoteError, SessionLost
 from ._handler_table import merge
@@ -45,7 +45,7 @@ from ._tensor import RemoteTensor
 from ._transport import Transport
 
 _tensor.wire(local_handlers=merge(_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS,
-                                  _composites.HANDLERS),
+                                  _composites.HANDLERS, _copies.HANDLERS),
              apply_route=_dispatch.apply_route)
 _kernels.register_kernels()
 
