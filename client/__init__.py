@@ -8,14 +8,14 @@ The package's modules are layered, lowest first; each imports only from layers b
 own, at the top of the file (an ``if TYPE_CHECKING:`` import, for annotations only, may
 point anywhere). ``tests/client/test_layers.py`` reads this list and checks every import:
 
-    leaves:     _errors _routes _infer _views _autocast _http _progress _device _embedded
-                _callsite _factory_outputs _handler_table _ops _backoff
-    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess
+    leaves:     _errors _routes _infer _views _http _progress _device _embedded
+                _callsite _factory_outputs _handler_table _ops _backoff _device_rule
+    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess _autocast
     transport:  _transport
     queue:      _session_core
     tensor:     _tensor
     dispatch:   _dispatch
-    handlers:   _local _autograd _moves _packed _composites _weights
+    handlers:   _local _autograd _moves _packed _composites _copies _weights
     kernels:    _kernels
     session:    _session
     wiring:     __init__
@@ -35,7 +35,7 @@ import os
 import httpx
 import torch
 
-from . import _autograd, _composites, _dispatch, _kernels, _local, _moves, _packed, _tensor
+from . import _autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed, _tensor
 from ._embedded import embedded_url
 from ._errors import RemoteError, SessionLost
 from ._handler_table import merge
@@ -45,7 +45,7 @@ from ._tensor import RemoteTensor
 from ._transport import Transport
 
 _tensor.wire(local_handlers=merge(_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS,
-                                  _composites.HANDLERS),
+                                  _composites.HANDLERS, _copies.HANDLERS),
              apply_route=_dispatch.apply_route)
 _kernels.register_kernels()
 

@@ -99,6 +99,8 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data of a different size")
         if value.dtype != t._dtype:
             raise RuntimeError("assigned grad has data of a different type")
+        if not isinstance(value, RemoteTensor):  # torch's own rule and words (a CUDA tensor's grad on the CPU)
+            raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
     t._has_grad = value is not None
@@ -126,6 +128,15 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
     queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
 
 
+def _gradients(enc: Encoder, grads: list) -> list:
+    """The given output gradients as wire values; a local one is refused with torch's words (as for CUDA outputs)."""
+    for i, g in enumerate(grads):
+        if isinstance(g, torch.Tensor) and not isinstance(g, RemoteTensor):
+            raise RuntimeError(f"invalid gradient at index {i} - expected device {enc.session.device} but got "
+                               f"{g.device}")
+    return [None if g is None else enc.value(g) for g in grads]
+
+
 def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool, inputs) -> None:
     """Queue a backward step and predict which leaves get a ``.grad`` from it."""
     session = tensors[0]._session
@@ -136,7 +147,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
     if any(g is not None for g in grads):
-        step["grad_tensors"] = [None if g is None else enc.value(g) for g in grads]
+        step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
         step["retain_graph"] = bool(retain_graph)
     if create_graph:
@@ -187,7 +198,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
-        step["grad_outputs"] = [None if g is None else enc.value(g) for g in grad_outputs]
+        step["grad_outputs"] = _gradients(enc, grad_outputs)
     if retain_graph is not None:
         step["retain_graph"] = bool(retain_graph)
     if create_graph:

@@ -25,19 +25,26 @@ DEVICE_TYPE = "remote"
 
 
 class _RemoteDeviceModule:
-    """``torch.remote``: what torch asks of a device module (a device count, availability, rng calls).
+    """``torch.remote``: what torch asks of a device module (device count, rng state, autocast dtypes).
 
     A remote tensor's device is a session; there is no "current" remote device and no
-    client-side generator (random factories draw from the session's generator).
+    client-side generator: the rng calls read and write the session's generator on the server
+    (``torch.random.fork_rng(device_type="remote")`` saves and restores it).
+
+    ``is_available()`` answers False: torch asks the *current accelerator* (which a registered
+    PrivateUse1 backend always is) whether it is available before it pins a ``DataLoader``'s
+    batches, synchronises a benchmark timer or picks checkpointing's device, and the remote
+    device has no local memory, streams or kernels for any of these. So local code in a process
+    that imported the SDK does what it does on a CPU-only machine.
     """
 
     @staticmethod
     def is_available() -> bool:
-        return True
+        return False
 
     @staticmethod
     def device_count() -> int:
-        return max(_SESSIONS, default=-1) + 1
+        return max((k for k, ref in list(_SESSIONS.items()) if _open(ref)), default=-1) + 1
 
     @staticmethod
     def current_device() -> int:
@@ -52,6 +59,30 @@ class _RemoteDeviceModule:
         return True
 
     @staticmethod
+    def get_rng_state(device: torch.device | str | int = DEVICE_TYPE) -> torch.Tensor:
+        """The session's generator state, as a uint8 CPU tensor (one round trip)."""
+        return session_for(_as_device(device), "torch.remote.get_rng_state").rng_state()
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: torch.device | str | int = DEVICE_TYPE) -> None:
+        """Give the session's generator ``new_state`` (what ``get_rng_state`` returned); queued."""
+        session_for(_as_device(device), "torch.remote.set_rng_state").set_rng_state(new_state)
+
+    @staticmethod
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [_RemoteDeviceModule.get_rng_state(k) for k in range(_RemoteDeviceModule.device_count())]
+
+    @staticmethod
+    def set_rng_state_all(new_states) -> None:
+        for k, state in enumerate(new_states):
+            _RemoteDeviceModule.set_rng_state(state, k)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        """Seed the current device's session (index 0), as ``torch.cuda.manual_seed`` seeds the current GPU."""
+        session_for(_as_device(DEVICE_TYPE), "torch.remote.manual_seed").manual_seed(int(seed))
+
+    @staticmethod
     def manual_seed_all(seed: int) -> None:
         # torch.manual_seed(s) seeds every device's generator (CUDA's too); so it seeds each
         # open session's generator, as sess.manual_seed(s) does (a queued step, no round trip).
@@ -64,7 +95,23 @@ class _RemoteDeviceModule:
 
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
-        return []
+        """The dtypes ``torch.autocast(device_type="remote", dtype=...)`` takes: the server casts as CUDA's does."""
+        return [torch.bfloat16, torch.float16]
+
+
+def _as_device(device: torch.device | str | int) -> torch.device:
+    """``device`` as torch's rng functions take it: an index, a name or a device, of the remote type."""
+    if isinstance(device, int):
+        return torch.device(DEVICE_TYPE, device)
+    device = torch.device(device)
+    if device.type != DEVICE_TYPE:
+        raise RuntimeError(f"expected a {DEVICE_TYPE} device, got {device}")
+    return device
+
+
+def _open(ref: "weakref.ReferenceType[Session]") -> bool:
+    session = ref()
+    return session is not None and not session._closed
 
 
 def _register() -> None:

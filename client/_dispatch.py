@@ -1,9 +1,12 @@
 """Turning a torch call on RemoteTensors into a queued step.
 
-``apply_route`` encodes the arguments (RemoteTensors become refs, local tensors
-are uploaded in the same program, Python values pass through), infers the
-outputs' metadata locally, gives them ids and queues the step. Nothing waits
-unless metadata depends on values.
+``apply_route`` encodes the arguments (RemoteTensors become refs, Python values
+pass through), infers the outputs' metadata locally, gives them ids and queues the
+step. Nothing waits unless metadata depends on values.
+
+Local tensors follow torch's device rule (``_device_rule``): a 0-d CPU tensor is a constant
+(uploaded in the same program), any other raises torch's error at the user's line, except
+where torch itself takes CPU tensors beside another device's: those are uploaded on purpose.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
 from ._tensor import RemoteTensor
+from ._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
 from ._unsupported import not_in_table, refuse_local_leaf
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
@@ -44,16 +48,19 @@ class Encoder:
         self.inputs: list = []
         self.nbytes = 0
 
-    def value(self, v: Any) -> Any:
+    def value(self, v: Any, *, any_device: bool = False) -> Any:
+        """``v`` as a wire value; ``any_device``: a local tensor here is one torch takes from the CPU."""
         if isinstance(v, RemoteTensor):
             if v._session is not self.session:
-                raise RuntimeError("RemoteTensors of different sessions cannot be mixed in one op")
+                raise mixed_devices(self.session.device, v.device)
             v._check_usable()
             self.inputs.append(v)
             return v._ref()
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
         if isinstance(v, torch.Tensor):
+            if not any_device:
+                check_local(self.session.device, v)
             return self.upload(v)
         if isinstance(v, (list, tuple)):
             return [self.value(x) for x in v]
@@ -68,7 +75,7 @@ class Encoder:
         raise TypeError(f"remote-autograd cannot send an argument of type {type(v).__name__}")
 
     def upload(self, t: torch.Tensor) -> dict:
-        """A local tensor used in a remote op: a constant uploaded in the same program, freed after."""
+        """A local tensor used in a remote op on purpose: a constant uploaded in the same program, freed after."""
         if t.requires_grad and torch.is_grad_enabled():
             refuse_local_leaf(t, where())
         remote = RemoteTensor._upload(self.session, t.detach(), requires_grad=False, grad=None)
@@ -76,10 +83,11 @@ class Encoder:
         return remote._ref()  # `remote` dies here: its id is freed at the end of the program
 
     def index(self, idx: Any) -> Any:
+        """An index: its tensors may be local, as torch takes CPU indices for a tensor of any device."""
         idx = _normalise_index(idx)
         if isinstance(idx, tuple):
-            return [self.value(i) for i in idx]
-        return self.value(idx)
+            return [self.value(i, any_device=True) for i in idx]
+        return self.value(idx, any_device=True)
 
 
 def _normalise_index(idx: Any) -> Any:
@@ -130,13 +138,17 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         if kwargs.get("device") is not None:
             _check_same_device(session, route.torch_name, kwargs["device"])
         kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS and k != "inplace"}
+    if func is _COPY and not isinstance(args[0], RemoteTensor):  # local.copy_(remote): a download into it
+        return args[0].copy_(args[1].cpu())  # load_state_dict(remote state) into a local model
     wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
     enc = Encoder(session)
     if func in _INDEXING:
+        basic = basic_index(wire_args_src[1])
         wire_args = [enc.value(wire_args_src[0]), enc.index(wire_args_src[1]),
-                     *(enc.value(a) for a in wire_args_src[2:])]
+                     *(enc.value(a, any_device=basic) for a in wire_args_src[2:])]
     else:
-        wire_args = [enc.value(a) for a in wire_args_src]
+        cpu_at = CPU_ARGUMENTS.get(func, ())
+        wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
     step: dict[str, Any] = {"kind": "call", "op": route.op.name, "args": wire_args}
     if kwargs:
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
@@ -153,9 +165,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
             return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
-        if not isinstance(target, RemoteTensor):
-            if func is _COPY and isinstance(wire_args_src[1], RemoteTensor):  # local.copy_(remote)
-                return target.copy_(wire_args_src[1].cpu())  # load_state_dict(remote state) into a local model
+        if not isinstance(target, RemoteTensor):  # a 0-d local target (any other failed the device rule)
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.op.name + "_"
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)

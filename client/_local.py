@@ -7,7 +7,10 @@ Metadata never costs a round trip. Value reads (``item``, ``tolist``, ``repr``,
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+from torch import _tensor_str
 
 from . import _views
 from ._device import DEVICE_TYPE
@@ -130,11 +133,38 @@ _local(T.__index__)(lambda t: t._value().__index__())
 
 @_local(T.__repr__, T.__str__)
 def _repr(t, *, tensor_contents=None):
+    """What torch prints for a tensor of a non-default device (a CUDA one): torch's own formatting of the
+    values, then ``device='remote:k'``, the dtype or size where torch shows them, and the grad suffix."""
     value = t._value()
-    text = repr(value)
-    if t._rg:
-        text = text[:-1] + (", requires_grad=True)" if t._is_leaf else ", grad_fn=<RemoteBackward>)")
-    return text
+    text = _tensor_text(value, t._session.device, tensor_contents)
+    grad = None if not t._rg else "requires_grad=True" if t._is_leaf else "grad_fn=<RemoteBackward>"
+    if grad is not None:
+        text = _tensor_str._add_suffixes(text[:-1], [grad], _INDENT, force_newline=False)
+    return "Parameter containing:\n" + text if getattr(t, "_is_param", False) else text
+
+
+_INDENT = len("tensor(")
+
+
+def _tensor_text(value: torch.Tensor, device: torch.device, contents: str | None) -> str:
+    """``_str_intern``'s answer for ``value`` had it been on ``device`` (suffixes in torch's order)."""
+    suffixes = [f"device='{device}'"]
+    default = torch.get_default_dtype()
+    if value.numel() == 0:
+        if value.dim() != 1:
+            suffixes.append(f"size={tuple(value.shape)}")
+        if value.dtype != default:
+            suffixes.append(f"dtype={value.dtype}")
+        body = "[]"
+    else:
+        if not _tensor_str.PRINT_OPTS.edgeitems:
+            suffixes.append(f"size={tuple(value.shape)}")
+        complex_default = torch.cdouble if default == torch.double else torch.cfloat
+        if value.dtype not in (default, complex_default, torch.int64, torch.bool):
+            suffixes.append(f"dtype={value.dtype}")
+        body = _tensor_str._tensor_str(value, _INDENT)
+    return _tensor_str._add_suffixes("tensor(" + (body if contents is None else contents), suffixes, _INDENT,
+                                     force_newline=False)
 
 
 @_local(T.__format__)
@@ -156,6 +186,21 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 def _local_value(x):
     return x._value() if isinstance(x, RemoteTensor) else x
+
+
+@_local(T.__contains__)
+def _contains(t, element) -> bool:
+    """``element in t``, as torch answers it: ``(element == t).any()`` (one round trip)."""
+    if isinstance(element, (torch.Tensor, numbers.Number, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return bool((element == t).any().item())
+    raise RuntimeError(f"Tensor.__contains__ only supports Tensor or scalar, but you passed in a {type(element)}.")
+
+
+# -- calls that read only another tensor's shape: torch never asks which device it is on -----------
+
+_local(T.view_as)(lambda t, other: t.view(other.shape))
+_local(T.reshape_as)(lambda t, other: t.reshape(other.shape))
+_local(T.expand_as)(lambda t, other: t.expand(other.shape))
 
 
 @_local(T.__reduce_ex__)

@@ -161,11 +161,46 @@ def _to(t, *args, **kwargs):
     return call_torch(t._session, T.to, (t, dtype or t._dtype), {"copy": True} if copy else {})
 
 
+@_local(T.type)
+def _type(t, dtype=None, non_blocking=False, **kwargs):
+    """``x.type()``: the type's name, as torch names a CUDA tensor's (``torch.remote.FloatTensor``); ``x.type(T)``: a
+    dtype keeps the device, a type name says the device too (``"torch.DoubleTensor"`` is a CPU one: a download)."""
+    if dtype is None:
+        return f"torch.{DEVICE_TYPE}." + torch.empty(0, dtype=t._dtype).type().rsplit(".", 1)[1]
+    if isinstance(dtype, torch.dtype):
+        return t.to(dtype)
+    prefix, _, name = str(dtype).rpartition(".")
+    tensor_type = getattr(torch, name, None) if prefix in ("torch", f"torch.{DEVICE_TYPE}") else None
+    if not isinstance(getattr(tensor_type, "dtype", None), torch.dtype):
+        raise ValueError(f"invalid type: '{dtype}'")
+    return t.to(device="cpu" if prefix == "torch" else t._session.device, dtype=tensor_type.dtype)
+
+
+@_local(T.type_as)
+def _type_as(t, other):
+    """torch's ``self.type(other.type())``: ``other``'s dtype and device (a local ``other``: a download)."""
+    return t.to(device=other.device, dtype=other.dtype)
+
+
+@_local(T.cuda)
+def _cuda(t, *args, **kwargs):
+    raise RuntimeError(
+        f"Tensor.cuda(): this tensor lives in a remote-autograd session, on {t._session.device}; the server's GPU is "
+        "reached through that device, never as 'cuda' on the client. Use `device = sess.device` where the code "
+        "says 'cuda' (`.to(device)`, `model.to(device)`, `torch.zeros(..., device=device)`)"
+    )
+
+
 @_local(torch._has_compatible_shallow_copy_type)
 def _compatible(t, other) -> bool:
     # Module._apply asks this before `param.data = new`; a handle and itself are compatible
     # (the in-place moves above hand back the same object), two handles of one session too.
     return t is other or (type(t) is type(other) and getattr(t, "_session", None) is getattr(other, "_session", 0))
+
+
+# Below autograd (inside __torch_dispatch__: the set_(storage) torch.load runs), torch asks the aten op itself
+# when a handle takes another wrapper's metadata (_views.set_layout): what C++ answers for two of our wrappers.
+_local(torch.ops.aten._has_compatible_shallow_copy_type.default)(lambda t, other: type(t) is type(other))
 
 
 # -- Tensor.data -----------------------------------------------------------------------------
@@ -221,6 +256,25 @@ _local(T.new_zeros)(_new_factory(torch.zeros))
 _local(T.new_ones)(_new_factory(torch.ones))
 _local(T.new_empty)(_new_factory(torch.empty))
 _local(T.new_full)(_new_factory(torch.full, with_fill=True))
+
+
+@_local(T.new)
+def _new(t, *args, device=None):
+    """torch's legacy ``x.new(...)``: ``t``'s dtype and device; sizes give an uninitialised tensor (zeros here,
+    never another session's memory), a sequence gives its values, another tensor of the same kind itself."""
+    if device is not None and torch.device(device) != t._session.device:
+        raise RuntimeError(f"legacy constructor expects device type: {DEVICE_TYPE} but device type: "
+                           f"{torch.device(device).type} was passed")
+    if len(args) == 1 and isinstance(args[0], torch.Tensor):
+        other = args[0]
+        if other.dtype != t._dtype or other.device != t._session.device:
+            raise TypeError(f"Tensor.new(other): expected a tensor of dtype {t._dtype} on {t._session.device} "
+                            f"(got dtype {other.dtype} on {other.device})")
+        return other.view(other.shape)  # an alias, as torch's
+    if len(args) == 1 and not isinstance(args[0], (int, torch.Size)):  # data: a (nested) sequence or an array
+        return torch.tensor(args[0], dtype=t._dtype, device=t._session.device)
+    size = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args if args else (0,)
+    return torch.empty(tuple(size), dtype=t._dtype, device=t._session.device)
 
 
 @_local(T.new_tensor)

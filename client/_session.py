@@ -10,9 +10,12 @@ from typing import Any
 
 import torch
 
+from remote_autograd.proto import decode_tensor
+
+from ._callsite import where
 from ._dispatch import call_named
 from ._ops import OpsNamespace
-from ._session_core import SessionCore
+from ._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
 from ._transport import Transport
 from ._weights import load_weights
@@ -57,6 +60,22 @@ class Session(SessionCore):
     def manual_seed(self, seed: int) -> None:
         """Seed this session's own generator (dropout and random factories draw from it)."""
         self._call_op("manual_seed", [int(seed)], {}, n_out=0)
+
+    def rng_state(self) -> torch.Tensor:
+        """The session generator's state as a uint8 CPU tensor (``torch.remote.get_rng_state``): one round trip."""
+        tid = self.new_id()
+        step = {"kind": "call", "op": "get_rng_state", "args": [], "out": [tid]}
+        self.enqueue(step, _Origin("get_rng_state", where()))
+        message = self.fetch(tid)
+        self._free_later(tid)
+        return decode_tensor(message["value"])
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Give the session's generator ``state``, what ``rng_state()`` returned (``torch.remote.set_rng_state``)."""
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+            raise TypeError(f"set_rng_state: expected a torch.ByteTensor, but got {type(state).__name__}"
+                            + (f" of dtype {state.dtype}" if isinstance(state, torch.Tensor) else ""))
+        self._call_op("set_rng_state", [self.tensor(state.detach().cpu())], {}, n_out=0)
 
     # -- ops by name (factories, custom ops) ---------------------------------------------
 

@@ -209,6 +209,9 @@ class RemoteTensor(torch.Tensor):
         fill = _DISPATCHED_FILLS.get(func)
         if fill is not None:  # torch.zeros_like(local, device=remote): torch's kernel fills what our empty made
             return args[0]._session._call_op(fill, list(args), kwargs or {})
+        local = LOCAL_HANDLERS.get(func)
+        if local is not None:  # an aten call torch's Python binding sends past __torch_function__ (set_(storage))
+            return local(*args, **(kwargs or {}))
         # Anything else got here under torch's functions: a torch.func transform (grad, vmap, jacrev
         # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(

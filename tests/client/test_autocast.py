@@ -1,17 +1,15 @@
 """``torch.autocast`` around remote ops, against the same code on local torch.
 
-The local reference runs on the server's device under its autocast (``autocast("cpu")`` on
-CPU tensors for the CPU test server); for remote tensors the autocast that applies is the one for ``"cuda"`` (or the
-SDK's own device type), meaning the server's device. On a client without CUDA,
-``torch.autocast("cuda")`` switches itself off with a warning, so these tests enable
-CUDA autocast through torch's own state setters, which is what the context does on a
-CUDA machine.
+The user writes ``torch.autocast(device_type=device.type, dtype=...)`` with ``device = sess.device``,
+as for CUDA; the local reference runs on the server's device under its autocast
+(``autocast("cpu")`` on CPU tensors for the CPU test server). An autocast for another device
+type (``"cpu"``, ``"cuda"``) leaves remote ops alone, as torch leaves other devices' tensors.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import warnings
 
 import pytest
 import torch
@@ -22,21 +20,11 @@ from remote_autograd import client
 from remote_autograd.client._session_core import _Origin
 
 
-@contextlib.contextmanager
-def server_autocast(dtype: torch.dtype):
-    """``torch.autocast("cuda", dtype=dtype)`` as it is on a machine with CUDA."""
-    if torch.cuda.is_available():
-        with torch.autocast("cuda", dtype=dtype):
-            yield
-        return
-    before = torch.get_autocast_dtype("cuda")
-    torch.set_autocast_enabled("cuda", True)
-    torch.set_autocast_dtype("cuda", dtype)
-    try:
-        yield
-    finally:
-        torch.set_autocast_enabled("cuda", False)
-        torch.set_autocast_dtype("cuda", before)
+def autocast_on(device: torch.device, dtype: torch.dtype):
+    """What the user writes: an autocast region for the tensors' own device type, which torch must not turn off."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns, and disables autocast, for a device type without its dtypes
+        return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class Net(nn.Module):
@@ -70,8 +58,8 @@ def test_autocast_forward_backward_matches_torch(sess, dtype):
     device = torch.device(sess.remote_device)  # the reference runs where the server does, under its autocast
     local_model = copy.deepcopy(model).to(device)
     local = _run(local_model, x.to(device), target.to(device), torch.autocast(device.type, dtype=dtype))
-    remote_model = sess.module(copy.deepcopy(model))
-    remote = _run(remote_model, sess.tensor(x), target, server_autocast(dtype))
+    remote_model = copy.deepcopy(model).to(sess.device)
+    remote = _run(remote_model, x.to(sess.device), target.to(sess.device), autocast_on(sess.device, dtype))
     assert local[0].dtype == dtype  # the reference really ran under autocast
     for r, l in zip(remote, local):
         assert r.dtype == l.dtype and r.shape == l.shape  # the client's metadata is the server's
@@ -87,19 +75,29 @@ def test_autocast_forward_backward_matches_torch(sess, dtype):
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
 
 
-def test_cpu_autocast_leaves_remote_ops_alone_as_torch_leaves_other_devices(sess):
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_another_device_types_autocast_leaves_remote_ops_alone_as_torch_leaves_other_devices(sess, device_type):
     w, x = torch.randn(4, 3), torch.randn(2, 3)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        local = F.linear(x, w)
-        remote = F.linear(sess.tensor(x), sess.tensor(w))
-    assert local.dtype == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # autocast("cuda") on a client without CUDA turns itself off, saying so
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            local = F.linear(x, w)
+            remote = F.linear(sess.tensor(x), sess.tensor(w))
+    assert local.dtype == (torch.bfloat16 if device_type == "cpu" else torch.float32)
     assert remote.dtype == torch.float32
     torch.testing.assert_close(remote.to_torch(), F.linear(x, w))
 
 
+def test_the_remote_device_lists_torchs_autocast_dtypes(sess):
+    assert torch.remote.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    with pytest.warns(UserWarning, match="target dtype is not supported. Disabling autocast"):
+        with torch.autocast(device_type=sess.device.type, dtype=torch.float64):  # as torch refuses it for CUDA
+            assert not torch.is_autocast_enabled(sess.device.type)
+
+
 def test_views_under_autocast_still_share_memory(sess):
     y = sess.tensor(torch.zeros(2, 3))
-    with server_autocast(torch.bfloat16):
+    with autocast_on(sess.device, torch.bfloat16):
         v = y[0]
         v.add_(1)
         z = y.t().float()
@@ -111,7 +109,7 @@ def test_float64_is_left_alone_like_torch(sess):
     w, x = torch.randn(4, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         local = x @ w.t()
-    with server_autocast(torch.bfloat16):
+    with autocast_on(sess.device, torch.bfloat16):
         remote = sess.tensor(x) @ sess.tensor(w).t()
     assert remote.dtype == local.dtype == torch.float64
     torch.testing.assert_close(remote.to_torch(), local, rtol=0, atol=0)
@@ -146,7 +144,7 @@ def test_torch_composites_under_autocast_cast_op_by_op_as_torch(sess, dtype):
     local_models = copy.deepcopy(mha).to(device), copy.deepcopy(gru).to(device)
     local = run(*local_models, x.to(device), torch.autocast(device.type, dtype=dtype))
     remote_models = copy.deepcopy(mha).to(sess.device), copy.deepcopy(gru).to(sess.device)
-    remote = run(*remote_models, x.to(sess.device), server_autocast(dtype))
+    remote = run(*remote_models, x.to(sess.device), autocast_on(sess.device, dtype))
     for r, l in zip(remote, local):
         assert r.dtype == l.dtype and r.shape == l.shape
         torch.testing.assert_close(r.cpu().detach(), l.detach().cpu(), rtol=0, atol=0)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_autograd.client import _autograd, _composites, _dispatch, _kernels, _local, _moves, _packed, _tensor
+from remote_autograd.client import (_autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed,
+                                    _tensor)
 from remote_autograd.client._handler_table import HandlerTable, merge
 
 CLIENT = Path(_tensor.__file__).parent
@@ -151,7 +152,8 @@ def test_the_checker_catches_upward_sideways_late_and_in_function_imports(tmp_pa
 
 
 def test_the_wiring_filled_the_tensors_slots_from_every_handler_table():
-    tables = (_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS, _composites.HANDLERS)
+    tables = (_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS, _composites.HANDLERS,
+              _copies.HANDLERS)
     assert all(tables), "every handler module answers something"
     assert _tensor.LOCAL_HANDLERS == merge(*tables)
     assert _tensor._apply_route is _dispatch.apply_route

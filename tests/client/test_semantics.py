@@ -38,7 +38,7 @@ def test_in_place_results_and_grads_match_torch(sess):
         x = sess.tensor(t, requires_grad=True)
         r = x * 1.5
         make(r)
-        (r * torch.arange(4.0)).sum().backward()
+        (r * torch.arange(4.0, device=r.device)).sum().backward()
         torch.testing.assert_close(r.to_torch().detach(), y.detach())
         torch.testing.assert_close(x.grad.to_torch(), local.grad)
 

@@ -19,15 +19,24 @@ def _here(offset: int = 0) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno + offset}"
 
 
-def test_a_local_tensor_that_requires_grad_used_with_remote_ones_is_refused(sess):
+def test_a_module_left_on_the_client_raises_torchs_device_error(sess):
     w = torch.randn(3, 3, device=sess.device, requires_grad=True)
     local = nn.Linear(3, 3)  # minGPT's case: a module left behind on the client
+    for grad_mode in (torch.enable_grad, torch.no_grad):  # never a silent upload of its weights
+        with grad_mode(), pytest.raises(RuntimeError, match=f"same device, but found at least two devices, "
+                                                           f"{sess.device} and cpu!"):
+            local(w)
+
+
+def test_a_0d_local_tensor_that_requires_grad_used_with_remote_ones_is_refused(sess):
+    w = torch.randn(3, device=sess.device, requires_grad=True)
+    scale = torch.tensor(2.0, requires_grad=True)  # allowed beside remote tensors as a constant: never its grad
     line = _here(2)
     with pytest.raises(RuntimeError, match="local tensor that requires grad") as info:
-        local(w)
+        w * scale
     assert line in str(info.value) and ".to(device)" in str(info.value)
     with torch.no_grad():  # without a graph it is only a constant: torch's result
-        torch.testing.assert_close(local(w).cpu(), local(w.cpu()))
+        torch.testing.assert_close((w * scale).cpu(), w.cpu() * scale)
 
 
 def test_uploading_a_tensor_that_requires_grad_is_refused_and_a_leaf_can_be_made_there(sess):
@@ -75,7 +84,7 @@ def test_moving_to_another_device_or_session_is_refused(sess, server_url):
     with client.connect(server_url) as other:
         with pytest.raises(RuntimeError, match="do not move between sessions"):
             t.to(other.device)
-        with pytest.raises(RuntimeError, match="different sessions"):
+        with pytest.raises(RuntimeError, match=f"found at least two devices, {sess.device} and {other.device}!"):
             t + torch.ones(2, device=other.device)
 
 

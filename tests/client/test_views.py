@@ -17,6 +17,11 @@ from remote_autograd.service.ops import OP_TABLE
 C = torch.arange(12.0).reshape(3, 4) / 7  # a fixed weight so gradients are not all ones
 
 
+def _weighted(t: torch.Tensor, weight: torch.Tensor = C) -> torch.Tensor:
+    """``(t * weight).sum()`` with the weight on ``t``'s device (a loss to backward from)."""
+    return (t * weight.to(t.device)).sum()
+
+
 def _inputs(sess, specs):
     """Local and remote copies of ``specs``: (tensor, requires_grad) pairs."""
     local = [t.clone().requires_grad_(rg) for t, rg in specs]
@@ -120,7 +125,7 @@ def test_in_place_with_grad_through_a_view_gives_torchs_grads(sess):
         u = y[:, 2]
         return y, v, u
 
-    both(sess, fn, (_base(), True), (torch.randn(4), True), backward=lambda outs: (outs[0] * C).sum())
+    both(sess, fn, (_base(), True), (torch.randn(4), True), backward=lambda outs: _weighted(outs[0]))
 
 
 def test_a_base_without_grad_gets_it_from_a_view_written_in_place(sess):
@@ -130,7 +135,7 @@ def test_a_base_without_grad_gets_it_from_a_view_written_in_place(sess):
         return older, y.t()
 
     both(sess, fn, (torch.zeros(3, 4), False), (torch.randn(3), True),
-         backward=lambda outs: (outs[1] * C.t()).sum() + outs[0].sum())
+         backward=lambda outs: _weighted(outs[1], C.t()) + outs[0].sum())
 
 
 def test_in_place_on_the_base_with_grad_reaches_existing_views(sess):
@@ -151,7 +156,7 @@ def test_two_views_written_in_turn(sess):
         return y, y.diagonal()
 
     both(sess, fn, (_base(), True), (torch.randn(4), True), (torch.randn(3), True),
-         backward=lambda outs: (outs[0] * C).sum() + outs[1].pow(2).sum())
+         backward=lambda outs: _weighted(outs[0]) + outs[1].pow(2).sum())
 
 
 def test_detach_shares_memory_but_not_the_graph(sess):
@@ -162,7 +167,7 @@ def test_detach_shares_memory_but_not_the_graph(sess):
         d.mul_(w)  # d now has its own graph
         return y, d
 
-    both(sess, fn, (_base(), True), (torch.randn(4), True), backward=lambda outs: (outs[0] * C).sum() + outs[1].sum())
+    both(sess, fn, (_base(), True), (torch.randn(4), True), backward=lambda outs: _weighted(outs[0]) + outs[1].sum())
 
 
 def test_view_of_a_leaf_that_requires_grad_in_place_is_torchs_error(sess):
@@ -203,7 +208,7 @@ def test_no_grad_writes_through_views_are_exact(sess):
             w.t()[1].add_(1)
         return w,
 
-    both(sess, fn, (_base(), True), backward=lambda outs: (outs[0] * C).sum())
+    both(sess, fn, (_base(), True), backward=lambda outs: _weighted(outs[0]))
 
 
 # -- shape-changing in-place ops --------------------------------------------------------------------
@@ -221,7 +226,7 @@ def test_shape_changing_in_place_ops_follow_torch(sess, make):
     def fn(x):
         y = x * 1
         out = make(y)
-        return y, out, y + C.reshape(y.shape) if y.numel() == 12 else y
+        return y, out, y + C.reshape(y.shape).to(y.device) if y.numel() == 12 else y
 
     both(sess, fn, (_base(), True), backward=lambda outs: (outs[0] * outs[0]).sum())
 

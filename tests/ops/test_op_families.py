@@ -51,11 +51,12 @@ def _run_both(sess, module, *inputs, **kwargs):
     remote = sess.module(copy.deepcopy(module))  # sess.module moves in place, as module.to(device)
     local_in = [_local_copy(x) for x in inputs]
     remote_in = [_to_remote(x, sess) for x in local_in]
-    local_out, remote_out = _flat(module(*local_in, **kwargs)), _flat(remote(*remote_in, **kwargs))
+    remote_kwargs = {k: v.to(sess.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    local_out, remote_out = _flat(module(*local_in, **kwargs)), _flat(remote(*remote_in, **remote_kwargs))
     assert len(local_out) == len(remote_out)
     seeds = [_data(*o.shape, seed=7 + i, dtype=o.dtype) for i, o in enumerate(local_out)]
     torch.autograd.backward(local_out, seeds)
-    torch.autograd.backward(remote_out, seeds)
+    torch.autograd.backward(remote_out, [seed.to(sess.device) for seed in seeds])
     for r, l in zip(remote_out, local_out):
         torch.testing.assert_close(r.to_torch().detach(), l.detach(), **TOL)
     for r, l in zip(_flat(remote_in), _flat(local_in)):
@@ -157,8 +158,9 @@ def _mlp():
 
 
 def _train(model, opt, steps=6):
-    """A few steps of regression on fixed data; the losses and the final parameters."""
-    return fit(model, opt, F.mse_loss, _data(16, 6, seed=4), _data(16, 3, seed=5), steps)
+    """A few steps of regression on fixed data (on the model's device); the losses and the final parameters."""
+    device = next(model.parameters()).device
+    return fit(model, opt, F.mse_loss, _data(16, 6, seed=4).to(device), _data(16, 3, seed=5).to(device), steps)
 
 
 OPTIMIZERS = {
@@ -213,7 +215,8 @@ def test_lbfgs_matches_local_torch(sess, line_search):
     """LBFGS reads values every iteration (``float(closure())``, ``.dot``, comparisons): it must still
     follow local torch step for step."""
     def run(model):
-        x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
+        device = next(model.parameters()).device
+        x, y = _data(16, 6, seed=4).to(device), _data(16, 3, seed=5).to(device)
         opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5, history_size=4, line_search_fn=line_search)
         losses = []
 
@@ -238,9 +241,10 @@ def test_lbfgs_matches_local_torch(sess, line_search):
 def _scaled_training(model, steps=4, grads_inf_at=2):
     """GradScaler steps; at step ``grads_inf_at`` one grad is made inf, so that step is skipped
     and the scale backs off, as in torch."""
-    x, y = _data(16, 6, seed=4), _data(16, 3, seed=5)
+    device = next(model.parameters()).device
+    x, y = _data(16, 6, seed=4).to(device), _data(16, 3, seed=5).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    device_type = next(model.parameters()).device.type  # "cpu", or "remote": the scaler of the model's device
+    device_type = device.type  # "cpu", or "remote": the scaler of the model's device
     scaler = torch.amp.GradScaler(device_type, init_scale=2.0 ** 4, growth_interval=1)
     scales = []
     for step in range(steps):

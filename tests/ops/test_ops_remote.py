@@ -24,8 +24,9 @@ def _random_on_noncontiguous(entry, sample) -> bool:
 
 
 def _moves_to_a_device(entry, sample) -> bool:
-    """``.to("cpu")``: a move off the server, which gives a local tensor (tests/client/test_device.py covers moves)."""
-    return entry.name == "to" and any(isinstance(a, str) for a in (*sample.args, *sample.kwargs.values()))
+    """``.to("cpu")``, ``.type("torch.DoubleTensor")`` (a CPU type): a move off the server, which gives a local
+    tensor (tests/client/test_device.py and test_device_module.py cover moves)."""
+    return entry.name in ("to", "type") and any(isinstance(a, str) for a in (*sample.args, *sample.kwargs.values()))
 
 
 CASES = [(e, i) for e in ENTRIES for i, sample in enumerate(e.samples)
@@ -118,7 +119,7 @@ def test_op_matches_local_torch(case, sess):
     if inputs and outs and entry.differentiable:
         seeds = [torch.randn(l.shape, generator=torch.Generator().manual_seed(3)) for _, l in outs]
         torch.autograd.backward([l for _, l in outs], seeds)
-        torch.autograd.backward([r for r, _ in outs], seeds)
+        torch.autograd.backward([r for r, _ in outs], [seed.to(r.device) for seed, (r, _) in zip(seeds, outs)])
     for r, l in zip(remote, local):  # one more program: values (and grads below)
         r = r.to_torch() if isinstance(r, client.RemoteTensor) else r  # torch keeps some on the CPU (batch_sizes)
         torch.testing.assert_close(r.detach(), l.detach(), rtol=1e-5, atol=1e-6, equal_nan=True)
