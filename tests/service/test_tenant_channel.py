@@ -1,0 +1,104 @@
+"""The front-to-worker protocol (``service/tenant_channel.py``) on a real socketpair, and cancellation through it.
+
+A cancelled caller must reach the worker as a cancelled task: a program queued behind
+another and cancelled at the front never runs, on the per-tenant backend exactly as on
+the in-process one (the behaviour routes rely on when a client goes away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import msgpack
+import pytest
+
+from remote_autograd.proto import MSGPACK, ProtocolError
+from remote_autograd.service.local_sessions import LocalSessions
+from remote_autograd.service.ops import load_configured_ops
+from remote_autograd.service.settings import Settings
+from remote_autograd.service.tenant_channel import ChannelClosed, open_channel
+from remote_autograd.service.tenant_processes import TenantProcesses
+
+from ..servers import call, put
+
+
+async def _pair(handlers: dict):
+    ours, theirs = socket.socketpair()
+    return await open_channel(ours, {}), await open_channel(theirs, handlers, flush_every_write=True)
+
+
+def test_bodies_cross_as_they_are_and_only_the_table_is_served():
+    async def echo(c) -> None:
+        await c.answer({"n": len(c.body), **c.fields}, [c.body[:10], memoryview(c.body)[10:]], flush=True)
+
+    async def main():
+        caller, callee = await _pair({"echo": echo})
+        body = os.urandom(3 << 20)  # a big one: written in pieces, read whole
+        fields, back = await caller.call("echo", {"k": [1, "two"]}, body)
+        assert fields == {"n": len(body), "k": [1, "two"]} and back == body
+        assert (await caller.call("echo"))[1] == b""
+        with pytest.raises(ProtocolError, match="no method '__init__'"):  # names outside the table are refused
+            await caller.call("__init__")
+        caller.close(), callee.close()
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_breaks_the_framing_is_gone():
+    async def hang(c) -> None:
+        await asyncio.sleep(60)
+
+    async def main():
+        ours, theirs = socket.socketpair()
+        caller = await open_channel(ours, {})
+        waiting = asyncio.ensure_future(caller.call("anything"))
+        await asyncio.sleep(0.05)
+        theirs.sendall(b"\xff" * 12)  # a header length no peer of ours sends
+        with pytest.raises(ChannelClosed, match="frame header"):
+            await waiting
+        with pytest.raises(ChannelClosed):
+            await caller.call("anything")
+        theirs.close()
+
+    asyncio.run(main())
+
+
+def _body(pid: str, steps: list) -> bytes:
+    return msgpack.packb({"id": pid, "steps": steps}, use_bin_type=True)
+
+
+async def _answer(backend, sid: str, pid: str, steps: list) -> tuple[int, dict]:
+    async with backend.answer_program(sid, None, _body(pid, steps), MSGPACK, MSGPACK) as answer:
+        return answer.status, msgpack.unpackb(b"".join(bytes(p) for p in answer.parts))
+
+
+@pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
+def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
+    settings = Settings(test_ops=True, tenant_processes="on" if kind == "tenant-process" else "off")
+    load_configured_ops((), test_ops=True)
+
+    async def main():
+        backend = TenantProcesses(settings) if kind == "tenant-process" else LocalSessions(settings)
+        backend.start()
+        try:
+            sid = (await backend.create_session(None))["session_id"]
+            first = asyncio.ensure_future(_answer(backend, sid, "p1", [call("_test_sleep", 1.0, out=["s"])]))
+            await asyncio.sleep(0.3)
+            queued = asyncio.ensure_future(_answer(backend, sid, "p2", [put("x", [1.0])]))
+            await asyncio.sleep(0.2)  # p2 waits behind p1 for the session
+            queued.cancel()
+            assert (await first)[0] == 200
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            # p2 never ran: x is unknown, and its id is free (a program that ran keeps its id: 409)
+            status, body = await _answer(backend, sid, "p3", [{"kind": "fetch", "id": "x"}])
+            assert status == 404 and body["error"]["code"] == "unknown_tensor", body
+            assert (await _answer(backend, sid, "p2", [put("y", [2.0])]))[0] == 200
+        finally:
+            closing = backend.close()
+            if closing is not None:
+                await closing
+
+    asyncio.run(main())
