@@ -6,8 +6,8 @@ tenant's worker process) and the next server started on the same directory resto
 them, ids, tokens and all, so a client's next request just works. ``kill -9`` writes
 nothing: its sessions are lost (``410``/``404``, the SDK's ``SessionLost``).
 
-Layout: one directory per tenant, ``tenant-<blake2b of the token>`` (``tenant-open``
-without tokens: no token is ever written), holding ``sessions.raf``. Its format is the
+Layout: one directory per tenant, ``tenant-<tag>`` (``auth.tenant_tag``: a digest of the
+token, ``open`` without tokens: no token is ever written), holding ``sessions.raf``. Its format is the
 wire's framed encoding (``proto/frames.py``): a msgpack header, then raw bytes. The
 header lists each session: its id, its generator's state, the ids and digests of the
 programs it ran (its retry memory), and its tensors' layouts (``tensor_snapshot``); each
@@ -27,7 +27,6 @@ so a later crash never brings back stale state.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import mmap
 import os
@@ -41,7 +40,8 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.frames import pack_frames, unpack_frames
 
-from .store import Outcome, Session
+from .auth import tenant_tag
+from .store import Outcome
 from .tensor_snapshot import rebuild, snapshot
 from .values import store_tensors
 
@@ -57,9 +57,7 @@ _FILE = "sessions.raf"
 
 def tenant_dir(root: Path, owner: str | None) -> Path:
     """Where ``owner``'s sessions are kept: named by a digest of the token, never the token."""
-    if owner is None:
-        return root / "tenant-open"
-    return root / f"tenant-{hashlib.blake2b(owner.encode(), digest_size=16, person=b'ra-state').hexdigest()}"
+    return root / f"tenant-{tenant_tag(owner)}"
 
 
 # -- writing --------------------------------------------------------------------------------
