@@ -23,13 +23,19 @@ class RemoteError(RuntimeError):
 
 
 class SessionLost(RemoteError):
-    """The server no longer knows the session (expired, deleted, or the server restarted).
+    """The server no longer knows the session: it expired or was deleted, its worker died, or the
+    server restarted without a state volume (or was killed: ``kill -9`` writes nothing).
 
-    ``session_id`` names the lost session; the message names it too.
+    ``session_id`` names the lost session; the message names it too, and says what to do.
     """
+
+    ADVICE = ("open a new session (client.connect) and upload your tensors again (a model: from your last "
+              "checkpoint); a server stopped gracefully with REMOTE_AUTOGRAD_STATE_DIR set keeps its sessions")
 
     def __init__(self, message: str, *, session_id: str | None = None, **kw) -> None:
         self.session_id = session_id
         if session_id and session_id not in message:
             message = f"session {session_id} is lost (expired, deleted, or the server restarted): {message}"
+        if "new session" not in message.lower():
+            message = f"{message.rstrip('. ')}. To go on: {self.ADVICE}"
         super().__init__(message, **kw)
