@@ -31,6 +31,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import AsyncIterator
 
+import msgpack
+
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .byte_grants import BytePool
@@ -141,9 +143,9 @@ class TenantProcesses:
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:
-        fields, _ = await self._ask(sid, owner, "read_tensor",
-                                    {"sid": sid, "tid": tid, "value": value, "grad": grad, "as_json": as_json})
-        return fields
+        _, message = await self._ask(sid, owner, "read_tensor",
+                                     {"sid": sid, "tid": tid, "value": value, "grad": grad, "as_json": as_json})
+        return msgpack.unpackb(message, raw=False)
 
     # -- work ------------------------------------------------------------------------------
 

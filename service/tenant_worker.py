@@ -25,6 +25,8 @@ import sys
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
+import msgpack
+
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from . import logs, state_volume
@@ -101,9 +103,11 @@ class TenantWorker:
                               answer.parts, flush=True)
 
     async def read_tensor(self, call: Call) -> None:
+        """The tensor message as msgpack in the body (its data may be big: headers carry small fields only)."""
         f = call.fields
-        await call.answer(await self._ready().read_tensor(f["sid"], None, f["tid"], value=f["value"], grad=f["grad"],
-                                                         as_json=f["as_json"]))
+        message = await self._ready().read_tensor(f["sid"], None, f["tid"], value=f["value"], grad=f["grad"],
+                                                  as_json=f["as_json"])
+        await call.answer(parts=[msgpack.packb(message, use_bin_type=True)])
 
     async def load(self, call: Call) -> None:
         store = self._ready().store

@@ -65,6 +65,8 @@ def snapshot(tensors: dict[str, CustomTensor]) -> tuple[dict, list[torch.Tensor]
         entry = {"root": r, "requires_grad": t.requires_grad, "leaf": t.is_leaf}
         if t is not root:
             entry["view"] = _layout(t)
+            # a lazy conj/neg view reads its storage through a flag (the bytes are unflipped): kept too
+            entry["flags"] = [flag for flag, on in (("conj", t.is_conj()), ("neg", t.is_neg())) if on]
         return entry
 
     entries = [{"id": tid, "value": place(ct.value), "grad": None if ct.grad is None else place(ct.grad),
@@ -114,6 +116,10 @@ def _tensor(entry: dict, roots: list[torch.Tensor]) -> torch.Tensor:
             view = (root if root.dtype == dtype else root.view(dtype)).as_strided(size, stride, offset)
         except RuntimeError:  # a reinterpretation torch made through a narrower view: its bytes, not its counter
             view = torch.empty(0, dtype=dtype, device=root.device).set_(root.untyped_storage(), offset, size, stride)
+        if "conj" in entry["flags"]:
+            view = view.conj()
+        if "neg" in entry["flags"]:
+            view = torch._neg_view(view)
     if entry["requires_grad"] and not view.requires_grad:  # a leaf view given requires_grad_() of its own
         view.requires_grad_(True)
     return view

@@ -38,10 +38,12 @@ def _held() -> dict[str, CustomTensor]:
     with torch.no_grad():
         quiet = w[0]  # a view made under no_grad
     f = torch.arange(6.0)
+    z = torch.tensor([1 + 2j, 3 - 1j])
     return {"w": CustomTensor(w, w.grad), "row": CustomTensor(w[1]), "wt": CustomTensor(w.t()),
             "alias": CustomTensor(w.detach()), "quiet": CustomTensor(quiet),
             "bits": CustomTensor(f[2:].view(torch.int32)), "f": CustomTensor(f),
-            "loss": CustomTensor((w * 2).sum()), "lone": CustomTensor(torch.randn(5)[1:4])}
+            "loss": CustomTensor((w * 2).sum()), "lone": CustomTensor(torch.randn(5)[1:4]), "conj": CustomTensor(z.conj()),
+            "negated": CustomTensor(torch._neg_view(z))}
 
 
 def test_values_layouts_and_flags_come_back_as_they_were():
