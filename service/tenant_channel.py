@@ -1,10 +1,8 @@
 """``Channel``: the private protocol between the front and a tenant's worker process.
 
-Both ends run it over their end of one socketpair, with asyncio streams. A frame is::
-
-    u32 LE header length H | u64 LE body length B | H bytes msgpack header | B bytes body
-
-and its header is a msgpack array ``[kind, call, name, fields]``:
+Both ends run it over their end of one socketpair, on asyncio (frames: ``tenant_frames``,
+``u32 header length | u64 body length | msgpack header | body``). A frame's header is a
+msgpack array ``[kind, call, name, fields]``:
 
 - ``CALL``: ``name`` is one method of the receiving side's fixed table (a dict of
   handlers it was built with: a name that is not a key is refused, never looked up
@@ -29,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import struct
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
@@ -37,13 +34,12 @@ import msgpack
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
+from .tenant_frames import FrameError, FrameProtocol, connect
+
 log = logging.getLogger("remote_autograd.service")
 
 CALL, ANSWER, ERROR, CANCEL = 0, 1, 2, 3
-_PREFIX = struct.Struct("<IQ")
-_MAX_HEADER = 64 << 20  # fields are ids, flags and small maps: anything bigger is not a peer of ours
-_JOIN_BELOW = 64 << 10  # a small body goes out in the header's write (one send), a big one as it is
-STREAM_LIMIT = 1 << 20  # the reader's buffer target: fewer pauses of the socket while a big body arrives
+_BACKPRESSURE_BYTES = 1 << 20  # a caller waits for the socket once this much is queued
 
 
 class ChannelClosed(Exception):
@@ -55,7 +51,7 @@ class Call:
     """A call being served: its ``fields`` and ``body``; the handler answers it once with ``answer``."""
 
     fields: dict
-    body: bytes
+    body: bytes | bytearray
     channel: "Channel"
     number: int
     answered: bool = field(default=False)
@@ -67,7 +63,7 @@ class Call:
         self.answered = True
         self.channel._write(ANSWER, self.number, None, fields or {}, parts)
         if flush:
-            await self.channel._flushed()
+            await self.channel._frames.drained()
 
 
 Handler = Callable[[Call], Awaitable[None]]
@@ -76,20 +72,14 @@ Handler = Callable[[Call], Awaitable[None]]
 class Channel:
     """One end of the protocol: ``call`` the peer's methods; serve ``handlers`` (this end's fixed table)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 handlers: Mapping[str, Handler], *, on_close: Callable[[str], None] | None = None) -> None:
-        self._reader, self._writer = reader, writer
+    def __init__(self, handlers: Mapping[str, Handler], *, on_close: Callable[[str], None] | None = None) -> None:
         self._handlers = dict(handlers)
         self._on_close = on_close
+        self._frames: FrameProtocol | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._serving: dict[int, asyncio.Task] = {}
         self.closed_because: str | None = None
-        self._read_task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        """Read frames until the peer goes (from a running event loop)."""
-        self._read_task = asyncio.ensure_future(self._read_forever())
 
     @property
     def closed(self) -> bool:
@@ -100,12 +90,8 @@ class Channel:
         """Calls of ours not answered yet, and calls of the peer's being served."""
         return len(self._pending) + len(self._serving)
 
-    async def wait_closed(self) -> None:
-        if self._read_task is not None:
-            await asyncio.shield(self._read_task)
-
     async def call(self, name: str, fields: dict | None = None,
-                   body: bytes | bytearray | memoryview = b"") -> tuple[dict, bytes]:
+                   body: bytes | bytearray | memoryview = b"") -> tuple[dict, bytes | bytearray]:
         """The peer's answer to ``name`` as ``(fields, body)``; its ``ProtocolError`` raised here;
         ``ChannelClosed`` if it went away first. Cancelling the caller sends ``CANCEL``."""
         if self.closed_because is not None:
@@ -115,8 +101,8 @@ class Channel:
         self._pending[number] = future
         self._write(CALL, number, name, fields or {}, (body,) if len(body) else ())
         try:
-            if self._writer.transport.get_write_buffer_size() > STREAM_LIMIT:
-                await self._flushed()  # a big body: let the socket take it before the next one queues
+            if self._frames.transport.get_write_buffer_size() > _BACKPRESSURE_BYTES:
+                await self._frames.drained()  # a big body: let the socket take it before the next one queues
             return await future
         except asyncio.CancelledError:
             if self._pending.pop(number, None) is not None and self.closed_because is None:
@@ -136,9 +122,8 @@ class Channel:
         self._pending.clear()
         for task in self._serving.values():
             task.cancel()
-        self._writer.close()
-        if self._read_task is not None and self._read_task is not asyncio.current_task():
-            self._read_task.cancel()
+        if self._frames is not None:
+            self._frames.transport.close()
         if self._on_close is not None:
             self._on_close(because)
 
@@ -146,65 +131,27 @@ class Channel:
 
     def _write(self, kind: int, number: int, name: str | None, fields: dict | None,
                parts: Sequence[bytes | memoryview]) -> None:
-        if self.closed_because is not None:
-            return  # the peer is gone: nobody reads an answer now
-        header = msgpack.packb([kind, number, name, fields], use_bin_type=True)
-        size = sum(memoryview(p).nbytes for p in parts)
-        head = _PREFIX.pack(len(header), size) + header
-        if size < _JOIN_BELOW:  # one write (one send) for the whole frame
-            self._writer.write(b"".join((head, *parts)))
-            return
-        # Written back to back, with no await between them: frames never interleave.
-        self._writer.write(head)
-        for part in parts:
-            self._writer.write(part)
+        if self.closed_because is None:  # (once the peer is gone nobody reads an answer)
+            self._frames.write(msgpack.packb([kind, number, name, fields], use_bin_type=True), parts)
 
-    async def _flushed(self) -> None:
-        try:
-            await self._writer.drain()
-        except ConnectionError:
-            pass  # the peer is gone; the reader closes the channel
-
-    async def _read_forever(self) -> None:
-        reader = self._reader
-        because = "the peer closed the channel"
-        try:
-            while True:
-                header_size, body_size = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-                if header_size > _MAX_HEADER:
-                    because = f"a frame header of {header_size} bytes"
-                    break
-                header = msgpack.unpackb(await reader.readexactly(header_size), raw=False)
-                body = await reader.readexactly(body_size) if body_size else b""
-                if not self._dispatch(header, body):
-                    because = "a malformed frame header"
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except (ValueError, msgpack.UnpackException) as exc:
-            because = f"an unreadable frame header ({exc})"
-        except asyncio.CancelledError:
-            return
-        self.close(because)
-
-    def _dispatch(self, header, body: bytes) -> bool:
+    def _on_frame(self, header, body: bytes | bytearray) -> None:
         if not (isinstance(header, list) and len(header) == 4 and type(header[0]) is int and type(header[1]) is int):
-            return False
+            raise FrameError("a malformed frame header")
         kind, number, name, fields = header
         if kind == CALL:
             if not isinstance(fields, dict):
-                return False
+                raise FrameError("a call without fields")
             handler = self._handlers.get(name) if isinstance(name, str) else None
             if handler is None:
                 self._write(ERROR, number, None, ProtocolError(
                     ErrorCode.BAD_REQUEST, f"no method {name!r} in this end's table").to_wire(), ())
-                return True
+                return
             call = Call(fields, body, self, number)
             self._serving[number] = asyncio.ensure_future(self._serve(handler, call))
         elif kind in (ANSWER, ERROR):
             future = self._pending.pop(number, None)
             if future is None or future.done():
-                return True  # the caller stopped waiting (cancelled): the answer has nowhere to go
+                return  # the caller stopped waiting (cancelled): the answer has nowhere to go
             if kind == ANSWER:
                 future.set_result((fields if isinstance(fields, dict) else {}, body))
             else:
@@ -214,8 +161,7 @@ class Channel:
             if task is not None:
                 task.cancel()
         else:
-            return False
-        return True
+            raise FrameError(f"a frame of kind {kind!r}")
 
     async def _serve(self, handler: Handler, call: Call) -> None:
         try:
@@ -245,11 +191,8 @@ def _error_from(wire) -> ProtocolError:
 
 async def open_channel(sock, handlers: Mapping[str, Handler], *, flush_every_write: bool = False,
                        on_close: Callable[[str], None] | None = None) -> Channel:
-    """A started ``Channel`` over a connected socket. ``flush_every_write``: ``drain`` waits until the
-    socket has taken every byte (the worker's end: see ``Call.answer``'s ``flush``)."""
-    reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
-    if flush_every_write:
-        writer.transport.set_write_buffer_limits(high=0)
-    channel = Channel(reader, writer, handlers, on_close=on_close)
-    channel.start()
+    """A ``Channel`` over a connected Unix socket, reading from now on. ``flush_every_write``: a flushed
+    answer waits until the socket has taken every byte (the worker's end: see ``Call.answer``)."""
+    channel = Channel(handlers, on_close=on_close)
+    channel._frames = await connect(sock, channel._on_frame, channel.close, flush_every_write=flush_every_write)
     return channel

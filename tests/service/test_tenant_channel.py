@@ -1,4 +1,5 @@
-"""The front-to-worker protocol (``service/tenant_channel.py``) on a real socketpair, and cancellation through it.
+"""The front-to-worker protocol (``service/tenant_channel.py``, ``tenant_frames.py``) on a real socketpair,
+the in-place frame reader against asyncio's StreamReader, and cancellation through the protocol.
 
 A cancelled caller must reach the worker as a cancelled task: a program queued behind
 another and cancelled at the front never runs, on the per-tenant backend exactly as on
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 
 import msgpack
@@ -19,6 +21,7 @@ from remote_autograd.service.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.tenant_channel import ChannelClosed, open_channel
+from remote_autograd.service.tenant_frames import PREFIX, FrameProtocol
 from remote_autograd.service.tenant_processes import TenantProcesses
 
 from ..servers import call, put
@@ -46,6 +49,48 @@ def test_bodies_cross_as_they_are_and_only_the_table_is_served():
     asyncio.run(main())
 
 
+SIZES = (0, 1, 100, (64 << 10) - 1, 64 << 10, 200 << 10, 300 << 10, 3 << 20)
+
+
+def _stream(rng: random.Random) -> tuple[bytes, list]:
+    """Frames of every size class back to back, and what each one holds."""
+    frames, sent = [], []
+    for i, size in enumerate(SIZES * 3):
+        header = msgpack.packb([1, i, None, {"pad": "x" * rng.randrange(0, 300)}])
+        body = rng.randbytes(size)
+        frames.append(PREFIX.pack(len(header), size) + header + body)
+        sent.append((msgpack.unpackb(header), body))
+    return b"".join(frames), sent
+
+
+def test_frames_read_in_place_are_what_the_plain_stream_reader_reads():
+    rng = random.Random(5)
+    stream, sent = _stream(rng)
+    got: list = []
+    protocol = FrameProtocol(lambda header, body: got.append((header, bytes(body), type(body))), lambda why: None)
+    at = 0
+    while at < len(stream):  # the socket hands over whatever it has: pieces of any size
+        buffer = protocol.get_buffer(-1)
+        n = min(len(buffer), rng.choice((1, 7, 4096, 65536, 1 << 20)), len(stream) - at)
+        buffer[:n] = stream[at:at + n]
+        protocol.buffer_updated(n)
+        at += n
+
+    async def plain() -> list:  # the path it stands in for: asyncio's StreamReader
+        reader = asyncio.StreamReader(limit=1 << 20)
+        reader.feed_data(stream)
+        reader.feed_eof()
+        frames = []
+        for _ in sent:
+            header_size, body_size = PREFIX.unpack(await reader.readexactly(PREFIX.size))
+            header = msgpack.unpackb(await reader.readexactly(header_size))
+            frames.append((header, await reader.readexactly(body_size)))
+        return frames
+
+    assert [(h, b) for h, b, _ in got] == asyncio.run(plain()) == sent
+    assert all(kind is bytearray for _, body, kind in got if len(body) > 256 << 10)  # big ones: writable, in place
+
+
 def test_a_peer_that_breaks_the_framing_is_gone():
     async def hang(c) -> None:
         await asyncio.sleep(60)
@@ -56,7 +101,7 @@ def test_a_peer_that_breaks_the_framing_is_gone():
         waiting = asyncio.ensure_future(caller.call("anything"))
         await asyncio.sleep(0.05)
         theirs.sendall(b"\xff" * 12)  # a header length no peer of ours sends
-        with pytest.raises(ChannelClosed, match="frame header"):
+        with pytest.raises(ChannelClosed, match="a frame of"):
             await waiting
         with pytest.raises(ChannelClosed):
             await caller.call("anything")
