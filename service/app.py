@@ -25,6 +25,7 @@ from .openapi import install as install_openapi
 from .ops import load_configured_ops
 from .routes import ROUTERS, errors
 from .settings import Settings
+from .tenant_metrics import TenantFigures
 from .tenant_processes import TenantProcesses
 
 log = logging.getLogger("remote_autograd.service")
@@ -36,7 +37,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     load_configured_ops(settings.op_modules, test_ops=settings.test_ops)
     backend = make_backend(settings)
     local = backend if isinstance(backend, LocalSessions) else None  # the front holds the sessions itself
-    metrics = Metrics(local.store if local else None, backend.slots)
+    figures = TenantFigures(backend) if isinstance(backend, TenantProcesses) else None
+    metrics = Metrics(local.store if local else None, backend.slots, figures)
     if local is not None:
         local.store.on_step = metrics.observe_step
     backend.observe_program = metrics.program_seconds.observe

@@ -11,9 +11,11 @@ msgpack array ``[kind, call, name, fields]``:
   program's encoded answer, as the worker encoded it).
 - ``ERROR``: the call failed; ``fields`` is the ``ProtocolError``'s wire dict, raised
   again on the calling side as the same 4xx.
-- ``CANCEL``: the caller stopped waiting for ``call`` (its HTTP client went away, or
-  the route's task was cancelled); the callee cancels the task serving it, so the
-  worker sees what an in-process backend sees: a ``CancelledError`` in the awaiting code.
+- ``CANCEL``: the caller cancels ``call``: its task was cancelled (it stops waiting), or
+  the ``watch`` it called with was (its HTTP client went away: it waits for the answer).
+  The callee cancels the task serving the call, so the worker sees what a cancelled
+  in-process ``async with`` sees (a ``CancelledError``: a program stops at its next
+  step), and answers ``409 cancelled`` if the caller still waits.
 
 Bodies are passed on as the bytes they are: never decoded, re-encoded or joined here
 (a program's body is decoded once, in the worker). msgpack carries only plain values;
@@ -90,26 +92,32 @@ class Channel:
         """Calls of ours not answered yet, and calls of the peer's being served."""
         return len(self._pending) + len(self._serving)
 
-    async def call(self, name: str, fields: dict | None = None,
-                   body: bytes | bytearray | memoryview = b"") -> tuple[dict, bytes | bytearray]:
+    async def call(self, name: str, fields: dict | None = None, body: bytes | bytearray | memoryview = b"", *,
+                   watch=None) -> tuple[dict, bytes | bytearray]:
         """The peer's answer to ``name`` as ``(fields, body)``; its ``ProtocolError`` raised here;
-        ``ChannelClosed`` if it went away first. Cancelling the caller sends ``CANCEL``."""
+        ``ChannelClosed`` if it went away first. Cancelling the caller, or ``watch`` (a
+        ``ProgramWatch``: anything with ``on_cancel``), sends ``CANCEL``."""
         if self.closed_because is not None:
             raise ChannelClosed(self.closed_because)
         number = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         self._write(CALL, number, name, fields or {}, (body,) if len(body) else ())
+        if watch is not None:
+            watch.on_cancel(lambda: self._cancel(number))
         try:
             if self._frames.transport.get_write_buffer_size() > _BACKPRESSURE_BYTES:
                 await self._frames.drained()  # a big body: let the socket take it before the next one queues
             return await future
         except asyncio.CancelledError:
-            if self._pending.pop(number, None) is not None and self.closed_because is None:
-                self._write(CANCEL, number, None, None, ())
+            self._cancel(number)
             raise
         finally:
             self._pending.pop(number, None)
+
+    def _cancel(self, number: int) -> None:
+        if number in self._pending:  # (once answered there is nothing to cancel)
+            self._write(CANCEL, number, None, None, ())
 
     def close(self, because: str = "closed") -> None:
         """Stop: pending calls raise ``ChannelClosed``, calls being served are cancelled, the socket closes."""
@@ -168,8 +176,10 @@ class Channel:
             await handler(call)
             if not call.answered:
                 await call.answer()
-        except asyncio.CancelledError:
-            pass  # the caller stopped waiting: nothing to answer
+        except asyncio.CancelledError:  # CANCEL, or this end closing (then nothing goes out)
+            self._write(ERROR, call.number, None, ProtocolError(
+                ErrorCode.CANCELLED, "the client disconnected while its program ran: it stopped at its next step "
+                "boundary, the steps before it stay done").to_wire(), ())
         except ProtocolError as exc:
             self._write(ERROR, call.number, None, exc.to_wire(), ())
         except Exception as exc:  # a bug of ours: the caller gets an error, this end goes on

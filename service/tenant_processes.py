@@ -38,12 +38,14 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from .byte_grants import BytePool
 from .guards import ProgramSlots
 from .local_sessions import ProgramAnswer
+from .program_watch import ProgramWatch
 from .settings import Settings
 from .tenant_channel import ChannelClosed
 from .tenant_spawn import WorkerProcess
 
 log = logging.getLogger("remote_autograd.service")
 
+_ASK_ABOVE_BYTES = 1 << 20  # a smaller body costs less to read than a round trip to its worker
 _LOST_REMEMBERED = 64  # per token: prefixes of its dead workers, answered 410 rather than 404
 
 
@@ -75,7 +77,7 @@ class TenantProcesses:
         from .state_volume import tenant_dir  # (the state volume's layout: one directory per tenant)
 
         self.settings = settings
-        self.slots = ProgramSlots(settings.max_concurrent_programs)
+        self.slots = ProgramSlots.of(settings)
         self.pool = BytePool(settings.max_total_bytes)
         self.observe_program = lambda seconds: None
         root = Path(settings.state_dir) if settings.state_dir else None
@@ -149,17 +151,25 @@ class TenantProcesses:
 
     # -- work ------------------------------------------------------------------------------
 
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
+        """404/410 before the body is read: an id of none of the caller's workers; for a body bigger than
+        ``_ASK_ABOVE_BYTES`` (or of unknown length), whether the worker holds the session."""
+        worker = await self._route(sid, owner)
+        if body_bytes is None or body_bytes > _ASK_ABOVE_BYTES:
+            await self._call(worker, sid, "describe_session", {"sid": sid})
+
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
         """The body goes to the worker as it came; its answer comes back encoded, as bytes of its own
-        (nothing of the session's is held while the caller sends it). Cancelling the caller (the
-        client went away) cancels the program's task in the worker."""
+        (nothing of the session's is held while the caller sends it). A cancelled ``watch`` (the
+        client went away) or caller cancels the program's task in the worker: it stops at its next
+        step there (the worker's own watch keeps the time limit)."""
         worker = await self._route(sid, owner)
-        with self.slots:
+        with self.slots.take(sid, owner):
             start = perf_counter()
             fields, answer = await self._call(worker, sid, "program", {"sid": sid, "ctype": ctype, "accept": accept},
-                                              body)
+                                              body, watch=watch)
             hop = perf_counter() - start
             self.observe_program(hop)
         yield ProgramAnswer(fields["status"], fields["media_type"], [answer], len(answer), fields["steps"], hop)
@@ -190,9 +200,10 @@ class TenantProcesses:
     async def _ask(self, sid: str, owner: str | None, name: str, fields: dict) -> tuple[dict, bytes]:
         return await self._call(await self._route(sid, owner), sid, name, fields)
 
-    async def _call(self, worker: WorkerProcess, sid: str, name: str, fields: dict, body=b"") -> tuple[dict, bytes]:
+    async def _call(self, worker: WorkerProcess, sid: str, name: str, fields: dict, body=b"",
+                    watch: ProgramWatch | None = None) -> tuple[dict, bytes]:
         try:
-            return await worker.call(name, fields, body)
+            return await worker.call(name, fields, body, watch=watch)
         except ChannelClosed:
             await worker.ended()
             raise _lost(sid, worker) from None
@@ -226,6 +237,13 @@ class TenantProcesses:
             return
         tenant.lose(worker)
         asyncio.ensure_future(_log_loss(worker))
+
+    async def figures(self) -> list[tuple[str | None, str, dict]]:
+        """``(owner, worker key, figures)`` of each live worker, for /metrics (not the tenant's activity)."""
+        live = [(owner, t.worker) for owner, t in self._tenants.items() if t.worker is not None]
+        answers = await asyncio.gather(*(w.channel.call("figures") for _, w in live), return_exceptions=True)
+        return [(owner, w.key, answer[0]) for (owner, w), answer in zip(live, answers)
+                if not isinstance(answer, BaseException)]
 
     # -- the workers' calls to the front ---------------------------------------------------
 

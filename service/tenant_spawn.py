@@ -72,7 +72,7 @@ class WorkerProcess:
 
         worker.channel = await open_channel(ours, handlers_for(worker), on_close=closed)
         worker_settings = settings_to_wire(settings)
-        worker_settings.update(tokens=[], tenant_processes="off")
+        worker_settings.update(tokens=[], metrics_token="", tenant_processes="off")  # no token, none of its own
         try:
             fields, _ = await asyncio.wait_for(worker.channel.call("hello", {
                 "settings": worker_settings, "prefix": worker.key, "label": label,
@@ -86,9 +86,9 @@ class WorkerProcess:
         worker.sessions = int(fields.get("sessions", 0))  # restored ones
         return worker
 
-    async def call(self, name: str, fields: dict | None = None, body=b"") -> tuple[dict, bytes]:
+    async def call(self, name: str, fields: dict | None = None, body=b"", *, watch=None) -> tuple[dict, bytes]:
         self.last_busy = time.monotonic()
-        return await self.channel.call(name, fields, body)
+        return await self.channel.call(name, fields, body, watch=watch)
 
     async def ended(self, timeout: float = 5.0) -> None:
         """Wait (a little) until the process has exited, so ``how_it_ended`` can say how."""

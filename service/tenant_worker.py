@@ -26,14 +26,17 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import msgpack
+import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from . import logs, state_volume
 from .byte_grants import GrantedBudget, asker
 from .local_sessions import LocalSessions
+from .metrics import OP_BUCKETS
 from .ops import load_configured_ops
 from .settings import Settings
+from .step_histogram import StepHistogram
 from .tenant_channel import Call, Channel, open_channel
 
 
@@ -56,10 +59,11 @@ class TenantWorker:
         self.channel: Channel | None = None
         self.state_dir: Path | None = None
         self.stopping = asyncio.Event()
+        self.steps = StepHistogram("remote_autograd_op_seconds", "", OP_BUCKETS)  # the front renders them
         self.handlers = {
             "hello": self.hello, "create_session": self.create_session, "describe_session": self.describe_session,
             "delete_session": self.delete_session, "program": self.program, "read_tensor": self.read_tensor,
-            "load": self.load, "readiness": self.readiness, "return_slack": self.return_slack,
+            "load": self.load, "figures": self.figures, "readiness": self.readiness, "return_slack": self.return_slack,
             "save_state": self.save_state, "stop": self.stop,
         }
 
@@ -76,6 +80,7 @@ class TenantWorker:
         # Before any session exists: each one takes its budgets from the store when it is made.
         sessions.store.budget = GrantedBudget(settings.max_total_bytes, asker(loop, self._ask_bytes),
                                               lambda n: loop.call_soon_threadsafe(self._return_bytes, n))
+        sessions.store.on_step = self.steps.observe
         self.sessions = sessions
         prefixes = [call.fields["prefix"]]
         if call.fields.get("state_dir"):
@@ -112,6 +117,15 @@ class TenantWorker:
     async def load(self, call: Call) -> None:
         store = self._ready().store
         await call.answer({"sessions": len(store), "bytes": store.budget.held})
+
+    async def figures(self, call: Call) -> None:
+        """What the front's /metrics shows of this tenant: its sessions, tensors, bytes, device memory, step times."""
+        store = self._ready().store
+        sessions = store.sessions()
+        device = store.device
+        await call.answer({"sessions": len(sessions), "tensors": sum(len(s.tensors) for s in sessions),
+                           "bytes": store.budget.held, "steps": self.steps.rows(),
+                           "device_memory": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0})
 
     async def readiness(self, call: Call) -> None:
         ready, body = await self._ready().readiness()

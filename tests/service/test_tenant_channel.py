@@ -19,6 +19,7 @@ import pytest
 from remote_autograd.proto import MSGPACK, ProtocolError
 from remote_autograd.service.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
+from remote_autograd.service.program_watch import ProgramWatch
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.tenant_channel import ChannelClosed, open_channel
 from remote_autograd.service.tenant_frames import PREFIX, FrameProtocol
@@ -114,18 +115,31 @@ def _body(pid: str, steps: list) -> bytes:
     return msgpack.packb({"id": pid, "steps": steps}, use_bin_type=True)
 
 
-async def _answer(backend, sid: str, pid: str, steps: list) -> tuple[int, dict]:
-    async with backend.answer_program(sid, None, _body(pid, steps), MSGPACK, MSGPACK) as answer:
-        return answer.status, msgpack.unpackb(b"".join(bytes(p) for p in answer.parts))
+async def _answer(backend, sid: str, pid: str, steps: list, watch=None) -> tuple[int, dict]:
+    """The program's status and body; a refusal raised by the backend as the error body it becomes."""
+    try:
+        async with backend.answer_program(sid, None, _body(pid, steps), MSGPACK, MSGPACK, watch) as answer:
+            return answer.status, msgpack.unpackb(b"".join(bytes(p) for p in answer.parts))
+    except ProtocolError as err:
+        return err.status, err.answer()
+
+
+def _backend(kind: str):
+    load_configured_ops((), test_ops=True)
+    settings = Settings(test_ops=True, tenant_processes="on" if kind == "tenant-process" else "off")
+    return TenantProcesses(settings) if kind == "tenant-process" else LocalSessions(settings)
+
+
+async def _closed(backend) -> None:
+    closing = backend.close()
+    if closing is not None:
+        await closing
 
 
 @pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
 def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
-    settings = Settings(test_ops=True, tenant_processes="on" if kind == "tenant-process" else "off")
-    load_configured_ops((), test_ops=True)
-
     async def main():
-        backend = TenantProcesses(settings) if kind == "tenant-process" else LocalSessions(settings)
+        backend = _backend(kind)
         backend.start()
         try:
             sid = (await backend.create_session(None))["session_id"]
@@ -142,8 +156,29 @@ def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
             assert status == 404 and body["error"]["code"] == "unknown_tensor", body
             assert (await _answer(backend, sid, "p2", [put("y", [2.0])]))[0] == 200
         finally:
-            closing = backend.close()
-            if closing is not None:
-                await closing
+            await _closed(backend)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
+def test_a_cancelled_watch_stops_the_program_at_its_next_step(kind: str):
+    """The route cancels its program's watch when the client disconnects: through a worker process too."""
+    async def main():
+        backend = _backend(kind)
+        backend.start()
+        try:
+            sid = (await backend.create_session(None))["session_id"]
+            watch = ProgramWatch(60.0)
+            steps = [call("_test_sleep", 0.6, out=["a"]), call("_test_sleep", 0.6, out=["b"])]
+            running = asyncio.ensure_future(_answer(backend, sid, "p1", steps, watch))
+            await asyncio.sleep(0.2)
+            watch.cancel()
+            status, body = await running
+            assert status == 409 and body["error"]["code"] == "cancelled", body
+            fetched = await _answer(backend, sid, "p2", [{"kind": "fetch", "id": "a"}, {"kind": "fetch", "id": "b"}])
+            assert fetched[0] == 404 and fetched[1]["error"]["step"] == 1, fetched  # a ran, b never did
+        finally:
+            await _closed(backend)
 
     asyncio.run(main())

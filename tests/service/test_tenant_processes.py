@@ -15,9 +15,9 @@ import torch
 from remote_autograd import client
 
 from ..e2e.test_training import _data, _mlp
-from ..servers import Server, api, error_of, program, put, running
+from ..servers import Server, api, call, error_of, program, put, ref, running
 
-TOKENS = {"REMOTE_AUTOGRAD_TOKENS": "a,b", "REMOTE_AUTOGRAD_TEST_OPS": "1"}
+TOKENS = {"REMOTE_AUTOGRAD_TOKENS": "a,b", "REMOTE_AUTOGRAD_TEST_OPS": "1", "REMOTE_AUTOGRAD_METRICS_TOKEN": "op"}
 STEPS, ABORT_AT = 8, 3
 
 
@@ -65,6 +65,21 @@ def test_each_token_has_a_process_of_its_own(server: Server):
             error_of(program(c, a.id, [put("x", [1.0])]), 404, "unknown_session")
 
 
+def test_metrics_gather_every_workers_figures_and_count_each_step_once(server: Server):
+    with api(server.url, "a") as a, api(server.url, "b") as b, api(server.url, "op") as operator:
+        sid = a.post("/v1/sessions").json()["session_id"]
+        theirs = b.post("/v1/sessions").json()["session_id"]
+        assert program(a, sid, [put("x", [0.5] * 1000), call("erfc", ref("x"), out=["y"])]).status_code == 200
+        assert program(b, theirs, [put("z", [0.5] * 10)]).status_code == 200
+        for _ in range(2):  # each scrape asks the workers again: a step is counted once, however often
+            everything = operator.get("/metrics").text
+            assert 'remote_autograd_op_seconds_count{op="erfc"} 1.0' in everything
+            assert "remote_autograd_bytes_held 8040.0" in everything and "remote_autograd_sessions 2.0" in everything
+        mine = a.get("/metrics").text  # a tenant sees its own, from its own worker
+        assert "remote_autograd_token_bytes_held 8000.0" in mine and "erfc" not in b.get("/metrics").text
+        a.delete(f"/v1/sessions/{sid}"), b.delete(f"/v1/sessions/{theirs}")
+
+
 def test_a_crash_in_one_tenants_worker_loses_only_its_sessions(server: Server):
     want_losses, want_state = _local_run(STEPS)
     X, Y = _data()
@@ -106,7 +121,9 @@ def test_a_crash_in_one_tenants_worker_loses_only_its_sessions(server: Server):
 
 
 def test_the_server_wide_limits_hold_across_workers():
-    limits = {"REMOTE_AUTOGRAD_MAX_TOTAL_BYTES": "10000", "REMOTE_AUTOGRAD_MAX_SESSIONS": "3", **TOKENS}
+    limits = {"REMOTE_AUTOGRAD_MAX_TOTAL_BYTES": "10000", "REMOTE_AUTOGRAD_MAX_SESSIONS": "3", **TOKENS,
+              # each token's shares as big as the server's: only the server-wide limits bind here
+              "REMOTE_AUTOGRAD_MAX_BYTES_PER_TOKEN": "10000", "REMOTE_AUTOGRAD_MAX_SESSIONS_PER_TOKEN": "3"}
     floats = [0.5] * 1000  # 4000 bytes
     with running(**limits) as s, api(s.url, "a") as a, api(s.url, "b") as b:
         first, second = (a.post("/v1/sessions").json()["session_id"] for _ in range(2))
