@@ -9,6 +9,7 @@ the in-process one (the behaviour routes rely on when a client goes away).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -124,25 +125,25 @@ async def _answer(backend, sid: str, pid: str, steps: list, watch=None) -> tuple
         return err.status, err.answer()
 
 
-def _backend(kind: str):
+@contextlib.asynccontextmanager
+async def _session_on(kind: str):
+    """``(backend, session id)`` on a started backend of ``kind``, closed afterwards."""
     load_configured_ops((), test_ops=True)
     settings = Settings(test_ops=True, tenant_processes="on" if kind == "tenant-process" else "off")
-    return TenantProcesses(settings) if kind == "tenant-process" else LocalSessions(settings)
-
-
-async def _closed(backend) -> None:
-    closing = backend.close()
-    if closing is not None:
-        await closing
+    backend = TenantProcesses(settings) if kind == "tenant-process" else LocalSessions(settings)
+    backend.start()
+    try:
+        yield backend, (await backend.create_session(None))["session_id"]
+    finally:
+        closing = backend.close()
+        if closing is not None:
+            await closing
 
 
 @pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
 def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
     async def main():
-        backend = _backend(kind)
-        backend.start()
-        try:
-            sid = (await backend.create_session(None))["session_id"]
+        async with _session_on(kind) as (backend, sid):
             first = asyncio.ensure_future(_answer(backend, sid, "p1", [call("_test_sleep", 1.0, out=["s"])]))
             await asyncio.sleep(0.3)
             queued = asyncio.ensure_future(_answer(backend, sid, "p2", [put("x", [1.0])]))
@@ -155,8 +156,6 @@ def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
             status, body = await _answer(backend, sid, "p3", [{"kind": "fetch", "id": "x"}])
             assert status == 404 and body["error"]["code"] == "unknown_tensor", body
             assert (await _answer(backend, sid, "p2", [put("y", [2.0])]))[0] == 200
-        finally:
-            await _closed(backend)
 
     asyncio.run(main())
 
@@ -165,10 +164,7 @@ def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
 def test_a_cancelled_watch_stops_the_program_at_its_next_step(kind: str):
     """The route cancels its program's watch when the client disconnects: through a worker process too."""
     async def main():
-        backend = _backend(kind)
-        backend.start()
-        try:
-            sid = (await backend.create_session(None))["session_id"]
+        async with _session_on(kind) as (backend, sid):
             watch = ProgramWatch(60.0)
             steps = [call("_test_sleep", 0.6, out=["a"]), call("_test_sleep", 0.6, out=["b"])]
             running = asyncio.ensure_future(_answer(backend, sid, "p1", steps, watch))
@@ -178,7 +174,5 @@ def test_a_cancelled_watch_stops_the_program_at_its_next_step(kind: str):
             assert status == 409 and body["error"]["code"] == "cancelled", body
             fetched = await _answer(backend, sid, "p2", [{"kind": "fetch", "id": "a"}, {"kind": "fetch", "id": "b"}])
             assert fetched[0] == 404 and fetched[1]["error"]["step"] == 1, fetched  # a ran, b never did
-        finally:
-            await _closed(backend)
 
     asyncio.run(main())
