@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from . import bulk, latency, ray_backend, real_model, runner_overhead, training
+from . import bulk, latency, ray_backend, real_model, runner_overhead, tenant_processes, training
 from ._util import serve
 
 SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run,
-            "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run}
+            "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run,
+            "tenants": tenant_processes.run}
 
 
 def main() -> None:

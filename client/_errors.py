@@ -23,7 +23,8 @@ class RemoteError(RuntimeError):
 
 
 class SessionLost(RemoteError):
-    """The server no longer knows the session (expired, deleted, or the server restarted).
+    """The server no longer knows the session: it expired or was deleted, its worker died, or the
+    server restarted without a state volume (or was killed: ``kill -9`` writes nothing).
 
     ``session_id`` names the lost session. The message always says what went with it and
     what to do next, after the server's own words (``server_message``).
@@ -32,7 +33,8 @@ class SessionLost(RemoteError):
     def __init__(self, message: str, *, session_id: str | None = None, **kw) -> None:
         self.session_id = session_id
         name = f"session {session_id}" if session_id else "the session"
-        advice = (f"{message}: {name} is gone on the server (it expired, was deleted, or the server restarted), "
+        advice = (f"{message}: {name} is gone on the server (it expired, was deleted, its worker died, or the server "
+                  f"restarted without REMOTE_AUTOGRAD_STATE_DIR), "
                   f"and its tensors, their grads and its random generator state went with it. Open a new session "
                   f"(client.connect(...)) and load your last checkpoint (model.load_state_dict(...), "
                   f"optimizer.load_state_dict(...))")

@@ -269,7 +269,7 @@ class SessionInfo(_Model):
     session_id: str
     tensors: int
     bytes: int
-    worker: str | None = None  # "in-process", or the Ray worker actor's name
+    worker: str | None = None  # "in-process", the tenant's worker process ("tenant-1 (pid 123)"), or the Ray actor
     node: str | None = None  # the host name, or the Ray node id
 
 
@@ -332,13 +332,16 @@ class Health(_Model):
 class Readiness(_Model):
     """``GET /readyz``: ``ready`` (200) once the device computes, else ``unavailable`` (503) with why.
 
-    With the Ray backend, ``workers`` counts the worker actors that answered (ready: at least one).
+    With the Ray backend, ``workers`` counts the device slots sessions can be placed on (ready: at
+    least one). ``tenant_workers`` counts the worker processes (a process per tenant) or worker
+    actors (Ray: one per device slot and token) that are up.
     """
 
     status: Literal["ready", "unavailable"]
     device: str | None = None
     detail: str | None = None
     workers: int | None = None
+    tenant_workers: int | None = None
 
 
 def validate_program(obj: Any) -> Program:

@@ -3,8 +3,9 @@
 Authentication, request ids, metrics and access logs happen in ``middleware.Gatekeeper``
 before any route. Routes speak to a ``SessionBackend`` in ids and bytes: ``LocalSessions``
 (the default: sessions in this process, torch on worker threads, so the event loop keeps
-answering ``/healthz`` while torch works) or ``RaySessions`` (sessions in worker actors on
-a Ray cluster; this process then keeps no session state).
+answering ``/healthz`` while torch works), ``TenantProcesses`` (each token's sessions in a
+worker process of its own, each running ``LocalSessions``) or ``RaySessions`` (sessions in
+worker actors on a Ray cluster). The last two keep no session state in this process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from . import __version__
+from . import __version__, state_volume
 from .auth import Tokens
 from .docs_page import install as install_docs_page
 from .local_sessions import LocalSessions
@@ -24,6 +25,8 @@ from .openapi import install as install_openapi
 from .ops import load_configured_ops
 from .routes import ROUTERS, errors
 from .settings import Settings
+from .tenant_metrics import TenantFigures
+from .tenant_processes import TenantProcesses
 
 log = logging.getLogger("remote_autograd.service")
 
@@ -34,18 +37,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     load_configured_ops(settings.op_modules, test_ops=settings.test_ops)
     backend = make_backend(settings)
     local = backend if isinstance(backend, LocalSessions) else None  # the front holds the sessions itself
-    metrics = Metrics(local.store if local else None, backend.slots)
+    figures = TenantFigures(backend) if isinstance(backend, TenantProcesses) else None
+    metrics = Metrics(local.store if local else None, backend.slots, figures)
     if local is not None:
         local.store.on_step = metrics.observe_step
     backend.observe_program = metrics.program_seconds.observe
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if local is not None and settings.state_dir:
+            state_volume.restore_all(local, settings)
         backend.start()
         try:
             yield
         finally:  # uvicorn has let running requests finish by now: their programs are done
-            backend.close()
+            if isinstance(backend, TenantProcesses):
+                await backend.close()  # each worker saves its sessions (with a state directory), then stops
+            else:
+                backend.close()
+            if local is not None and settings.state_dir:
+                state_volume.save_all(local, settings)
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request; the
     # service exports Prometheus metrics instead, so it is off (see service.metrics).
@@ -67,9 +78,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def make_backend(settings: Settings):
-    """The ``SessionBackend`` that ``settings.backend`` names: ``inprocess`` (default) or ``ray``."""
+    """The ``SessionBackend`` that ``settings.backend`` names: ``inprocess`` (default) or ``ray``.
+
+    In process, each token's sessions run in a worker process of their own when
+    ``settings.per_tenant_processes()`` (by default: more than one token); with one token or
+    none, in this process (the fast path: no hop between processes)."""
     if settings.backend == "inprocess":
-        return LocalSessions(settings)
+        return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":
         from .ray_sessions import RaySessions  # ray is an optional extra: imported only when asked for
 

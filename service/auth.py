@@ -10,6 +10,7 @@ user knows which to fix; neither names a token, and every wrong one reads the sa
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from remote_autograd.proto import ErrorCode, ProtocolError
@@ -70,3 +71,10 @@ class Tokens:
             return not self._tokens
         scheme, _, given = (authorization or b"").partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._operator)
+
+def tenant_tag(owner: str | None) -> str:
+    """A name for ``owner``'s tenant where the token itself must not appear (state directories, Ray
+    actor names): 16 hex digits of a digest of the token, or ``open`` on a server without tokens."""
+    if owner is None:
+        return "open"
+    return hashlib.blake2b(owner.encode(), digest_size=8, person=b"ra-tenant").hexdigest()

@@ -1,17 +1,22 @@
 """``RaySessions``: the Ray backend of the ``SessionBackend`` seam (``REMOTE_AUTOGRAD_BACKEND=ray``).
 
-Sessions live in ``SessionWorker`` actors, one per device: one per GPU of each node
-(``num_gpus=1``), or, on a node without GPUs, one per unit of the custom resource
-``remote_autograd_worker`` the node declares (``ray start --resources
-'{"remote_autograd_worker": 1}'``). This front keeps no session state: a session id starts
-with its worker's key, the worker actor is named after that key, so any front process on
-any node serves any session. Workers are detached named actors pinned to their node; every
-front makes the missing ones (``get_if_exists``: fronts racing make one), so a node that
-joins later gets workers on the next placement.
+Sessions live in ``SessionWorker`` actors, one per device slot and tenant (token), so
+tenants never share an address space. The device slots are each GPU of each node, or, on a
+node without GPUs, each unit of the custom resource ``remote_autograd_worker`` the node
+declares (``ray start --resources '{"remote_autograd_worker": 1}'``). A token's actor on a
+slot is made when a session of the token is first placed there, and asks for a share of
+the slot (``num_gpus`` or the resource: one over the number of tokens), so every token's
+actor fits beside the others and the GPU's own memory protection keeps them apart. This
+front keeps no session state: a session id starts with its worker's key (slot, then the
+tenant's tag), the actor is named after that key, so any front process on any node serves
+any session. Workers are detached named actors pinned to their node (``get_if_exists``:
+fronts racing make one); a node that joins later is used at the next placement.
 
-Faults: a call to a dead worker (its process ended, or its node left) raises Ray's
-``RayActorError``; that session's request is answered ``410 session_lost`` and the worker
-leaves the placement list. Other sessions never notice.
+Routing checks the caller first: an id whose key names another tenant's actor is unknown
+(404) without reaching that actor. Faults: a call to a dead worker (its process ended, or
+its node left) raises Ray's ``RayActorError``; that session's request is answered
+``410 session_lost`` and the worker leaves the placement list. Other sessions, and other
+tenants' actors on the same device, never notice.
 
 Without ``RAY_ADDRESS`` the front starts a local Ray instance declaring one worker slot.
 """
@@ -31,6 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
+from .auth import tenant_tag
 from .guards import ProgramSlots
 from .local_sessions import ProgramAnswer
 from .program_watch import ProgramWatch
@@ -39,7 +45,8 @@ from .settings import Settings
 from .store import check_token_sessions
 
 WORKER_RESOURCE = "remote_autograd_worker"
-_KEY = re.compile(r"[0-9a-f]{12}-\d{1,4}")  # the node id's first 12 hex digits, then the device slot
+# the device slot (the node id's first 12 hex digits, the slot's number), then the tenant's tag
+_KEY = re.compile(r"([0-9a-f]{12}-\d{1,4})-([0-9a-f]{16}|open)")
 _REFRESH_SECONDS = 2.0  # how stale the worker list may be when a session is placed
 _FIRST_ANSWER_SECONDS = 120.0  # a new worker imports torch (and opens CUDA) before it answers
 _READY_SECONDS = 5.0
@@ -55,6 +62,8 @@ class RaySessions:
         self.observe_program: Callable[[float], None] = lambda seconds: None
         _connect(settings.ray_namespace)
         self._actor = ray.remote(SessionWorker)
+        self._share = 1 / max(1, len(settings.tokens))  # of a device slot, for each tenant's actor on it
+        self._slots: dict[str, tuple[str, bool]] = {}  # slot -> (node id, on a GPU), the live ones as last listed
         self._workers: dict[str, Any] = {}  # key -> actor handle, the live workers as last listed
         self._listed_at = 0.0
         self._list_workers()
@@ -71,37 +80,51 @@ class RaySessions:
         return {"device": "ray"}
 
     async def readiness(self) -> tuple[bool, dict]:
+        """Ready with a device slot to place sessions on; ``workers`` counts the slots, ``tenant_workers``
+        the actors (one per slot and token, made as sessions are placed) that answered."""
         workers = await self._workers_now(force=True)
         answers = await asyncio.gather(*(_within(h.ping.remote(), _READY_SECONDS) for h in workers.values()),
                                        return_exceptions=True)
         up = sum(not isinstance(a, BaseException) for a in answers)
-        if not up:
-            return False, {"status": "unavailable", "device": "ray", "workers": 0,
-                           "detail": f"no worker answered: no node offers a GPU or the {WORKER_RESOURCE} resource"}
-        return True, {"status": "ready", "device": "ray", "workers": up}
+        if not self._slots:
+            return False, {"status": "unavailable", "device": "ray", "workers": 0, "tenant_workers": up,
+                           "detail": f"no node offers a GPU or the {WORKER_RESOURCE} resource"}
+        return True, {"status": "ready", "device": "ray", "workers": len(self._slots), "tenant_workers": up}
 
     # -- sessions --------------------------------------------------------------------------
 
     async def create_session(self, owner: str | None) -> dict:
-        """On the least-loaded worker (bytes held, then sessions), within the token's cluster-wide limit."""
+        """On the least-loaded device slot (bytes held, then sessions, by every tenant's actor on it), in the
+        token's actor there (made if it has none), within the token's cluster-wide limit."""
         workers = await self._workers_now()
+        tag = tenant_tag(owner)
         loads = await asyncio.gather(*(self._load(key, h, owner) for key, h in workers.items()))
-        loads = [(load, key) for load, key in zip(loads, workers) if load is not None]
-        if not loads:
+        by_slot = {slot: [0, 0] for slot in self._slots}
+        token_sessions = 0
+        for key, load in zip(workers, loads):
+            slot, theirs = _KEY.fullmatch(key).groups()
+            if load is None or slot not in by_slot:
+                continue
+            by_slot[slot][0] += load["bytes"]
+            by_slot[slot][1] += load["sessions"]
+            token_sessions += load["token_sessions"] if theirs == tag else 0
+        if not by_slot:
             raise ProtocolError(ErrorCode.TOO_MANY, "no worker is up to hold a session: retry later")
-        check_token_sessions(sum(load["token_sessions"] for load, _ in loads), self.settings)
-        for load, key in sorted(loads, key=lambda lk: (lk[0]["bytes"], lk[0]["sessions"], lk[1])):
+        check_token_sessions(token_sessions, self.settings)
+        for slot in sorted(by_slot, key=lambda s: (*by_slot[s], s)):
+            key = f"{slot}-{tag}"
+            handle = workers.get(key) or self._make_worker(slot, key)
             try:
-                return _unwrap(await workers[key].create_session.remote(owner))
-            except RayActorError:  # it died since it answered: the next one
+                return _unwrap(await _within(handle.create_session.remote(owner), _FIRST_ANSWER_SECONDS))
+            except (RayActorError, GetTimeoutError, asyncio.TimeoutError):  # it died or never came up: the next slot
                 self._workers.pop(key, None)
         raise ProtocolError(ErrorCode.TOO_MANY, "every worker died while placing the session: retry later")
 
     async def describe_session(self, sid: str, owner: str | None) -> dict:
-        return await self._ask(sid, lambda h: h.describe_session.remote(sid, owner))
+        return await self._ask(sid, owner, lambda h: h.describe_session.remote(sid, owner))
 
     async def delete_session(self, sid: str, owner: str | None) -> None:
-        await self._ask(sid, lambda h: h.delete_session.remote(sid, owner))
+        await self._ask(sid, owner, lambda h: h.delete_session.remote(sid, owner))
 
     # -- work ------------------------------------------------------------------------------
 
@@ -110,7 +133,7 @@ class RaySessions:
         ``_ASK_ABOVE_BYTES`` (or of unknown length), whether its worker holds the session."""
         if body_bytes is None or body_bytes > _ASK_ABOVE_BYTES:
             await self.describe_session(sid, owner)
-        elif not _KEY.fullmatch(sid.partition(".")[0]):
+        elif not _is_theirs(sid, owner):
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
 
     @asynccontextmanager
@@ -130,7 +153,7 @@ class RaySessions:
         with self.slots.take(sid, owner):
             start = time.perf_counter()
             try:
-                status, media_type, answer, steps, worker = await self._ask(sid, call)
+                status, media_type, answer, steps, worker = await self._ask(sid, owner, call)
             except TaskCancelledError:
                 raise ProtocolError(ErrorCode.CANCELLED, "the client disconnected while the program ran: it "
                                     "stopped at a step boundary on its worker") from None
@@ -140,14 +163,15 @@ class RaySessions:
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:
-        return await self._ask(sid, lambda h: h.read_tensor.remote(sid, owner, tid, value, grad, as_json))
+        return await self._ask(sid, owner, lambda h: h.read_tensor.remote(sid, owner, tid, value, grad, as_json))
 
     # -- workers ---------------------------------------------------------------------------
 
-    async def _ask(self, sid: str, call: Callable[[Any], Any]) -> Any:
-        """``call(worker)`` on the worker that holds ``sid``; its ProtocolError raised here; 410 if it died."""
+    async def _ask(self, sid: str, owner: str | None, call: Callable[[Any], Any]) -> Any:
+        """``call(worker)`` on the worker that holds ``sid``; its ProtocolError raised here; 410 if it died.
+        An id of another tenant's worker is unknown here: that worker is never reached."""
         key = sid.partition(".")[0]
-        if not _KEY.fullmatch(key):
+        if not _is_theirs(sid, owner):
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
         handle = self._workers.get(key)
         if handle is None:  # made by another front since this one listed the workers, or gone
@@ -174,30 +198,37 @@ class RaySessions:
         return dict(self._workers)
 
     def _list_workers(self) -> None:
-        """The live workers, after making the missing ones: one per device slot of every live node."""
-        listed = {name[len(WORKER_PREFIX):] for name in ray.util.list_named_actors()
-                  if name.startswith(WORKER_PREFIX)}
-        workers = {}
+        """The device slots of every live node, and the live workers (any front's) on them."""
+        slots = {}
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue
             resources = node.get("Resources", {})
             gpus = int(resources.get("GPU", 0))
             for slot in range(gpus or int(resources.get(WORKER_RESOURCE, 0))):
-                key = f"{node['NodeID'][:12]}-{slot}"
-                known = self._workers.get(key) if key in listed else None
-                workers[key] = known or self._make_worker(node["NodeID"], key, on_gpu=gpus > 0)
-        self._workers, self._listed_at = workers, time.monotonic()
+                slots[f"{node['NodeID'][:12]}-{slot}"] = (node["NodeID"], gpus > 0)
+        workers = {}
+        for name in ray.util.list_named_actors():
+            match = _KEY.fullmatch(name[len(WORKER_PREFIX):]) if name.startswith(WORKER_PREFIX) else None
+            if match is not None and match.group(1) in slots:
+                key = match.group(0)
+                workers[key] = self._workers.get(key) or _named_worker(key)
+        self._slots = slots
+        self._workers = {key: handle for key, handle in workers.items() if handle is not None}
+        self._listed_at = time.monotonic()
 
-    def _make_worker(self, node_id: str, key: str, *, on_gpu: bool) -> Any:
+    def _make_worker(self, slot: str, key: str) -> Any:
         # num_cpus=0: the device is what the worker holds; a default actor would also hold a CPU
         # for life and could leave nothing else schedulable on a small node.
-        resources = {"num_gpus": 1} if on_gpu else {"resources": {WORKER_RESOURCE: 1}}
-        return self._actor.options(
+        node_id, on_gpu = self._slots[slot]
+        resources = {"num_gpus": self._share} if on_gpu else {"resources": {WORKER_RESOURCE: self._share}}
+        handle = self._actor.options(
             name=worker_name(key), lifetime="detached", get_if_exists=True, num_cpus=0, max_restarts=0,
             max_concurrency=1000, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             **resources,
         ).remote(self.settings, key)
+        self._workers[key] = handle
+        return handle
 
 
 def _connect(namespace: str) -> None:
@@ -208,6 +239,12 @@ def _connect(namespace: str) -> None:
         ray.init(namespace=namespace, log_to_driver=False)
     else:
         ray.init(namespace=namespace, resources={WORKER_RESOURCE: 1}, include_dashboard=False, log_to_driver=False)
+
+
+def _is_theirs(sid: str, owner: str | None) -> bool:
+    """Whether ``sid`` names a worker of ``owner``'s tenant (any other id is unknown to the caller)."""
+    match = _KEY.fullmatch(sid.partition(".")[0])
+    return match is not None and match.group(2) == tenant_tag(owner)
 
 
 def _named_worker(key: str) -> Any | None:

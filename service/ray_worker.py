@@ -1,4 +1,4 @@
-"""``SessionWorker``: the Ray actor that holds sessions on one device (one per GPU, or per worker slot).
+"""``SessionWorker``: the Ray actor that holds one tenant's sessions on one device slot (a GPU, or a worker slot).
 
 It runs the in-process backend (``LocalSessions``): the same store, runner, op table,
 worker threads and per-session guarantees as a single server. It is an async actor, so
@@ -11,7 +11,7 @@ answers as bytes. A ``ProtocolError`` comes back as ``("error", wire dict)`` rat
 raised: the front re-raises it as the same 4xx the in-process server answers.
 
 Session ids start with ``<key>.<incarnation>.``: any front finds the worker from the
-``key`` (the actor is named ``worker-<key>``), and an id from an earlier actor of the
+``key`` (the device slot, then the tenant's tag; the actor is named ``worker-<key>``), and an id from an earlier actor of the
 same name (its process died and the front made a new one) is answered ``session_lost``.
 """
 
@@ -37,7 +37,7 @@ def worker_name(key: str) -> str:
 
 
 class SessionWorker:
-    """Sessions of one device; every method answers ``("ok", value)`` or ``("error", wire error)``."""
+    """One tenant's sessions on one device slot; every method answers ``("ok", value)`` or ``("error", wire error)``."""
 
     def __init__(self, settings: Settings, key: str) -> None:
         load_configured_ops(settings.op_modules, test_ops=settings.test_ops)

@@ -76,6 +76,9 @@ class Settings:
     log_level: str = "warning"
     backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.ray_sessions)
     model_dir: str = ""  # safetensors files sessions may load by name (service.model_dir); "": none
+    tenant_processes: str = "auto"  # inprocess: "auto" (a worker process per token when 2+ tokens), "on", "off"
+    tenant_idle_seconds: float = 300.0  # a token's worker process stops after this long without a session
+    state_dir: str = ""  # sessions are written here on SIGTERM and restored at start (service.state_volume)
     ray_namespace: str = "remote-autograd"
     # -- admission, fair work and connections (service/guards.py, service/admission.py,
     #    service/program_watch.py, service/http_protocol.py) --
@@ -128,6 +131,12 @@ class Settings:
         if self.resolved_device().type == "cuda":
             return 8
         return max(2, min(8, (os.cpu_count() or 2) // 2))
+
+    def per_tenant_processes(self) -> bool:
+        """Whether each token's sessions run in a worker process of their own (``service.tenant_processes``)."""
+        if self.tenant_processes not in ("auto", "on", "off"):
+            raise ValueError(f"REMOTE_AUTOGRAD_TENANT_PROCESSES={self.tenant_processes!r}: use auto, on or off")
+        return self.tenant_processes == "on" or (self.tenant_processes == "auto" and len(self.tokens) > 1)
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

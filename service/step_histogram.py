@@ -41,9 +41,23 @@ class StepHistogram(Collector):
             row[i] += 1
             row[-2] += seconds
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
+    def rows(self) -> dict[str, list]:
+        """Each op's counts by bucket, sum and creation time (a tenant's worker process hands them to its front)."""
         with self._lock:
-            rows = {op: list(row) for op, row in self._rows.items()}
+            return {op: list(row) for op, row in self._rows.items()}
+
+    def absorb(self, rows: dict[str, list]) -> None:
+        """Add the counts and sums of ``rows`` (another histogram's, over the same buckets) to these."""
+        with self._lock:
+            for op, row in rows.items():
+                mine = self._rows.get(op)
+                if mine is None:
+                    mine = self._rows[op] = [0] * (len(self._bounds) + 1) + [0.0, row[-1]]
+                for i, value in enumerate(row[:-1]):
+                    mine[i] += value
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        rows = self.rows()
         family = HistogramMetricFamily(self._name, self._doc, labels=("op",))
         bounds = [floatToGoString(b) for b in (*self._bounds, math.inf)]
         for op, row in rows.items():

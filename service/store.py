@@ -144,7 +144,8 @@ class SessionStore:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def create(self, owner: str | None = None) -> Session:
+    def create(self, owner: str | None = None, sid: str | None = None) -> Session:
+        """A new session of ``owner`` (``sid``: the id it had before a restart, ``service.state_volume``)."""
         with self._lock:
             self._expire_idle()
             if len(self._sessions) >= self.settings.max_sessions:
@@ -152,7 +153,7 @@ class SessionStore:
                     ErrorCode.TOO_MANY, f"too many sessions: limit max_sessions={self.settings.max_sessions}"
                 )
             check_token_sessions(self._sessions_of(owner), self.settings)
-            sid = self.id_prefix + secrets.token_urlsafe(16)
+            sid = sid or self.id_prefix + secrets.token_urlsafe(16)
             gen = torch.Generator(device=self.device)
             gen.manual_seed(secrets.randbits(63))
             session = Session(id=sid, owner=owner, device=self.device, generator=gen,

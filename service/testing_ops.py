@@ -1,12 +1,14 @@
 """Test-only ops, registered only when ``Settings.test_ops`` is on (never in production).
 
 They exercise paths real ops reach only by bad luck: device out of memory (507), a
-step failing at a chosen place (atomicity), and a long-running step (concurrency,
-graceful shutdown). Names start with ``_test`` so the generated op tests skip them.
+step failing at a chosen place (atomicity), a long-running step (concurrency,
+graceful shutdown), and a kernel crashing the process that runs it (a tenant's
+worker process: only that tenant loses its sessions). Names start with ``_test`` so the generated op tests skip them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -55,6 +57,11 @@ def _test_sleep(seconds):
     return torch.zeros((), device=current().device)
 
 
-for _fn in (_test_oom, _test_fail, _test_sleep):
+def _test_abort(input=None):
+    """ends the process running it at once (``os.abort``: SIGABRT, no cleanup), as a crashing kernel does"""
+    os.abort()
+
+
+for _fn in (_test_oom, _test_fail, _test_sleep, _test_abort):
     if _fn.__name__ not in OP_TABLE:  # the module may be imported by several apps of one process
         op(_fn.__name__, **_TEST_OP)(_fn)

@@ -3,9 +3,10 @@
 Tests that need other settings start their own with ``start_server(**env)``.
 
 A test (or a module, through ``pytestmark``) marked ``@pytest.mark.backends("inprocess", "ray")``
-runs once per backend: ``server_url`` is then the in-process server or a front on the Ray
-backend (over a one-node Ray cluster started once per test session). Unmarked tests use
-the in-process server only.
+runs once per backend: ``server_url`` is then the in-process server, the same with its
+sessions in a tenant worker process (``tenants``), or a front on the Ray backend (over a
+one-node Ray cluster started once per test session). Unmarked tests use the in-process
+server only.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def server_url(request: pytest.FixtureRequest) -> str:
 def inprocess_server_url() -> Iterator[str]:
     """The shared server with default settings (plus the test-only ops)."""
     with start_server(REMOTE_AUTOGRAD_TEST_OPS="1") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def tenants_server_url() -> Iterator[str]:
+    """The shared server's settings with every tenant (here the one open one) in a worker process of its own."""
+    with start_server(REMOTE_AUTOGRAD_TEST_OPS="1", REMOTE_AUTOGRAD_TENANT_PROCESSES="on") as url:
         yield url
 
 

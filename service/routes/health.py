@@ -29,5 +29,6 @@ async def readyz(backend: Backend) -> Response:
 async def prometheus_metrics(request: Request, metrics: AppMetrics) -> Response:
     """Everything for the operator (the Gatekeeper says who that is), a tenant's own figures otherwise."""
     state = request.scope.get("state", {})
+    await metrics.refresh()  # figures held by other processes (a worker process per tenant)
     body = metrics.render(state.get("owner"), everything=bool(state.get("operator")))
     return Response(body, media_type=METRICS_CONTENT_TYPE)

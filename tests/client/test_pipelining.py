@@ -12,7 +12,7 @@ from remote_autograd.client import _infer
 
 from ..conftest import start_server
 
-pytestmark = pytest.mark.backends("inprocess", "ray")  # layout-free: the same on either backend
+pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")  # layout-free: the same on either backend
 
 
 def _workload(sess):

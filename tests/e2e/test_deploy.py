@@ -84,6 +84,17 @@ def test_compose_cpu_override_drops_the_gpu_and_sets_cpu(tmp_path: Path):
     assert cpu_server["environment"]["REMOTE_AUTOGRAD_TOKENS"] == "test-token"
 
 
+@pytest.mark.parametrize("files", [(MAIN,), (MAIN, CPU)], ids=["gpu", "gpu+cpu-override"])
+def test_compose_keeps_sessions_on_a_volume_across_a_restart(tmp_path: Path, files: tuple[Path, ...]):
+    config = json.loads(_compose(tmp_path, *files, env_file=TOKEN_ENV, command=("config", "--format", "json")).stdout)
+    server = config["services"]["server"]
+    state = server["environment"]["REMOTE_AUTOGRAD_STATE_DIR"]
+    (mount,) = [v for v in server["volumes"] if v["target"] == state]
+    assert mount["type"] == "volume" and mount["source"] in config["volumes"]
+    assert server["stop_grace_period"] == "5m0s"  # time to write the sessions: Docker's default is 10 s
+    assert f"install -d -o 10001 -g 10001 {state}" in DOCKERFILE.read_text()  # the image's user may write it
+
+
 @pytest.mark.parametrize("file", [MAIN, RAY], ids=["gpu", "ray"])
 def test_compose_refuses_to_start_without_tokens(tmp_path: Path, file: Path):
     result = _compose(tmp_path, file, env_file=None)

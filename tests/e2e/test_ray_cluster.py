@@ -173,10 +173,12 @@ def test_a_dead_worker_process_loses_its_sessions_and_its_replacement_does_not_t
     with api(fronts[0], "alice") as c:
         error_of(program(c, first, []), 410, "session_lost", first, victim, "died")
         assert program(c, second, [put("x", [1.0])]).status_code == 200  # the other worker's session goes on
-        ready_workers(fronts[0], 2)  # the front made a new worker for that device
+        ready_workers(fronts[0], 2)  # the device is still there
+        replacing = c.post("/v1/sessions").json()["session_id"]  # to the emptiest device: a new worker there
+        assert _where(fronts[0], replacing)["worker"] == victim
         # an id of the dead worker reaches its replacement (same name), which knows it is not its own
         error_of(c.get(f"/v1/sessions/{first}"), 410, "session_lost", "earlier run")
-        for sid in (first, second):
+        for sid in (first, second, replacing):
             c.delete(f"/v1/sessions/{sid}")
 
 
@@ -202,7 +204,9 @@ def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster,
             ready_workers(url, 1)
             with client.connect(url, token="bob") as fresh:
                 fresh.sync()
-                assert _where(url, fresh.id, "bob")["node"] == head
+                theirs, ours = _where(url, fresh.id, "bob"), _where(url, kept[0].id)
+                assert theirs["node"] == ours["node"] == head  # one GPU, shared by each token's own worker
+                assert theirs["worker"] != ours["worker"]
         lost[0]._closed = True  # nothing left to delete
         joined = ray_cluster.add_node(node_ip_address="127.0.0.1", **GPU_NODE)
         ready_workers(fronts[0], 2)

@@ -86,7 +86,7 @@ def _send_and_leave(url: str, sid: str, steps: list, after: float) -> None:
         time.sleep(after)
 
 
-@pytest.mark.backends("inprocess", "ray")  # on Ray the front cancels the worker's call
+@pytest.mark.backends("inprocess", "tenants", "ray")  # elsewhere the front cancels the worker's call
 def test_a_program_whose_client_disconnects_stops_at_its_next_step(server_url: str):
     with api(server_url) as c:
         sid = _session(c)

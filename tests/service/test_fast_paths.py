@@ -22,7 +22,7 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service import grad_ownership
 from remote_autograd.service.answers import encode_answer, keepable
-from remote_autograd.service.metrics import _OP_BUCKETS
+from remote_autograd.service.metrics import OP_BUCKETS
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
 from remote_autograd.service.runner import run_steps
 from remote_autograd.service.settings import Settings
@@ -163,9 +163,9 @@ def test_in_place_under_no_grad_on_views_and_parameters():
 
 def test_step_histogram_renders_like_prometheus_histogram():
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    mine = StepHistogram("op_seconds", "doc", _OP_BUCKETS)
+    mine = StepHistogram("op_seconds", "doc", OP_BUCKETS)
     ours.register(mine)
-    reference = Histogram("op_seconds", "doc", ("op",), buckets=_OP_BUCKETS, registry=theirs)
+    reference = Histogram("op_seconds", "doc", ("op",), buckets=OP_BUCKETS, registry=theirs)
     for op, seconds in [("add", 3e-6), ("add", 1e-5), ("add", 0.002), ("backward", 0.3), ("x", 100.0), ("add", 5.0)]:
         mine.observe(op, seconds)
         reference.labels(op).observe(seconds)

@@ -19,7 +19,7 @@ from remote_autograd.proto.frames import FRAMES, extract_frames, pack_frames, un
 
 from ..conftest import PROTOCOL_HEADERS
 
-pytestmark = pytest.mark.backends("inprocess", "ray")
+pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")
 
 N = 8 << 20  # float32 elements: 32 MiB, far more than the sockets buffer between the two sides
 

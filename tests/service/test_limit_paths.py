@@ -21,7 +21,7 @@ import torch
 from remote_autograd.proto import encode_tensor
 from remote_autograd.proto.frames import FRAMES, pack_frames
 
-pytestmark = pytest.mark.backends("inprocess", "ray")
+pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")
 
 JSON, MSGPACK = "application/json", "application/msgpack"
 WIRES = ["json", "msgpack", "framed"]

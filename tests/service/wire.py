@@ -25,7 +25,7 @@ FORMATS = ["msgpack", "json"]
 
 # The tests of programs, errors and retries: they do not depend on where sessions live, so
 # they also run against a front on the Ray backend (conftest: the backends marker).
-BOTH_BACKENDS = pytest.mark.backends("inprocess", "ray")
+BOTH_BACKENDS = pytest.mark.backends("inprocess", "tenants", "ray")
 
 
 def fail_on_5xx(response: httpx.Response) -> None:

@@ -1,0 +1,85 @@
+"""A graceful restart with a state volume: SIGTERM between training steps, and the same loop goes on.
+
+The server is stopped as ``docker compose up`` with a new image stops it (SIGTERM) and a
+new one starts on the same port and ``REMOTE_AUTOGRAD_STATE_DIR``; the SDK session in
+the middle of its loop notices nothing. Its parameters, optimizer state and generator
+(dropout masks) must end exactly where an uninterrupted run ends. Once with a single
+process (no tokens) and once with a worker process per tenant (two tokens).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from remote_autograd import client
+
+from ..servers import _free_port, api, error_of, launch
+from .test_training import _data
+
+CASES = {"one-process": {}, "process-per-tenant": {"REMOTE_AUTOGRAD_TOKENS": "a,b"}}
+CHUNKS, STEPS_PER_PROGRAM, RESTART_AFTER = 4, 3, 1
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 3))
+
+
+def _train(sess: client.Session, between) -> tuple[list[float], dict]:
+    """Adam over CHUNKS programs of STEPS_PER_PROGRAM steps each (their losses read once per program)."""
+    X, Y = _data()
+    sess.manual_seed(7)
+    model = sess.module(_model())
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    Xr, Yr = sess.tensor(X), sess.tensor(Y)
+    losses: list[float] = []
+    for chunk in range(CHUNKS):
+        queued = []
+        for step in range(STEPS_PER_PROGRAM):
+            i = ((chunk * STEPS_PER_PROGRAM + step) * 16) % X.shape[0]
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(Xr[i:i + 16]), Yr[i:i + 16])
+            loss.backward()
+            opt.step()
+            queued.append(loss)
+        losses += torch.stack(queued).tolist()  # the one request of these steps
+        between(chunk)
+    return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: Path):
+    env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), **CASES[case]}
+    token = "a" if "REMOTE_AUTOGRAD_TOKENS" in env else None
+    port = _free_port()
+    server = launch(port, **env)
+    try:
+        with client.connect(server.url, token=token) as sess:
+            want_losses, want_state = _train(sess, lambda chunk: None)
+        with client.connect(server.url, token=token) as sess, client.connect(server.url, token="b") as other:
+            kept = other.tensor([4.0, 5.0])  # another tenant's session, across the same restart
+            other.sync()
+
+            def restart(chunk: int) -> None:
+                nonlocal server
+                if chunk != RESTART_AFTER:
+                    return
+                assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once done
+                assert any(tmp_path.iterdir()), "nothing was written on SIGTERM"
+                server = launch(port, **env)
+
+            got_losses, got_state = _train(sess, restart)
+            assert kept.tolist() == [4.0, 5.0]
+            if token is not None:
+                with api(server.url, token) as c:  # restored as the other token's: still not ours
+                    error_of(c.get(f"/v1/sessions/{other.id}"), 404, "unknown_session")
+        assert got_losses == want_losses
+        for k, v in want_state.items():
+            assert torch.equal(got_state[k], v), k
+    finally:
+        server.close()
