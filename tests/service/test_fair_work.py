@@ -24,7 +24,7 @@ from ..servers import api, call, error_of, program, put, running
 
 A, B = "tok-a-0123456789", "tok-b-9876543210"
 SETTINGS = {"REMOTE_AUTOGRAD_TOKENS": f"{A},{B}", "REMOTE_AUTOGRAD_TEST_OPS": "1",
-            "REMOTE_AUTOGRAD_MAX_PROGRAM_SECONDS": "2.0", "REMOTE_AUTOGRAD_MAX_CONCURRENT_PROGRAMS": "4",
+            "REMOTE_AUTOGRAD_MAX_PROGRAM_SECONDS": "4.0", "REMOTE_AUTOGRAD_MAX_CONCURRENT_PROGRAMS": "4",
             "REMOTE_AUTOGRAD_MAX_PROGRAMS_PER_SESSION": "2", "REMOTE_AUTOGRAD_MAX_PROGRAMS_PER_TOKEN": "3"}
 
 
@@ -61,9 +61,10 @@ def _held(c: httpx.Client, sid: str, tid: str) -> bool:
 def test_a_program_stops_at_the_first_step_past_its_time_limit_and_its_steps_before_stay_done(url: str):
     with api(url, A) as c:
         sid = _session(c)
-        steps = _sleeps(1.2, 1.2, then=[put("late", [1.0])])  # step 2 would start 2.4 s in: past 2.0
+        # step 2 would start 4.8 s in: past 4.0 (a limit with room for a loaded machine's small programs)
+        steps = _sleeps(2.4, 2.4, then=[put("late", [1.0])])
         r = program(c, sid, steps, pid="timed")
-        err = error_of(r, 413, "time_limit", "max_program_seconds=2.0", "stopped before this step")
+        err = error_of(r, 413, "time_limit", "max_program_seconds=4.0", "stopped before this step")
         assert (err["step"], err["op"]) == (2, "put") and len(r.json()["results"]) == 2
         assert _held(c, sid, "s0") and _held(c, sid, "s1") and not _held(c, sid, "late")
         # a retry is answered from the first run: the done steps do not run twice
