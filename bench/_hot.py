@@ -69,13 +69,17 @@ class Tap(httpx.BaseTransport):
 @contextlib.contextmanager
 def recording(tap: Tap) -> Iterator[Callable[[], list[dict]]]:
     """While inside, ``tap`` keeps what it sends; yields a function giving every program so far, in order
-    (decoded when asked, so recording adds no decoding to a timed request)."""
-    tap.recorded = recorded = []
+    (decoded when asked, so recording adds no decoding to a timed request). A recording inside another
+    adds to the outer one's list too and gives only its own part."""
+    outer = tap.recorded
+    tap.recorded = recorded = [] if outer is None else outer
+    span = [len(recorded), None]  # [first, end): the end is set on leaving
     try:
         yield lambda: [unpack_frames(body) if is_frames(ctype) else decode_body(body, ctype)
-                       for body, ctype in recorded]
+                       for body, ctype in recorded[span[0]:span[1]]]
     finally:
-        tap.recorded = None
+        span[1] = len(recorded)
+        tap.recorded = outer
 
 
 def client_alone(tap: Tap, session, fn: Callable[[], object], repeat: int) -> list[float]:

@@ -35,11 +35,22 @@ def summary(times: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e6, ordered[int(0.9 * (len(ordered) - 1))] * 1e6
 
 
-def row(label: str, times: list[float], baseline: float | None = None, extra: str = "") -> float:
+def row(label: str, times: list[float], baseline: float | None = None, extra: str = "", unit: str = "us") -> float:
+    """Print a figure's median and p90 (in ``unit``: "us" or "ms"), and its ratio to ``baseline`` (a median in
+    microseconds); return the median in microseconds."""
     med, p90 = summary(times)
     ratio = f"{med / baseline:7.2f}x" if baseline else " " * 8
-    print(f"  {label:<48} median {med:9.1f} us   p90 {p90:9.1f} us  {ratio} {extra}")
+    scale = 1e-3 if unit == "ms" else 1.0
+    print(f"  {label:<48} median {med * scale:9.1f} {unit}   p90 {p90 * scale:9.1f} {unit}  {ratio} {extra}")
     return med
+
+
+def requests_per_step(sess, step: Callable[[], object], n: int = 5) -> float:
+    """HTTP requests a session sends per call of ``step`` (counted on the wire, over ``n`` calls)."""
+    before = sess.requests
+    for _ in range(n):
+        step()
+    return (sess.requests - before) / n
 
 
 def free_port() -> int:

@@ -16,37 +16,51 @@ from remote_autograd import client
 from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
 
 from . import _hot
-from ._util import measure, row
-from .training import breakdown
+from ._util import measure, requests_per_step, row
+from .step_parts import breakdown, print_client_cost
 
 _CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+BATCH = 8
 
 
-def _step_fn(model: GPT, device, data: torch.Tensor):
+def build_gpt() -> GPT:
+    """The bench's GPT, on the CPU, from a fixed seed."""
+    torch.manual_seed(0)
+    return GPT(_CONFIG)
+
+
+def gpt_data() -> torch.Tensor:
+    return torch.randint(0, _CONFIG.vocab_size, (4096,), generator=torch.Generator().manual_seed(1))
+
+
+def gpt_batch(data: torch.Tensor, gen: torch.Generator, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    return get_batch(data, _CONFIG.block_size, BATCH, gen, device)
+
+
+def gpt_step(model: GPT, device, data: torch.Tensor):
+    """The model tests' training step on ``device``, each call on the next batch."""
     model.to(device)
     optimizer = model.configure_optimizers(weight_decay=0.1, lr=3e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup=10, total=1000))
     batches = torch.Generator().manual_seed(0)
 
     def step() -> float:
-        return train_step(model, optimizer, scheduler, *get_batch(data, _CONFIG.block_size, 8, batches, device))
+        return train_step(model, optimizer, scheduler, *gpt_batch(data, batches, device))
 
     return step
 
 
+HEADER = (f"small GPT ({_CONFIG.n_layer} layers, {_CONFIG.n_embd} wide, context {_CONFIG.block_size}, batch {BATCH}): "
+          "forward, backward, clip_grad_norm_, AdamW, LR schedule, loss.item() every step")
+
+
 def run(url: str, repeat: int = 30) -> None:
-    print(f"\n[model] small GPT ({_CONFIG.n_layer} layers, {_CONFIG.n_embd} wide, context {_CONFIG.block_size}, "
-          "batch 8): forward, backward, clip_grad_norm_, AdamW, LR schedule, loss.item() every step")
-    torch.manual_seed(0)
-    base = GPT(_CONFIG)
-    data = torch.randint(0, _CONFIG.vocab_size, (4096,), generator=torch.Generator().manual_seed(1))
-    local = row("local torch", measure(_step_fn(copy.deepcopy(base), "cpu", data), repeat=repeat, warmup=3))
+    print(f"\n[model] {HEADER}")
+    base, data = build_gpt(), gpt_data()
+    local = row("local torch", measure(gpt_step(copy.deepcopy(base), "cpu", data), repeat=repeat, warmup=3))
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
-        step = _step_fn(copy.deepcopy(base), sess.device, data)
+        step = gpt_step(copy.deepcopy(base), sess.device, data)
         times = measure(step, repeat=repeat, warmup=3)
-        before = sess.requests
-        for _ in range(5):
-            step()
-        row("remote, the same loop on sess.device", times, local, f"{(sess.requests - before) / 5:.1f} requests/step")
-        breakdown(sess, tap, step)
+        row("remote, the same loop on sess.device", times, local, f"{requests_per_step(sess, step):.1f} requests/step")
+        print_client_cost(breakdown(sess, tap, step))

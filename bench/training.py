@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 from torch import nn
@@ -11,7 +10,8 @@ from torch import nn
 from remote_autograd import client
 
 from . import _hot
-from ._util import measure, row
+from ._util import measure, requests_per_step, row
+from .step_parts import breakdown
 
 
 def _mlp() -> nn.Module:
@@ -54,31 +54,11 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             xr, yr = sess.tensor(x), sess.tensor(y)
             step = _step_fn(model, opt, xr, yr)
             times = measure(step, repeat=repeat, warmup=5)
-            before = sess.requests
-            for _ in range(10):
-                step()
-            per_step = (sess.requests - before) / 10
             name = "remote pipelined" if pipeline else "remote eager"
-            row(name, times, local, f"{per_step:.1f} requests/step")
+            row(name, times, local, f"{requests_per_step(sess, step, 10):.1f} requests/step")
             if pipeline:
                 breakdown(sess, tap, step)
                 _parts_alone(sess, tap, step, programs(), local, repeat)
-
-
-def breakdown(sess, tap: _hot.Tap, step) -> None:
-    """Where a pipelined step's time goes: the client (building steps, encoding, reading answers) vs the
-    request (from sending until the answer's head arrives: the wire and the server)."""
-    totals = []
-    for _ in range(20):
-        t0, spent_before = time.perf_counter(), tap.spent
-        step()
-        totals.append((time.perf_counter() - t0, tap.spent - spent_before, sess._transport.last_server_timing))
-    totals.sort(key=lambda row: row[0])
-    total, request, timing = totals[len(totals) // 2]  # the server's timing of that same step
-    worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3
-    print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:6.0f} us | request "
-          f"{request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us + worker {worker:6.0f} us "
-          f"(steps {steps:6.0f} us)")
 
 
 def _parts_alone(sess, tap: _hot.Tap, step, programs: list, local: float, repeat: int) -> None:
