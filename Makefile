@@ -15,7 +15,7 @@ PIP := $(PY) -m pip
 # like the package (ours are mapped on purpose: pyproject.toml); the one line it would print is noise.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 
-.PHONY: serve test test-fast bench install install-test clean
+.PHONY: serve test test-fast bench install install-test clean gpu-wheels gpu-check-dry-run
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,20 @@ test-fast: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench
+
+# The wheels bench/gpu_check.sh installs on a CUDA machine with Python 3.12 and no network
+# (carry GPU_WHEELS there with the tree: together at most 64 MiB).
+GPU_WHEELS ?= .gpu-wheels
+GPU_PLATFORMS := manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -r bench/gpu-requirements.txt -d $(GPU_WHEELS)
+	@du -sh $(GPU_WHEELS)
+
+gpu-check-dry-run: gpu-wheels $(VENV)/.installed-test
+	bash bench/gpu_check.sh --dry-run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
