@@ -88,9 +88,9 @@ say "installing from $WHEELS (nothing from the network)"
 import importlib.metadata as md
 names = ["fastapi", "starlette", "pydantic", "pydantic-core", "uvicorn", "httptools", "uvloop", "httpx", "httpcore",
          "h11", "anyio", "msgpack", "prometheus-client", "fastapi-offline", "tqdm", "pytest", "hypothesis", "numpy",
-         "remote-autograd"]
+         "safetensors", "remote-autograd"]
 print(", ".join(f"{n} {md.version(n)}" for n in names))
-import fastapi, httptools, httpx, hypothesis, msgpack, prometheus_client, pydantic, pytest, tqdm, uvicorn, uvloop  # noqa
+import fastapi, httptools, httpx, hypothesis, msgpack, prometheus_client, pydantic, pytest, safetensors, tqdm, uvicorn, uvloop  # noqa
 EOF
 
 if ((DRY_RUN)); then
