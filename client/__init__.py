@@ -14,6 +14,8 @@ point anywhere). ``tests/client/test_layers.py`` reads this list and checks ever
     transport:  _transport
     queue:      _session_core
     tensor:     _tensor
+    outputs:    _outputs
+    memo:       _meta_memo
     dispatch:   _dispatch
     handlers:   _local _autograd _moves _packed _composites _copies _weights
     kernels:    _kernels
