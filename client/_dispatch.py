@@ -32,6 +32,7 @@ _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", 
 _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+_SHAPE_INPLACE = _views.SHAPE_INPLACE
 
 # Factories have no tensor argument; their metadata comes from the torch factory on meta.
 _FACTORIES: dict[str, Callable] = {
@@ -53,9 +54,10 @@ class Encoder:
         if isinstance(v, RemoteTensor):
             if v._session is not self.session:
                 raise mixed_devices(self.session.device, v.device)
-            v._check_usable()
+            if v._error is not None:  # v._check_usable() and v._ref(), inlined: every argument of every op
+                raise v._error
             self.inputs.append(v)
-            return v._ref()
+            return {"ref": v._id} if v._grad_owner is None else {"grad_of": v._grad_owner._id}
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
         if isinstance(v, torch.Tensor):
@@ -207,13 +209,15 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
                    nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
-    _views.check_inplace(target, step["op"], rg, leaves)
-    layout = _views.reshape_inplace_meta(step["op"], target, tuple(op_args), op_kwargs or {})
+    op = step["op"]
+    if rg and target._storage is not None:  # only memory shared with another handle can be uncertain
+        _views.check_inplace(target, op, rg, leaves)
+    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if op in _SHAPE_INPLACE else None
     step["out"] = []
-    session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:
         _views.set_layout(target, layout, type(target))
-    target._after_inplace(rg, leaves)
+    _views.after_inplace(target, rg, leaves)
 
 
 def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
@@ -263,9 +267,11 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
     """
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
-    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
-                              leaves=leaves if rg else frozenset(), is_leaf=not rg)
-            for tid, (shape, dtype) in zip(ids, metas)]
+    if not rg:
+        outs = [RemoteTensor._new(session, tid, shape, dtype) for tid, (shape, dtype) in zip(ids, metas)]
+    else:
+        outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=_differentiable_dtype(dtype), leaves=leaves,
+                                  is_leaf=False) for tid, (shape, dtype) in zip(ids, metas)]
     if new_leaves:
         for o in outs:
             o._rg, o._is_leaf, o._leaves = True, True, frozenset({o._id})

@@ -46,6 +46,7 @@ _PLAIN_TYPES = frozenset({bool, int, float, complex, str, type(None), type(Ellip
                           torch.memory_format, torch.layout})
 _SEQUENCES = (list, tuple)  # torch.Size and named tuples too: the key keeps the exact type
 _SAME = object()  # key of a RemoteTensor already met in this call: (_SAME, its position)
+_GRAD_ENABLED, _DEFAULT_DTYPE, _ANY_AUTOCAST = torch.is_grad_enabled, torch.get_default_dtype, torch._C._is_any_autocast_enabled
 
 
 class _NoKey(Exception):
@@ -68,7 +69,9 @@ class MetaMemo:
         key = None
         if self.enabled:
             try:
-                key = (rule, func, _args_key(args, tensors), _kwargs_key(kwargs, tensors), _state())
+                key = (rule, func, tuple([_key(a, tensors) for a in args]),
+                       tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else (),
+                       _GRAD_ENABLED(), _DEFAULT_DTYPE(), _ANY_AUTOCAST() and _autocast_state())
                 found = self._new.get(key)
             except (_NoKey, TypeError):  # an argument it cannot key, or an unhashable callable
                 key, tensors = None, []
@@ -86,7 +89,7 @@ class MetaMemo:
             self.hits += 1
             if self.verify:
                 _check_same(found, _outputs.infer(rule, func, args, kwargs, tensors), func)
-        return _outputs.with_sources(found, tensors)
+        return _outputs.with_sources(found, tensors) if found[2] else found
 
     def _store(self, key, value: Answer) -> None:
         if len(self._new) >= self.cap:
@@ -99,12 +102,9 @@ class MetaMemo:
 
 
 MEMO = MetaMemo()
-
-
-def answer(rule: str, func: Callable | None, args: tuple, kwargs: dict) -> Answer:
-    """``(metas, container, views)`` of ``func(*args, **kwargs)`` under shape rule ``rule``, the views'
-    sources as the RemoteTensors themselves; ``(None, None, ())`` to ask the server. See ``MetaMemo.answer``."""
-    return MEMO.answer(rule, func, args, kwargs)
+# answer(rule, func, args, kwargs): ``(metas, container, views)`` of ``func(*args, **kwargs)`` under shape
+# rule ``rule``, the views' sources as the RemoteTensors themselves; ``(None, None, ())`` to ask the server
+answer = MEMO.answer
 
 
 @contextlib.contextmanager
@@ -132,20 +132,9 @@ def _check_same(kept: Answer, fresh: Answer, func: Callable) -> None:
         raise AssertionError(f"meta memo: {func} answered {kept} from the memo, {fresh} from the plain path")
 
 
-def _state() -> tuple:
-    autocast = None
-    if torch._C._is_any_autocast_enabled():
-        autocast = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                         for d in ("cpu", "cuda", torch._C._get_privateuse1_backend_name()))
-    return torch.is_grad_enabled(), torch.get_default_dtype(), autocast
-
-
-def _args_key(args: tuple, tensors: list) -> tuple:
-    return tuple([_key(a, tensors) for a in args])
-
-
-def _kwargs_key(kwargs: dict, tensors: list) -> tuple:
-    return tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else ()
+def _autocast_state() -> tuple:
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in ("cpu", "cuda", torch._C._get_privateuse1_backend_name()))
 
 
 def _key(v: Any, tensors: list) -> Any:

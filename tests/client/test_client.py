@@ -175,6 +175,53 @@ def test_user_autograd_function_is_refused(sess):
         Double.apply(x)
 
 
+def test_every_autograd_function_forward_runs_with_forward_ad_off():
+    """refuse_custom_function skips its stack walk while forward-mode AD is on (every op of an optimizer's
+    step, under no_grad): torch turns it off around each Function's forward, in both styles."""
+    seen = []
+
+    class WithCtx(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(torch._C._is_fwd_grad_enabled())
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class SetupContext(WithCtx):
+        @staticmethod
+        def forward(x):
+            seen.append(torch._C._is_fwd_grad_enabled())
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+    x = torch.ones(2, requires_grad=True)
+    WithCtx.apply(x), SetupContext.apply(x)
+    with torch.no_grad():
+        WithCtx.apply(x)
+        assert torch._C._is_fwd_grad_enabled()
+    assert seen == [False, False, False]
+
+
+def test_user_autograd_function_is_refused_under_no_grad(sess):
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    with torch.no_grad(), pytest.raises(RuntimeError, match="Register the Function as a server op"):
+        Double.apply(sess.tensor(torch.randn(3)))
+
+
 def test_custom_ops_by_name(sess):
     x = sess.tensor(torch.tensor([0.4, 1.6, -2.3]), requires_grad=True)
     y = sess.ops.straight_through_round(x)
