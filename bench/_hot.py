@@ -69,13 +69,17 @@ class Tap(httpx.BaseTransport):
 @contextlib.contextmanager
 def recording(tap: Tap) -> Iterator[Callable[[], list[dict]]]:
     """While inside, ``tap`` keeps what it sends; yields a function giving every program so far, in order
-    (decoded when asked, so recording adds no decoding to a timed request)."""
-    tap.recorded = recorded = []
+    (decoded when asked, so recording adds no decoding to a timed request). Inside another recording,
+    what it records is the outer one's too."""
+    outer, tap.recorded = tap.recorded, []
+    recorded = tap.recorded
     try:
         yield lambda: [unpack_frames(body) if is_frames(ctype) else decode_body(body, ctype)
                        for body, ctype in recorded]
     finally:
-        tap.recorded = None
+        tap.recorded = outer
+        if outer is not None:
+            outer.extend(recorded)
 
 
 def client_alone(tap: Tap, session, fn: Callable[[], object], repeat: int) -> list[float]:

@@ -17,7 +17,7 @@ from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, trai
 
 from . import _hot
 from ._util import measure, row
-from .training import breakdown
+from .training import breakdown, meta_memo_rows
 
 _CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
 
@@ -50,3 +50,4 @@ def run(url: str, repeat: int = 30) -> None:
             step()
         row("remote, the same loop on sess.device", times, local, f"{(sess.requests - before) / 5:.1f} requests/step")
         breakdown(sess, tap, step)
+        meta_memo_rows(sess, tap, step, 10)

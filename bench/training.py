@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
+from remote_autograd.client import _meta_memo
 
 from . import _hot
 from ._util import measure, row
@@ -63,11 +64,16 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             if pipeline:
                 breakdown(sess, tap, step)
                 _parts_alone(sess, tap, step, programs(), local, repeat)
+                meta_memo_rows(sess, tap, step, repeat)
 
 
 def breakdown(sess, tap: _hot.Tap, step) -> None:
     """Where a pipelined step's time goes: the client (building steps, encoding, reading answers) vs the
-    request (from sending until the answer's head arrives: the wire and the server)."""
+    request (from sending until the answer's head arrives: the wire and the server); the client's part
+    also per step it queued."""
+    with _hot.recording(tap) as programs:
+        step()
+    queued = sum(len(body["steps"]) for body in programs())
     totals = []
     for _ in range(20):
         t0, spent_before = time.perf_counter(), tap.spent
@@ -76,9 +82,21 @@ def breakdown(sess, tap: _hot.Tap, step) -> None:
     totals.sort(key=lambda row: row[0])
     total, request, timing = totals[len(totals) // 2]  # the server's timing of that same step
     worker, steps = timing.get("worker", 0.0) * 1e3, timing.get("steps", 0.0) * 1e3
-    print(f"  {'breakdown (median step)':<48} client building {(total - request) * 1e6:6.0f} us | request "
-          f"{request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us + worker {worker:6.0f} us "
-          f"(steps {steps:6.0f} us)")
+    client = (total - request) * 1e6
+    print(f"  {'breakdown (median step)':<48} client building {client:6.0f} us ({client / queued:5.1f} us per queued "
+          f"step, {queued} steps) | request {request * 1e6:6.0f} us = HTTP+event loop {request * 1e6 - worker:6.0f} us "
+          f"+ worker {worker:6.0f} us (steps {steps:6.0f} us)")
+
+
+def meta_memo_rows(sess, tap: _hot.Tap, step, repeat: int) -> None:
+    """The client alone (answers from memory) with and without the meta memo: what it saves."""
+    hits, misses = _meta_memo.MEMO.hits, _meta_memo.MEMO.misses
+    with_memo = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
+    rate = (_meta_memo.MEMO.hits - hits) / max(1, _meta_memo.MEMO.hits - hits + _meta_memo.MEMO.misses - misses)
+    with _meta_memo.disabled():
+        without = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
+    print(f"  {'client alone, warm caches: meta memo':<48} {with_memo:6.0f} us with ({100 * rate:.0f} % hits), "
+          f"{without:6.0f} us without = {without / with_memo:5.2f}x")
 
 
 def _parts_alone(sess, tap: _hot.Tap, step, programs: list, local: float, repeat: int) -> None:

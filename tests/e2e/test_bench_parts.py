@@ -56,3 +56,15 @@ def test_client_alone_answers_from_memory(tapped):
     assert tap.forwarded == forwarded + 2  # only the round trips whose answers are then repeated (empty, fn)
     assert sess.requests >= sent + 2 + 2 * 5  # the others went through the SDK's transport, answered by the tap
     assert (x * 2).to_torch().allclose(x.to_torch() * 2)  # the server answers again
+
+
+def test_a_recording_inside_another_is_the_outer_ones_too(tapped):
+    sess, tap = tapped
+    x = sess.tensor(torch.randn(4))
+    with _hot.recording(tap) as outer:
+        (x * 2).sum().item()
+        with _hot.recording(tap) as inner:
+            (x + 1).sum().item()
+        (x - 1).sum().item()
+    assert len(inner()) == 1 and len(outer()) == 3
+    assert outer()[1] == inner()[0] and tap.recorded is None
