@@ -228,6 +228,12 @@ class RemoteTensor(torch.Tensor):
         )
 
 
+# A handle's own fields (those ``_new`` sets and the class defaults above): what a copy of it never
+# copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
+HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
+                           "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
+                           "_strides", "_ver"})
+
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
                      _aten.uniform_.default: "uniform_"}
