@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
 
-from . import _autocast, _meta_memo, _views
+from . import _autocast, _caller_memo, _meta_memo, _views
 from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
@@ -129,7 +129,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
-    origin_where = where()
+    origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
     if not grad_on:
         refuse_custom_function(func)

@@ -21,6 +21,7 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
+from . import _caller_memo
 from ._banner import announce
 from ._device import claim_index, release_index
 from ._errors import RemoteError
@@ -142,6 +143,7 @@ class SessionCore:
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
+        _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:
