@@ -160,7 +160,8 @@ def test_pickle_stores_values_not_the_handle(sess):
     assert type(back) is torch.Tensor and back.tolist() == [0.0, 1.0, 2.0, 3.0] and back.requires_grad
 
 
-def test_user_autograd_function_is_refused(sess):
+@pytest.mark.parametrize("grad_mode", [torch.enable_grad, torch.no_grad])
+def test_user_autograd_function_is_refused(sess, grad_mode):
     class Double(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -171,7 +172,7 @@ def test_user_autograd_function_is_refused(sess):
             return g * 2
 
     x = sess.tensor(torch.randn(3), requires_grad=True)
-    with pytest.raises(RuntimeError, match="Register the Function as a server op"):
+    with grad_mode(), pytest.raises(RuntimeError, match="Register the Function as a server op"):
         Double.apply(x)
 
 
@@ -206,20 +207,6 @@ def test_every_autograd_function_forward_runs_with_forward_ad_off():
         WithCtx.apply(x)
         assert torch._C._is_fwd_grad_enabled()
     assert seen == [False, False, False]
-
-
-def test_user_autograd_function_is_refused_under_no_grad(sess):
-    class Double(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-    with torch.no_grad(), pytest.raises(RuntimeError, match="Register the Function as a server op"):
-        Double.apply(sess.tensor(torch.randn(3)))
 
 
 def test_custom_ops_by_name(sess):
