@@ -18,6 +18,7 @@ from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, trai
 from . import _hot
 from ._util import measure, requests_per_step, row
 from .step_parts import breakdown, print_client_cost
+from .training import meta_memo_rows
 
 _CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
 BATCH = 8
@@ -64,3 +65,4 @@ def run(url: str, repeat: int = 30) -> None:
         times = measure(step, repeat=repeat, warmup=3)
         row("remote, the same loop on sess.device", times, local, f"{requests_per_step(sess, step):.1f} requests/step")
         print_client_cost(breakdown(sess, tap, step))
+        meta_memo_rows(sess, tap, step, 10)

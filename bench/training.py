@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
+from remote_autograd.client import _meta_memo
 
 from . import _hot
 from ._util import measure, requests_per_step, row
@@ -59,6 +60,18 @@ def _case(label: str, make_model, make_opt, x_shape, url: str, repeat: int) -> N
             if pipeline:
                 breakdown(sess, tap, step)
                 _parts_alone(sess, tap, step, programs(), local, repeat)
+                meta_memo_rows(sess, tap, step, repeat)
+
+
+def meta_memo_rows(sess, tap: _hot.Tap, step, repeat: int) -> None:
+    """The client alone (answers from memory) with and without the meta memo: what it saves."""
+    hits, misses = _meta_memo.MEMO.hits, _meta_memo.MEMO.misses
+    with_memo = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
+    rate = (_meta_memo.MEMO.hits - hits) / max(1, _meta_memo.MEMO.hits - hits + _meta_memo.MEMO.misses - misses)
+    with _meta_memo.disabled():
+        without = _hot.median_us(_hot.client_alone(tap, sess, step, repeat))
+    print(f"  {'client alone, warm caches: meta memo':<48} {with_memo:6.0f} us with ({100 * rate:.0f} % hits), "
+          f"{without:6.0f} us without = {without / with_memo:5.2f}x")
 
 
 def _parts_alone(sess, tap: _hot.Tap, step, programs: list, local: float, repeat: int) -> None:

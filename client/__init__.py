@@ -10,10 +10,12 @@ point anywhere). ``tests/client/test_layers.py`` reads this list and checks ever
 
     leaves:     _errors _routes _infer _views _http _progress _device _embedded
                 _callsite _factory_outputs _handler_table _ops _backoff _device_rule
-    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess _autocast
+    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess _autocast _caller_memo
     transport:  _transport
     queue:      _session_core
     tensor:     _tensor
+    outputs:    _outputs
+    memo:       _meta_memo
     dispatch:   _dispatch
     handlers:   _local _autograd _moves _packed _composites _copies _weights
     kernels:    _kernels

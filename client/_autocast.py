@@ -16,9 +16,13 @@ import torch
 
 from ._device import DEVICE_TYPE
 
+_ANY_ENABLED = torch._C._is_any_autocast_enabled  # any device's autocast (ours among them)
+
 
 def server_dtype() -> torch.dtype | None:
     """The autocast dtype that applies to remote ops here, or None when autocast does not apply."""
+    if not _ANY_ENABLED():  # one look at torch's thread state for the common case: no autocast at all
+        return None
     if torch.is_autocast_enabled(DEVICE_TYPE):
         return torch.get_autocast_dtype(DEVICE_TYPE)
     return None

@@ -13,26 +13,42 @@ import torch
 _CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
+_FWD_GRAD_ENABLED = torch._C._is_fwd_grad_enabled
+
+
+USER, OURS, TORCHS = 0, 1, 2  # whose code a frame runs (``frame_kind``)
 
 
 def where() -> str | None:
     """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
-    f = sys._getframe(2)
+    return user_line(sys._getframe(2))
+
+
+def user_line(f) -> str | None:
+    """``file:line`` of the first frame from ``f`` up that runs neither torch's code nor ours."""
     while f is not None:
         code = f.f_code
-        internal = _INTERNAL_CODE.get(code)
-        if internal is None:  # once per code object: optimizer steps walk a dozen torch frames per op
-            if len(_INTERNAL_CODE) > 50_000:
-                _INTERNAL_CODE.clear()
-            name = code.co_filename
-            internal = _INTERNAL_CODE[code] = name.startswith(_CLIENT_DIR) or name.startswith(_TORCH_DIR)
-        if not internal:
+        if frame_kind(code) == USER:
             return f"{code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return None
 
 
-_INTERNAL_CODE: dict = {}  # code object -> whether it is torch's or ours
+def frame_kind(code) -> int:
+    """``USER``, ``OURS`` or ``TORCHS``: whose code ``code`` is."""
+    # Keyed by id: a code object's own hash reads its whole body each time (big torch functions).
+    known = _KIND_OF_CODE.get(id(code))
+    if known is None:  # once per code object: optimizer steps walk a dozen torch frames per op
+        if len(_KIND_OF_CODE) > 50_000:
+            _KIND_OF_CODE.clear()
+        name = code.co_filename
+        kind = OURS if name.startswith(_CLIENT_DIR) else TORCHS if name.startswith(_TORCH_DIR) else USER
+        known = _KIND_OF_CODE[id(code)] = (code, kind)
+    return known[1]
+
+
+# id(code) -> (code, whose it is); the code is kept so that its id is not reused
+_KIND_OF_CODE: dict[int, tuple] = {}
 
 
 def refuse_custom_function(func: Callable) -> None:
@@ -40,7 +56,11 @@ def refuse_custom_function(func: Callable) -> None:
 
     torch runs a Function's forward with grad disabled and never shows us ``apply``
     itself, so we look for ``Function.apply`` on the stack (only when grad is off).
+    torch also turns forward-mode AD off around every Function's forward: while it is on,
+    no forward is running and the walk (an optimizer's every op, under no_grad) is skipped.
     """
+    if _FWD_GRAD_ENABLED():
+        return
     f = sys._getframe(2)
     for _ in range(64):
         if f is None:

@@ -27,6 +27,7 @@ import torch
 
 from ._device import DEVICE_TYPE, session_for
 from ._handler_table import HandlerTable
+from ._tensor import HANDLE_FIELDS
 from ._unsupported import not_in_table
 from ._views import contiguous_strides
 
@@ -48,7 +49,7 @@ def _deepcopy(t, memo):
         raise RuntimeError(_LEAVES_ONLY)
     with torch.no_grad():
         new = t.clone()  # queued: the copy is made on the server, with t's strides
-    own = set(new.__dict__)  # a handle's own fields: never copied (the session is shared, ids are new)
+    own = HANDLE_FIELDS | set(new.__dict__)  # a handle's own fields: never copied (the session is shared, ids are new)
     if is_param:  # Parameter.__deepcopy__: its data and requires_grad, nothing else
         new.requires_grad_(t._rg)
         new._is_param = True

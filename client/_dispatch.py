@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
 
-from . import _autocast, _infer, _views
+from . import _autocast, _caller_memo, _meta_memo, _views
 from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
@@ -32,6 +32,7 @@ _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", 
 _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+_SHAPE_INPLACE = _views.SHAPE_INPLACE
 
 # Factories have no tensor argument; their metadata comes from the torch factory on meta.
 _FACTORIES: dict[str, Callable] = {
@@ -53,9 +54,10 @@ class Encoder:
         if isinstance(v, RemoteTensor):
             if v._session is not self.session:
                 raise mixed_devices(self.session.device, v.device)
-            v._check_usable()
+            if v._error is not None:  # v._check_usable() and v._ref(), inlined: every argument of every op
+                raise v._error
             self.inputs.append(v)
-            return v._ref()
+            return {"ref": v._id} if v._grad_owner is None else {"grad_of": v._grad_owner._id}
         if v is None or isinstance(v, (bool, int, float, str)):
             return v
         if isinstance(v, torch.Tensor):
@@ -127,7 +129,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
     """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
-    origin_where = where()
+    origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
     if not grad_on:
         refuse_custom_function(func)
@@ -176,9 +178,8 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         if _value_dependent_index(args[1]):
             rule = "none"
         args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-    raw: list = []  # torch's meta outputs, when it ran: they say which outputs are views
-    metas, container = _infer_outputs(rule, func, args, kwargs, raw)
-    if autocast is not None and not _views.is_view_call(raw, enc.inputs):
+    metas, container, views = _meta_memo.answer(rule, func, args, kwargs)
+    if autocast is not None and not _views.is_view_call(views):
         metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
         result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
@@ -189,7 +190,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         return result
     result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                             new_leaves=kwargs.get("requires_grad") is True)
-    _views.settle(_as_list(result), enc.inputs, raw, route.op.name, route.op.differentiable)
+    _views.settle(_as_list(result), enc.inputs, views, route.op.name, route.op.differentiable)
     return result
 
 
@@ -208,13 +209,15 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
                    nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
-    _views.check_inplace(target, step["op"], rg, leaves)
-    layout = _views.reshape_inplace_meta(step["op"], target, tuple(op_args), op_kwargs or {})
+    op = step["op"]
+    if rg and target._storage is not None:  # only memory shared with another handle can be uncertain
+        _views.check_inplace(target, op, rg, leaves)
+    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if op in _SHAPE_INPLACE else None
     step["out"] = []
-    session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+    session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:
         _views.set_layout(target, layout, type(target))
-    target._after_inplace(rg, leaves)
+    _views.after_inplace(target, rg, leaves)
 
 
 def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
@@ -264,9 +267,11 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
     """
     ids = [session.new_id() for _ in metas]
     step["out"] = ids
-    outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=rg and _differentiable_dtype(dtype),
-                              leaves=leaves if rg else frozenset(), is_leaf=not rg)
-            for tid, (shape, dtype) in zip(ids, metas)]
+    if not rg:
+        outs = [RemoteTensor._new(session, tid, shape, dtype) for tid, (shape, dtype) in zip(ids, metas)]
+    else:
+        outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=_differentiable_dtype(dtype), leaves=leaves,
+                                  is_leaf=False) for tid, (shape, dtype) in zip(ids, metas)]
     if new_leaves:
         for o in outs:
             o._rg, o._is_leaf, o._leaves = True, True, frozenset({o._id})
@@ -285,53 +290,6 @@ def _apply_waiting(session: SessionCore, step: dict, origin_where: str | None, r
                               is_leaf=not req)
             for (tid, shape, dtype, req) in meta_from_result(result)]
     return tuple(outs) if result.get("tuple") else outs[0]
-
-
-def _infer_outputs(rule: str, func: Callable | None, args: tuple, kwargs: dict, raw: list | None = None):
-    """(metas, container type or None) for an op's outputs, or (None, None) to ask the server.
-    ``raw`` receives torch's meta outputs when the metadata came from running ``func`` on meta."""
-    if rule in ("elementwise", "elementwise_float"):
-        operands = [a if isinstance(a, (bool, int, float)) else _shape_dtype(a) for a in args]
-        if None not in operands:
-            metas = _infer.elementwise(operands, to_float=rule == "elementwise_float")
-            if metas is not None:
-                return metas, None
-    first = _shape_dtype(args[0]) if args else None
-    if rule == "like_input" and first and not any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values())):
-        return [first], None
-    if rule == "linear" and 2 <= len(args) <= 3 and not kwargs:
-        bias = args[2] if len(args) > 2 else None
-        x, w, b = first, _shape_dtype(args[1]), _shape_dtype(bias)
-        metas = _infer.linear(x, w, b) if x and w and (bias is None or b) else None
-        if metas is not None:
-            return metas, None
-    if (rule == "loss" and len(args) <= 3 and kwargs.get("reduction", "mean") != "none"
-            and kwargs.get("reduce") is None and kwargs.get("size_average") is None and first):
-        return [((), first[1])], None
-    if func is None or rule == "none":
-        return None, None
-    return _infer.on_meta(func, tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}, raw)
-
-
-def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
-    """``(shape, dtype)`` of a tensor argument, read without a ``__torch_function__`` call; None for others."""
-    if isinstance(v, RemoteTensor):
-        return v._shape, v._dtype
-    if isinstance(v, torch.Tensor):
-        return tuple(v.shape), v.dtype
-    return None
-
-
-def _to_meta(v: Any) -> Any:
-    if isinstance(v, RemoteTensor):
-        return v._meta()
-    if isinstance(v, torch.Tensor):
-        return v.detach().to("meta")
-    if isinstance(v, list):
-        return [_to_meta(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_to_meta(x) for x in v)
-    return v
 
 
 def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
@@ -393,13 +351,13 @@ def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_o
         return None
     factory = _FACTORIES.get(name)
     if factory is not None:
-        metas, container = _infer_outputs("meta", factory, tuple(args), {**kwargs, "device": "meta"})
+        metas, container, _ = _meta_memo.answer("meta", factory, tuple(args), {**kwargs, "device": "meta"})
     else:
         autocast = _autocast.server_dtype()
         if autocast is not None:  # the server's autocast rules decide the dtypes: ask it
             step["autocast"] = dtype_name(autocast)
         rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" and autocast is None else "none"
-        metas, container = _infer_outputs(rule, None, tuple(args), kwargs)
+        metas, container, _ = _meta_memo.answer(rule, None, tuple(args), kwargs)
     if metas is None:
         return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
     return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,

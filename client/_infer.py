@@ -8,6 +8,7 @@ asks the server.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -106,13 +107,14 @@ def on_meta(func: Callable, args: tuple, kwargs: dict, raw: list | None = None
         return [(tuple(o.shape), o.dtype) for o in out], type(out)
     if isinstance(out, tuple) and all(o is None or isinstance(o, torch.Tensor) for o in out):
         # optional outputs left out (``(attn_output, None)``): the server sends only the tensors
-        return [(tuple(o.shape), o.dtype) for o in out if o is not None], _with_nones_at(out)
+        return [(tuple(o.shape), o.dtype) for o in out if o is not None], _with_nones_at(tuple(o is None for o in out))
     return None, None
 
 
-def _with_nones_at(template: tuple) -> Callable[[list], tuple]:
-    """Rebuild a tuple like ``template``: its tensors from the given list, its ``None``s kept."""
+@functools.cache  # one rebuild per pattern: answers that equal each other compare equal (the meta memo's check)
+def _with_nones_at(nones: tuple[bool, ...]) -> Callable[[list], tuple]:
+    """Rebuild a tuple with a None where ``nones`` says and the given tensors, in order, elsewhere."""
     def rebuild(tensors: list) -> tuple:
         it = iter(tensors)
-        return tuple(None if o is None else next(it) for o in template)
+        return tuple(None if none else next(it) for none in nones)
     return rebuild

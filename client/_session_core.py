@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import weakref
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Self
 
 import torch
@@ -22,6 +21,7 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
+from . import _caller_memo
 from ._banner import announce
 from ._device import claim_index, release_index
 from ._errors import RemoteError
@@ -35,15 +35,17 @@ if TYPE_CHECKING:
 _ROUTE_TABLES: dict[str, RouteTable] = {}
 
 
-@dataclass
 class _Origin:
     """Where a queued step came from, what it makes, and how to undo local predictions."""
 
-    op: str
-    where: str | None
-    outputs: list = field(default_factory=list)  # weakrefs to RemoteTensors this step creates
-    undo: Callable[[], None] | None = None
-    on_result: Callable[[Any], None] | None = None  # corrects local predictions from the step's result
+    __slots__ = ("op", "where", "outputs", "undo", "on_result")
+
+    def __init__(self, op: str, where: str | None, outputs: list | tuple = (),
+                 undo: Callable[[], None] | None = None, on_result: Callable[[Any], None] | None = None) -> None:
+        self.op, self.where = op, where
+        self.outputs = outputs  # weakrefs to RemoteTensors this step creates
+        self.undo = undo
+        self.on_result = on_result  # corrects local predictions from the step's result
 
 
 class SessionCore:
@@ -125,19 +127,23 @@ class SessionCore:
 
     def enqueue(self, step: dict, origin: _Origin | None, nbytes: int = 0) -> int:
         """Queue a step; returns its index in the next program. Eager sessions send at once."""
-        self._check_open()
-        if self._queue and (len(self._queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
+        if self._closed:
+            self._check_open()
+        queue = self._queue
+        if queue and (len(queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
             self.flush()
-        self._queue.append(step)
+            queue = self._queue
+        queue.append(step)
         self._origins.append(origin)
         self._queued_bytes += nbytes
-        index = len(self._queue) - 1
+        index = len(queue) - 1
         if not self.pipeline:
             self._pending_results = self.flush()
         return index
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
+        _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:

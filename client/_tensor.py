@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # the public Session, above this module, is what every handle
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 
 
+_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
+
+
 def _not_wired(*args, **kwargs):
     raise RuntimeError("remote_autograd.client is not wired: import the package, not one of its modules alone")
 
@@ -51,6 +54,14 @@ class RemoteTensor(torch.Tensor):
     _session: Session
     _id: str | None
 
+    # What most handles keep all their life, read through the class until a handle sets its own:
+    # ``_new`` then sets only what differs per handle. Shared memory (see _views): the storage it
+    # shares, the base of a view, strides (None: contiguous), and its own version counter while it
+    # shares memory with nothing.
+    _has_grad, _grad_owner, _grad_cache, _error, _retains, _meta_t = False, None, None, None, False, None
+    _storage = _view_of = _strides = None
+    _ver = 0
+
     @staticmethod
     def __new__(cls, *args, **kwargs):
         raise TypeError("make RemoteTensors with Session.tensor(...) or RemoteTensor.from_torch(t, session)")
@@ -59,15 +70,11 @@ class RemoteTensor(torch.Tensor):
     def _new(cls, session: Session, tid: str | None, shape, dtype: torch.dtype, *, requires_grad: bool = False,
              leaves: frozenset = frozenset(), is_leaf: bool = True, grad_owner: "RemoteTensor | None" = None
              ) -> "RemoteTensor":
-        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=session.device)
+        r = _MAKE_WRAPPER(cls, shape, dtype=dtype, device=session.device)
         r._session, r._id, r._shape, r._dtype = session, tid, tuple(shape), dtype
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
-        r._has_grad, r._grad_owner, r._grad_cache, r._error = False, grad_owner, None, None
-        r._retains, r._meta_t = False, None
-        # shared memory (see _views): the storage it shares, the base of a view, strides (None:
-        # contiguous), and its own version counter while it shares memory with nothing
-        r._storage = r._view_of = r._strides = None
-        r._ver = 0
+        if grad_owner is not None:
+            r._grad_owner = grad_owner
         if requires_grad and is_leaf and tid is not None:
             r._leaves = frozenset({tid})
             session._grad_tracked[tid] = r
@@ -221,12 +228,20 @@ class RemoteTensor(torch.Tensor):
         )
 
 
+# A handle's own fields (those ``_new`` sets and the class defaults above): what a copy of it never
+# copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
+HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
+                           "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
+                           "_strides", "_ver"})
+
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
                      _aten.uniform_.default: "uniform_"}
 
 
 def _session_of(args: tuple, kwargs: dict) -> Session:
+    if args and type(args[0]) is RemoteTensor:  # most calls: a method of a handle
+        return args[0]._session
     for v in (*args, *kwargs.values()):
         if isinstance(v, RemoteTensor):
             return v._session

@@ -124,35 +124,41 @@ def _source(o: torch.Tensor, inputs: list):
     return next((t for t in inputs if t._meta_t is not None and (o is t._meta_t or o._base is t._meta_t)), None)
 
 
-def is_view_call(raw: list, inputs: list) -> bool:
-    """Whether torch on meta returned a view of (or the same) input: a view op."""
-    return any(_source(o, inputs) is not None for o in raw)
+def describe(raw: list, inputs: list) -> list[tuple]:
+    """What ``settle`` reads of torch's meta outputs ``raw``: for each, the input RemoteTensor it is
+    (a view of) or None, and its layout (None: contiguous, else its strides)."""
+    return [(_source(o, inputs), _layout(o)) for o in raw]
 
 
-def settle(outs: list, inputs: list, raw: list, op_name: str, differentiable: bool) -> None:
+def is_view_call(views: list) -> bool:
+    """Whether torch on meta returned a view of (or the same) input: a view op (``views``: ``describe``'s)."""
+    return any(src is not None for src, _ in views)
+
+
+def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: bool) -> None:
     """Layout and aliasing of a call's new outputs.
 
-    ``raw``: the meta outputs torch gave for the call (empty when the metadata came from a
-    cheap rule: such ops never return views). ``inputs``: the RemoteTensor arguments.
+    ``views``: ``describe`` of the meta outputs torch gave for the call (empty when the
+    metadata came from a cheap rule: such ops never return views). ``inputs``: the
+    RemoteTensor arguments.
     """
-    if not raw:  # elementwise and friends: a contiguous result from contiguous inputs (TensorIterator)
+    if not views:  # elementwise and friends: a contiguous result from contiguous inputs (TensorIterator)
         if any(t._strides is not None for t in inputs):
             for o in outs:
                 if o is not None:
                     o._strides = UNKNOWN
         return
     maybe = op_name in MAYBE_VIEWS
-    for out, o in zip(outs, raw):
+    for out, (src, layout) in zip(outs, views):
         if out is None:  # an optional output torch left out (attention weights with need_weights=False)
             continue
-        src = _source(o, inputs)
         if src is None and maybe and inputs and inputs[0]._strides is UNKNOWN:
             src = inputs[0]  # torch on meta saw contiguous strides; the server's may differ
         if src is None:
             known = all(t._strides is None for t in inputs)
-            out._strides = _layout(o) if known and _layout(o) is None else UNKNOWN
+            out._strides = layout if known and layout is None else UNKNOWN
             continue
-        out._strides = UNKNOWN if src._strides is UNKNOWN else _layout(o)
+        out._strides = UNKNOWN if src._strides is UNKNOWN else layout
         _join(out, src, differentiable=differentiable, uncertain=maybe and src._strides is UNKNOWN)
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
+from remote_autograd.client import _tensor
 
 from .test_device import recorded  # noqa: F401  (a fixture: a session whose programs are recorded)
 
@@ -22,6 +23,23 @@ def _same(remote: torch.Tensor, local: torch.Tensor, what: str) -> None:
     assert remote.requires_grad == local.requires_grad and remote.is_leaf == local.is_leaf, what
     assert isinstance(remote, nn.Parameter) == isinstance(local, nn.Parameter), what
     assert torch.equal(remote.detach().cpu(), local.detach()), what
+
+
+def test_a_deepcopy_copies_none_of_the_handles_own_fields(sess):
+    """Fields a handle sets itself (views, grads, versions) are the handle's, never copied to the copy:
+    HANDLE_FIELDS names them all (most are class defaults until a handle sets its own)."""
+    x = sess.tensor(torch.randn(4, 3), requires_grad=True)
+    view = x.t()
+    (view * 2).sum().backward()
+    x.grad.zero_()
+    view.retain_grad()
+    x.tag = "the user's"
+    assert {"_storage", "_view_of", "_strides", "_grad_cache", "_meta_t"} <= set(vars(view)) | set(vars(x))
+    for t in (x, view):
+        assert set(vars(t)) - _tensor.HANDLE_FIELDS <= {"tag"}
+    with torch.no_grad():
+        y = copy.deepcopy(view.detach())
+    assert y._storage is None and y._view_of is None and copy.deepcopy(x).tag == "the user's"
 
 
 def test_deepcopy_of_tensors_keeps_what_torch_keeps_and_downloads_nothing(recorded):  # noqa: F811

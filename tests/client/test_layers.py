@@ -141,14 +141,14 @@ def test_the_checker_catches_upward_sideways_late_and_in_function_imports(tmp_pa
                      "from remote_autograd.client import _routes\n")  # down, but at the bottom
     problems = layer_violations(layers, "_views", imports_of(wrong))
     assert len(problems) == 3, problems
-    assert "imports _tensor (layer 4) from layer 0" in problems[0]
+    assert f"imports _tensor (layer {layers['_tensor']}) from layer 0" in problems[0]
     assert "`remote_autograd.client._dispatch` imported inside a function" in problems[1]
     assert "`remote_autograd.client._routes` imported inside a function or class, or below one" in problems[2]
     sideways = tmp_path / "_moves.py"
     sideways.write_text("from . import _local\nfrom remote_autograd.client import _tensor, connect\n")
     assert [p.split(": ", 1)[1] for p in layer_violations(layers, "_moves", imports_of(sideways))] == [
-        "imports _local (layer 6) from layer 6: imports point down only",
-        "imports __init__ (layer 9) from layer 6: imports point down only"]
+        f"imports _local (layer {layers['_local']}) from layer {layers['_moves']}: imports point down only",
+        f"imports __init__ (layer {layers['__init__']}) from layer {layers['_moves']}: imports point down only"]
 
 
 def test_the_wiring_filled_the_tensors_slots_from_every_handler_table():

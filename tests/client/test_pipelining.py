@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 import torch
@@ -170,3 +171,20 @@ def test_hand_written_broadcast_agrees_with_torch(shapes):
     except RuntimeError:
         want = None
     assert _infer.broadcast(shapes) == want
+
+
+def test_a_failure_inside_torch_code_names_the_users_exact_line(sess):
+    """Steps queued by torch's own code (an optimizer's step) name the user's line that called it, read
+    when the step was queued, not where the user's code is when the error arrives."""
+    w = sess.tensor(torch.randn(3), requires_grad=True)
+    (w * 2).sum().backward()
+    opt = torch.optim.SGD([w], lr=0.1)
+    sess.sync()
+    sess._transport.request("POST", f"/v1/sessions/{sess.id}/programs",
+                            {"id": "external-free", "steps": [{"kind": "free", "ids": [w._id]}]})
+    line = sys._getframe().f_lineno + 1
+    opt.step()
+    other = w.grad * 3  # noqa: F841  (the user's code has moved on when the error arrives)
+    with pytest.raises(client.RemoteError) as info:
+        sess.sync()
+    assert info.value.where == f"{__file__}:{line}"
