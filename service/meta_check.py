@@ -277,7 +277,8 @@ def _reads_values(exc: Exception) -> bool:
     """Meta's ways of saying the call needs the tensors' values (torch raises a few kinds for it)."""
     text = str(exc)
     return type(exc).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException") or (
-        "meta tensor" in text or "data-dependent" in text or "data dependent" in text)
+        "meta tensor" in text or "data-dependent" in text or "data dependent" in text
+        or "but it's on meta" in text)  # an argument torch reads on the CPU (tensor_split's indices)
 
 
 def _first_line(exc: BaseException) -> str:

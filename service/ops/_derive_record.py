@@ -47,11 +47,11 @@ def spelling(func: Callable) -> str | None:
 
 
 def _copy(value: Any) -> Any:
+    """Plain copies of the tensors in ``value`` (a ``Probe`` becomes a plain tensor)."""
     def one(v):
-        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and v.layout == torch.strided:
-            return v.detach().clone()
-        if isinstance(v, torch.nn.Parameter):
-            return v.detach().clone()
+        if isinstance(v, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():
+                return v.detach().clone().as_subclass(torch.Tensor)
         return v
     return tree_map(one, value)
 
@@ -97,20 +97,50 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = spelling(func)
-        if name is not None:
-            rec = self.records.get(name)
-            if rec is None:
-                rec = self.records[name] = Record(name, func)
-            rec.sources.add(self.source)
-            self.seen.append(name)
-            kinds = _kinds(args, kwargs)
-            if len(rec.calls) < CALLS_KEPT and (len(rec.calls) < CALLS_KEPT // 2 or kinds[0] not in rec.shapes or (
-                    kinds[1] not in rec.values and len(rec.calls) < CALLS_KEPT - 2)):
-                rec.shapes.add(kinds[0])
-                rec.values.add(kinds[1])
-                rec.calls.append(Call(func, _copy(tuple(args)), _copy(dict(kwargs))))
+        self.note(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def note(self, func, args, kwargs) -> None:
+        try:
+            self._note(func, args, kwargs)
+        except RuntimeError:  # a sparse argument: no shapes and strides to read
+            pass
+
+    def _note(self, func, args, kwargs) -> None:
+        name = spelling(func)
+        if name is None:
+            return
+        rec = self.records.get(name)
+        if rec is None:
+            rec = self.records[name] = Record(name, func)
+        rec.sources.add(self.source)
+        self.seen.append(name)
+        kinds = _kinds(args, kwargs)
+        if len(rec.calls) < CALLS_KEPT and (len(rec.calls) < CALLS_KEPT // 2 or kinds[0] not in rec.shapes or (
+                kinds[1] not in rec.values and len(rec.calls) < CALLS_KEPT - 2)):
+            rec.shapes.add(kinds[0])
+            rec.values.add(kinds[1])
+            rec.calls.append(Call(func, _copy(tuple(args)), _copy(dict(kwargs))))
+
+
+class Probe(torch.Tensor):
+    """A tensor subclass that tells ``PROBING`` every call made with it, as a ``RemoteTensor`` would see
+    it: some torch functions dispatch only for subclasses, not for a mode (``torch.svd_lowrank``)."""
+
+    PROBING: list[Recorder] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if cls.PROBING:
+            with torch._C.DisableTorchFunctionSubclass():  # reading the arguments' shapes is no call to record
+                cls.PROBING[-1].note(func, args, kwargs)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def probed(value: Any) -> Any:
+    return tree_map(lambda v: v.as_subclass(Probe) if type(v) is torch.Tensor and v.layout == torch.strided else v,
+                    value)
 
 
 def _quietly(fn: Callable[[], Any]) -> bool:
@@ -201,7 +231,21 @@ def record_op_db(records: dict[str, Record], only: set[str] | None = None) -> di
                     _quietly(lambda: variant(target, *sample.args, **sample.kwargs))
                 if recorder.seen:  # a lambda's last call is the op it tests (``x.clone().resize_(...)``)
                     records[recorder.seen[-1]].opinfos.add(opinfo.name)
+                _record_as_subclass(records, variant, (target, list(sample.args), dict(sample.kwargs)))
     return declared
+
+
+def _record_as_subclass(records: dict[str, Record], variant: Callable, call: tuple) -> None:
+    """The call again on ``Probe`` tensors: what dispatches only for a subclass is recorded too."""
+    try:
+        target, args, kwargs = probed(_copy(call))
+    except Exception:  # a sparse sample: no subclass of it
+        return
+    Probe.PROBING.append(Recorder(records, "op_db"))
+    try:
+        _quietly(lambda: variant(target, *args, **kwargs))
+    finally:
+        Probe.PROBING.pop()
 
 
 # -- module_db ----------------------------------------------------------------------------------

@@ -90,6 +90,27 @@ def _padded(data, batch_sizes, batch_first=False, padding_value=0.0, total_lengt
     return steps * batch * math.prod(data.shape[1:]) + batch
 
 
+def _broadcast_of_tensors(*args, **kwargs) -> int:
+    """An elementwise composite (``gaussian_nll_loss``): its output no bigger than its inputs broadcast."""
+    return 2 * _broadcast_numel(*_tensors((*args, *kwargs.values())))
+
+
+def _square_of_rows(input, *args, **kwargs) -> int:
+    """``cov``, ``corrcoef``: a variables x variables matrix."""
+    rows = input.shape[0] if input.dim() == 2 else 1
+    return rows * rows
+
+
+def _combinations(input, r=2, with_replacement=False) -> int:
+    n = input.numel()
+    return (math.comb(n + r - 1, r) if with_replacement else math.comb(n, r)) * max(r, 1)
+
+
+def _histogram(input, bins=100, *args, **kwargs) -> int:
+    edges = bins.numel() if isinstance(bins, torch.Tensor) else int(bins) + 1
+    return 2 * edges
+
+
 BOUNDS: dict[str, Callable[..., int]] = {
     "nn.functional.gaussian_nll_loss": _broadcast_of_tensors, "cov": _square_of_rows, "corrcoef": _square_of_rows,
     "combinations": _combinations, "histogram": _histogram,
