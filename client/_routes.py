@@ -90,17 +90,22 @@ def _name_of(func: Callable) -> str:
 def _route_for(spec: OpSpec, tname: str) -> Route:
     short = tname.rsplit(".", 1)[-1]
     reflected = short in _REFLECTED
-    inplace = spec.inplace or (short.startswith("__i") and short.endswith("__")) or (
+    inplace = spec.inplace or _inplace_operator(short) or (
         short.endswith("_") and not short.endswith("__"))
     wire = spec.name + "_" if inplace and not (spec.inplace or spec.name.endswith("_")) else spec.name
     return Route(spec, wire, reflected, inplace, tname)
 
 
+def _inplace_operator(short: str) -> bool:
+    """``__iadd__`` (``x += y``), not ``__invert__`` (``~x``) or ``__index__``."""
+    return short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}")
+
+
 def _spelled_route(spec: OpSpec, tname: str) -> Route:
     """A spelling of torch's own op: called by its own name, arguments as given."""
     short = tname.rsplit(".", 1)[-1]
-    inplace = spec.inplace or (short.endswith("_") and not short.endswith("__")) or (
-        short.startswith("__i") and short.endswith("__")) or short == "__setitem__"
+    inplace = spec.inplace or (short.endswith("_") and not short.endswith("__")) or _inplace_operator(short) \
+        or short == "__setitem__"
     return Route(spec, tname.removeprefix("torch."), False, inplace, tname)
 
 

@@ -163,10 +163,10 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
             _run_inplace(call, step, args, kwargs)
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
-            result = _apply(entry, call.fn, step.grad_enabled, args, kwargs)
+            result = _apply(call.fn, step.grad_enabled, args, kwargs)
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
-                                  lambda a, k: _apply(entry, call.fn, step.grad_enabled, a, k), args, kwargs)
+                                  lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
     finally:
         if reserved:
             session.release(reserved)  # the outputs are charged as they are stored, by what they hold
@@ -197,17 +197,9 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
 
-def _apply(entry, fn, grad_enabled: bool, args: list, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)`` (the resolved callable) in the step's grad mode, or the same call to the
-    entry's ``native`` kernel when the first argument is a tensor and no graph is recorded: the
-    Function's forward computes exactly that, and skipping the Function saves most of what an
-    optimizer's small out-of-place steps (``sqrt``, ``div``) cost."""
-    needs_grad = True  # without a native kernel the inputs are not looked at
-    if entry.native is not None and args and isinstance(args[0], torch.Tensor):
-        needs_grad = _requires_grad(args, kwargs)
-        if not (grad_enabled and needs_grad):
-            fn = entry.native
-    with _grad_mode(grad_enabled, matters=needs_grad):
+def _apply(fn, grad_enabled: bool, args: list, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` (the resolved callable) in the step's grad mode."""
+    with _grad_mode(grad_enabled):
         return fn(*args, **kwargs)
 
 

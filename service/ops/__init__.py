@@ -11,36 +11,11 @@ from __future__ import annotations
 import importlib
 
 from . import (  # noqa: F401  (importing a family registers its ops)
-    activations,
-    attention,
     casts,
-    class_losses,
-    compare,
-    conv,
     custom,
-    dropouts,
-    elementwise,
     factories,
-    foreach,
     indexing,
-    inplace,
-    inplace_shape,
-    joins,
-    layout,
-    linalg,
-    losses,
-    matrix,
-    nn,
-    norms,
-    optim,
-    pointwise,
-    pooling,
-    random_fills,
-    recurrent,
-    reductions,
-    selection,
     session,
-    shape,
 )
 from . import surface  # noqa: F401,E402  (last: torch's own ops the families above do not serve)
 from ._checks import OpRegistrationError, check_entry

@@ -36,7 +36,8 @@ def walk(name: str) -> Any:
 
 def is_inplace(name: str) -> bool:
     short = name.rsplit(".", 1)[-1]
-    return (short.endswith("_") and not short.endswith("__")) or (short.startswith("__i") and short.endswith("__"))
+    return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
+        short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
 
 
 def _exists(name: str) -> bool:

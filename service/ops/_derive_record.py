@@ -293,9 +293,12 @@ def _tiny_params(two_d_only: bool = False) -> list[torch.Tensor]:
 
 
 def _impls(info) -> Iterator[dict]:
+    """The implementations an optimizer has on the CPU: its plain loop, ``foreach``, ``fused``."""
+    if "foreach" not in info.supported_impls:  # LBFGS, Muon: one implementation, no such argument
+        yield {}
+        return
     yield {"foreach": False}
-    if "foreach" in info.supported_impls:
-        yield {"foreach": True}
+    yield {"foreach": True}
     if "fused" in info.supported_impls and "cpu" in info.supports_fused_on:
         yield {"fused": True}
 

@@ -17,6 +17,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple
 
+import torch
+
 from ._samples import Sample
 
 # How the client infers result metadata without asking the server:
@@ -30,7 +32,7 @@ from ._samples import Sample
 SHAPE_RULES = ("elementwise", "elementwise_float", "like_input", "linear", "loss", "meta", "none")
 
 # function: our own autograd.Function (custom or hand-written gradient);
-# native: torch's own op with torch's own derivative (see _native.py)
+# native: torch's own op with torch's own derivative (surface.py)
 KINDS = ("function", "native")
 
 
@@ -52,10 +54,6 @@ class OpEntry:
     # torch's own in-place kernel (``torch.Tensor.add_``), used for ``op_`` when no graph is
     # recorded (optimizer updates): same result, without an out-of-place value and a copy
     native_inplace: Callable[..., Any] | None = None
-    # torch's own kernel with ``fn``'s signature (``torch.sqrt``), used instead of ``fn`` when its
-    # first argument is a tensor and no graph is recorded (an optimizer's ``sqrt``/``div``): the
-    # Function's forward calls exactly this, so the value is the same, without the Function's cost
-    native: Callable[..., Any] | None = None
     # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
     # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
     shape_inplace: bool = False
@@ -110,14 +108,15 @@ def _signature(name: str, fn: Callable[..., Any]) -> str:
         return f"{name}{inspect.signature(fn)}"
     except (TypeError, ValueError):
         first = (getattr(fn, "__doc__", None) or "").strip().split("\n", 1)[0]
-        args = first[first.find("("):first.rfind(")") + 1] if "(" in first else "(*args, **kwargs)"
-        return f"{name}{args}"
+        start, end = first.find("("), first.rfind(")")
+        return f"{name}{first[start:end + 1] if 0 <= start < end else '(*args, **kwargs)'}"
 
 
 def is_inplace_name(name: str) -> bool:
     """``Tensor.add_``, ``torch._foreach_add_``, ``Tensor.__iadd__``: the spelling writes its first argument."""
     short = name.rsplit(".", 1)[-1]
-    return (short.endswith("_") and not short.endswith("__")) or (short.startswith("__i") and short.endswith("__"))
+    return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
+        short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
 
 
 class Resolved(NamedTuple):
@@ -164,8 +163,9 @@ class OpTable:
 
         1. a variant's own name: ``Tensor.add_`` runs ``torch.Tensor.add_`` (in place: its name says so);
         2. an entry's name (``straight_through_round``, ``nn.functional.relu``);
-        3. a method's short name: ``view`` is ``Tensor.view``, ``add_`` is ``Tensor.add_``, ``T`` is
-           ``Tensor.T.__get__`` (the names of proto/SPEC.md);
+        3. a short name: ``view`` is ``Tensor.view``, ``add_`` is ``Tensor.add_``, ``T`` is
+           ``Tensor.T.__get__``, ``pad`` is ``nn.functional.pad``, ``vector_norm`` is ``linalg.vector_norm`` (the names of proto/SPEC.md, and of the
+           table before it was torch's surface);
         4. ``X_`` for an ``X`` found above without an in-place form of its own: ``X`` computed out
            of place, then written into the first argument (any entry whose result shape is known).
 
@@ -185,7 +185,7 @@ class OpTable:
         return found
 
     def _plain(self, name: str) -> Resolved | None:
-        for wire in (name, f"Tensor.{name}", f"Tensor.{name}.__get__"):
+        for wire in (name, f"Tensor.{name}", f"Tensor.{name}.__get__", f"nn.functional.{name}", f"linalg.{name}"):
             entry = self._wires.get(wire)
             if entry is not None:
                 fn = entry.variants[wire]
@@ -226,7 +226,6 @@ def op(
     inplace: bool = False,
     no_grad_args: tuple[int | str, ...] = (),
     native_inplace: Callable[..., Any] | None = None,
-    native: Callable[..., Any] | None = None,
     kind: str = "function",
     shape_inplace: bool = False,
     check: Callable[..., None] | None = None,
@@ -253,7 +252,6 @@ def op(
                 inplace=inplace,
                 no_grad_args=tuple(no_grad_args),
                 native_inplace=native_inplace,
-                native=native,
                 shape_inplace=shape_inplace,
                 check=check,
                 data_dependent=data_dependent,

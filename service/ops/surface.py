@@ -94,7 +94,8 @@ def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
     data_dependent = spec["meta"] == "data_dependent" or name in bounds.BOUNDS  # meta may not say: a bound
     return OpEntry(
         name=name, fn=primary, torch_names=tuple(names), samples=(), reference=walk(names[0]),
-        exact=not spec["random"], double_grad=spec["differentiable"], differentiable=spec["differentiable"],
+        exact=not spec["random"], double_grad=spec["differentiable"] and not spec["random"],
+        differentiable=spec["differentiable"],
         shape_rule="none" if spec["meta"] == "missing" or (spec["meta"] == "data_dependent"
                                                            and not spec.get("meta_derives_some")) else "meta",
         inplace=all(is_inplace_name(p) for p in names), kind="native",
@@ -112,13 +113,13 @@ def register(table: OpTable = OP_TABLE, surface: dict[str, Any] | None = None) -
     added = []
     for name, spec in surface["ops"].items():
         names = [n for n in spec["names"] if n not in claimed]
-        if not names:
+        if not names or name in taken:  # ours by that name: the SDK's factory ``linspace``
             continue
-        if name in taken:  # a hand-written entry of that name serves the other spellings (until it goes)
-            name = f"{name}.torch"
         entry = entry_for(name, spec, names)
         for wire in [w for w in entry.variants if w in taken]:  # another entry's name: theirs
             del entry.variants[wire]
+        if not entry.variants:
+            continue
         table.add(entry)
         taken |= set(entry.variants) | {name}
         added.append(name)

@@ -28,6 +28,10 @@ CAUSES = {
     "Could not run 'aten::": "a factory with no kernel for the remote device (client/_kernels.py)",
     "reached a remote tensor below torch's functions": "a factory with no kernel for the remote device "
                                                        "(client/_kernels.py)",
+    "doesn't match the broadcast shape": "torch's CPU kernel resizes the target of this in-place call; its meta "
+                                         "kernel, which checks every call first, refuses it (loudly)",
+    "torch.linspace is not supported": "torch.linspace with tensor endpoints: the table's linspace is the SDK's "
+                                       "factory, which takes numbers",
     "_VariableFunctionsClass": "torch.meshgrid of a list calls a builtin the SDK cannot name",
     "requires_grad=True, torch's False": "the SDK predicts that every floating output of an op with an input that "
                                          "requires grad requires grad; torch marks this output non-differentiable "

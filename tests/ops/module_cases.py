@@ -86,15 +86,9 @@ def _same_grad(got, want, what: str) -> None:
 def run(sess, info) -> opinfo_cases.Outcome:
     local_error = "it has no CPU samples"
     for dtype in (torch.float32, torch.float64):  # float64 where torch's float32 samples do not run
-        ran = False
-        for module_input in _inputs(info, dtype):
-            outcome = _one(sess, info, module_input)
-            if outcome.status == "local":
-                local_error = outcome.detail
-                continue
-            ran = True
-            if outcome.status != "pass":
-                return outcome
+        outcome, local_error, ran = opinfo_cases.over_samples(_inputs(info, dtype), lambda s: _one(sess, info, s))
+        if outcome is not None:
+            return outcome
         if ran:
             return opinfo_cases.Outcome("pass")
     return opinfo_cases.Outcome("fail", f"local torch fails with the SDK imported: {local_error}")

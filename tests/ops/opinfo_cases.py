@@ -3,7 +3,8 @@
 ``run(sess, opinfo)`` moves the OpInfo's first samples (float32 where it takes them) to the remote
 device, calls the OpInfo's own ``op`` on them (so routing, client-side metadata and the server's
 entry are all exercised), and compares the outputs and the gradients of every input that
-requires grad with the same call on local torch. ``gradcheck(sess, opinfo)`` runs a float64
+requires grad with the same call on local torch; then each of its other variants (method,
+operators, in-place forms, aliases) without grad, outputs and every input after the call. ``gradcheck(sess, opinfo)`` runs a float64
 ``gradcheck(fast_mode=True)`` of the op computed remotely (forward and backward on the server).
 
 Outcomes: ``pass``; ``refused`` (the server's table refuses the op on purpose: the reason is the
@@ -23,6 +24,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from remote_autograd import client
 from remote_autograd.service.ops import surface
+from remote_autograd.service.ops._derive_record import sample_dtype
 
 SAMPLES = 2
 _SURFACE = surface.load()
@@ -37,14 +39,6 @@ _UNSET = {name for name, op in _SURFACE["ops"].items() if op.get("uninitialised"
 class Outcome:
     status: str  # "pass", "refused" or "fail" ("local" for one sample torch itself refuses)
     detail: str = ""
-
-
-def sample_dtype(opinfo) -> torch.dtype | None:
-    dtypes = opinfo.supported_dtypes("cpu")
-    for dt in (torch.float32, torch.float64):
-        if dt in dtypes:
-            return dt
-    return sorted(dtypes, key=str)[0] if dtypes else None
 
 
 def _samples(opinfo, dtype: torch.dtype, requires_grad: bool) -> list:
@@ -165,6 +159,60 @@ def _compare_grads(got, want, remote_args, local_args) -> None:
         torch.testing.assert_close(_fetch(g), w, equal_nan=True, msg=lambda m: f"grad {i}: {m}")
 
 
+def _variants(opinfo) -> list:
+    """Each variant OpInfo declares besides ``op``: the method, the operators, the in-place forms, the
+    aliases'."""
+    found = [opinfo.method_variant, opinfo.operator_variant, opinfo.inplace_variant, opinfo.inplace_operator_variant]
+    for alias in opinfo.aliases:
+        found += [alias.op, alias.method_variant, alias.inplace_variant]
+    return [fn for fn in found if fn is not None and fn is not opinfo.op]
+
+
+def _only_tensors(tree) -> list:
+    return [v for v in tree_leaves(tree) if isinstance(v, torch.Tensor)]
+
+
+def _variant(sess, fn, sample) -> Outcome | None:
+    """One variant on a sample, without grad: its outputs, and every input after it (an in-place form
+    writes its first argument; no other form may write anything), against local torch."""
+    call = (sample.input, list(sample.args), dict(sample.kwargs))
+    with torch.no_grad():
+        local = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, call)
+        torch.manual_seed(0)
+        try:
+            want = fn(local[0], *local[1], **local[2])
+        except Exception:
+            return None
+        try:
+            remote = tree_map(lambda v: _remote(sess.device)(v.detach()) if isinstance(v, torch.Tensor) else
+                              _remote(sess.device)(v), call)
+            torch.manual_seed(0)
+            got = fn(remote[0], *remote[1], **remote[2])
+            what = f"{getattr(fn, '__name__', fn)}"
+            _compare(got, want, what)
+            _compare(_only_tensors(remote), _only_tensors(local), f"{what}: the inputs after it")
+        except Exception as exc:
+            why = _why_refused(exc)
+            return Outcome("refused", why) if why is not None else Outcome("fail", _first_line(exc))
+    return Outcome("pass")
+
+
+def over_samples(samples, one, more=lambda sample: ()) -> tuple[Outcome | None, str, bool]:
+    """``one(sample)`` on each sample (then ``more(sample)``'s outcomes): the first outcome that is not a
+    pass (or None), the last error of local torch's own (a sample it refuses is skipped), whether any ran."""
+    local_error, ran = "it has no CPU samples", False
+    for sample in samples:
+        outcome = one(sample)
+        if outcome.status == "local":
+            local_error = outcome.detail
+            continue
+        ran = True
+        for outcome in (outcome, *more(sample)):
+            if outcome is not None and outcome.status != "pass":
+                return outcome, local_error, ran
+    return None, local_error, ran
+
+
 def run(sess, opinfo) -> Outcome:
     why = _why_refused(NotImplementedError(f"torch.{opinfo.name} is not supported"))
     if why is not None and not opinfo.name.startswith("torch."):  # denied by name (sparse.mm, aten internals)
@@ -173,16 +221,11 @@ def run(sess, opinfo) -> Outcome:
     if dtype is None:
         return Outcome("refused", "torch lists no CPU dtype for it")
     requires_grad = opinfo.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
-    local_error = "it has no CPU samples"
-    ran = False
-    for sample in _samples(opinfo, dtype, requires_grad):
-        outcome = _one(sess, opinfo, sample)
-        if outcome.status == "local":
-            local_error = outcome.detail
-            continue
-        ran = True
-        if outcome.status != "pass":
-            return outcome
+    variants = _variants(opinfo) if opinfo.name not in _UNSET else ()
+    outcome, local_error, ran = over_samples(_samples(opinfo, dtype, requires_grad), lambda s: _one(sess, opinfo, s),
+                                             lambda s: (_variant(sess, fn, s) for fn in variants))
+    if outcome is not None:
+        return outcome
     if ran:
         return Outcome("pass")
     if "CUDA" in local_error or "no CPU samples" in local_error:
