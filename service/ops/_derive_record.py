@@ -346,6 +346,7 @@ def _extra_calls() -> list[tuple[str, Callable[[], Any]]]:
         ("nn.Fold is not in module_db", lambda: torch.nn.functional.fold(torch.randn(1, 4, 4), (3, 3), (2, 2))),
         ("F.embedding's kernel, called directly by some models", lambda: torch.embedding(x[0], torch.tensor([0, 2]))),
         ("a foreach optimizer path optim_db does not take", lambda: torch._foreach_pow([x, x], 2.0)),
+        ("torch.distributions' argument validation", lambda: (torch._is_all_true(x > -10), torch._is_any_true(x > 0))),
     ]
 
 
