@@ -151,7 +151,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
     else:
         cpu_at = CPU_ARGUMENTS.get(func, ())
         wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
-    step: dict[str, Any] = {"kind": "call", "op": route.op.name, "args": wire_args}
+    step: dict[str, Any] = {"kind": "call", "op": route.wire_name, "args": wire_args}
     if kwargs:
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
     if not grad_on:
@@ -169,7 +169,7 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
             return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
         if not isinstance(target, RemoteTensor):  # a 0-d local target (any other failed the device rule)
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
-        step["op"] = route.wire_name if route.inplace else route.op.name + "_"
+        step["op"] = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
         return None if func is _SETITEM else target
 

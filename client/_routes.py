@@ -1,8 +1,11 @@
 """Which op of the server's table a torch callable becomes, and how its arguments are arranged.
 
 The table comes from ``GET /v1/ops``: each entry lists the torch names routed to
-it (as ``torch.overrides.resolve_name`` spells them). A name of the form
-``Tensor.__rX__`` swaps its first two arguments; ``Tensor.X_``, ``torch.X_`` and
+it (as ``torch.overrides.resolve_name`` spells them). An entry that is torch's own op
+(``spelled``) is called by the spelling itself, without ``torch.`` (``Tensor.add_``,
+``Tensor.__rsub__``, ``nn.functional.relu``): the server runs exactly that callable, with
+the arguments as the user gave them. For our own entries a name of the form
+``Tensor.__rX__`` swaps its first two arguments, and ``Tensor.X_``, ``torch.X_`` and
 ``Tensor.__iX__`` are the in-place forms of ``X``.
 """
 
@@ -46,12 +49,20 @@ class RouteTable:
     def __init__(self, ops: list[dict[str, Any]]) -> None:
         self.ops: dict[str, OpSpec] = {}
         self._by_name: dict[str, Route] = {}
+        spelled: dict[str, OpSpec] = {}  # call-step names of torch's own ops' spellings (``fill_``, ``Tensor.view``)
         for info in ops:
             spec = OpSpec(info["name"], info["shape_rule"], info["differentiable"], info.get("inplace", False),
                           frozenset(info.get("no_grad_args", ())))
             self.ops[spec.name] = spec
             for tname in info["torch_names"]:
-                self._by_name[tname] = _route_for(spec, tname)
+                if info.get("spelled"):
+                    route = self._by_name[tname] = _spelled_route(spec, tname)
+                    spelled[route.wire_name] = spec
+                    spelled.setdefault(route.wire_name.removeprefix("Tensor."), spec)
+                else:
+                    self._by_name[tname] = _route_for(spec, tname)
+        for wire, spec in spelled.items():  # sess.ops.fill_, the SDK's factories' fills: by the server's names
+            self.ops.setdefault(wire, spec)
         self._by_func: dict[Callable, Route | None] = {}
 
     def lookup(self, func: Callable) -> Route | None:
@@ -79,10 +90,23 @@ def _name_of(func: Callable) -> str:
 def _route_for(spec: OpSpec, tname: str) -> Route:
     short = tname.rsplit(".", 1)[-1]
     reflected = short in _REFLECTED
-    inplace = spec.inplace or (short.startswith("__i") and short.endswith("__")) or (
+    inplace = spec.inplace or _inplace_operator(short) or (
         short.endswith("_") and not short.endswith("__"))
     wire = spec.name + "_" if inplace and not (spec.inplace or spec.name.endswith("_")) else spec.name
     return Route(spec, wire, reflected, inplace, tname)
+
+
+def _inplace_operator(short: str) -> bool:
+    """``__iadd__`` (``x += y``), not ``__invert__`` (``~x``) or ``__index__``."""
+    return short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}")
+
+
+def _spelled_route(spec: OpSpec, tname: str) -> Route:
+    """A spelling of torch's own op: called by its own name, arguments as given."""
+    short = tname.rsplit(".", 1)[-1]
+    inplace = spec.inplace or (short.endswith("_") and not short.endswith("__")) or _inplace_operator(short) \
+        or short == "__setitem__"
+    return Route(spec, tname.removeprefix("torch."), False, inplace, tname)
 
 
 def torch_name(func: Callable) -> str:

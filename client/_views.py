@@ -33,11 +33,12 @@ _META = torch.device("meta")
 MAYBE_VIEWS = frozenset({"reshape", "flatten", "reshape_as", "contiguous", "ravel"})
 
 # In-place ops that change the target's shape or strides: their torch functions, run on a meta
-# stand-in to learn the new layout (names are the server's op names, from our own table).
+# stand-in to learn the new layout (by the last part of the server's op name: ``Tensor.t_`` or ``t_``).
 T = torch.Tensor
 SHAPE_INPLACE: dict[str, Callable] = {
     "squeeze_": T.squeeze_, "unsqueeze_": T.unsqueeze_, "t_": T.t_, "transpose_": T.transpose_,
-    "resize_": T.resize_, "as_strided_": T.as_strided_,
+    "swapaxes_": T.swapaxes_, "swapdims_": T.swapdims_, "resize_": T.resize_, "resize_as_": T.resize_as_,
+    "as_strided_": T.as_strided_,
 }
 
 
@@ -217,7 +218,7 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The target's new layout after a shape-changing in-place op, or None (not such an op, or one torch
     refuses: the server then answers with torch's own error, which meta kernels do not always spell alike)."""
-    func = SHAPE_INPLACE.get(op_name)
+    func = SHAPE_INPLACE.get(op_name.rsplit(".", 1)[-1])
     if func is None:
         return None
     stand_in = meta_of(target)

@@ -287,6 +287,7 @@ class OpInfo(_Model):
     no_grad_args: list[int | str] = []
     doc: str = ""
     kind: str = "function"  # "function": our own autograd.Function; "native": torch's op and derivative
+    spelled: bool = False  # each torch name without "torch." is a call step's op name, running that callable
 
 
 class OpList(_Model):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
 
@@ -41,6 +43,8 @@ def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_js
 
 
 def _encoded(t, as_json: bool, views: bool) -> dict:
+    if t._is_zerotensor():  # torch's lazy zeros (sgn's gradient of a real input) have no memory to read
+        t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
     return encode_tensor(t, as_json=as_json, as_view=views and not as_json and t.nbytes >= FRAME_MIN_BYTES)
 
 

@@ -3,8 +3,10 @@
 A CPU kernel trusts its caller; the server must not trust the wire. Before an entry of the op
 table runs, ``check_call`` refuses what torch's own checks refuse, without touching memory:
 
-1. the entry's own contract (``OpEntry.check``, ``service/ops/_contracts.py``), for kernels whose
-   meta kernel is missing or too lax (the fused optimizers): it stands in for the meta run;
+1. the entry's own contract (``OpEntry.check``, ``service/ops/_contracts.py``, ``arg_checks.py``), for
+   kernels whose meta kernel is missing or too lax (the fused optimizers): it runs first; it replaces
+   the meta run for an entry of our own, and for torch's own where torch has no meta kernel (the
+   outputs then bounded by ``output_bound``);
 2. a tensor an in-place call writes must not have elements that share memory (torch's rule;
    some kernels trust it too);
 3. otherwise the call itself, on meta tensors with the same sizes, strides, offsets and dtypes,
@@ -47,23 +49,28 @@ class Unhashable(Exception):
     """An argument the memo cannot key (the call is then checked without it)."""
 
 
-def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool) -> int:
+def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool,
+               fn: Any = None, writes: bool = False) -> int:
     """Refuse (422, torch's message) a call torch would refuse; else the bytes of its new storages.
 
     ``inplace``: the call writes its first argument (``x.add_(y)`` runs entry ``add`` in place).
+    ``fn``: the callable the call's name resolved to (a spelling of a native entry: ``Tensor.add_``),
+    ``writes`` when it is itself torch's in-place op; by default the entry's own.
     """
-    if entry.check is not None:  # a contract of our own replaces the meta run
+    if entry.check is not None:
         _run_contract(entry, args, kwargs)
-        return 0
+        if not entry.variants:  # our own entry: its contract replaces the meta run (a test op must not run twice)
+            return 0
     if inplace:
         _check_written(entry, args)
+    call = _Call(entry, fn, writes)
     try:
-        key = (entry.name, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
+        key = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
     except Unhashable:
-        return _answer(_on_meta(entry, args, kwargs, inplace), entry, args, kwargs)
+        return _answer(_on_meta(call, args, kwargs, inplace), entry, args, kwargs)
     known = _memo.get(key, _MISSING)
     if known is _MISSING:
-        known = _on_meta(entry, args, kwargs, inplace)
+        known = _on_meta(call, args, kwargs, inplace)
         with _memo_lock:
             if len(_memo) >= _MEMO_SIZE:
                 _memo.clear()
@@ -139,12 +146,22 @@ def _key_of(value: Any, storages: dict[int, int]) -> Any:
 # -- the call on meta ------------------------------------------------------------------------------
 
 
-def _on_meta(entry: OpEntry, args: list, kwargs: dict, inplace: bool) -> int | tuple[ErrorCode, str] | None:
+class _Call:
+    """The entry, and the callable a call of it runs (a native entry's spelling) when not its own."""
+
+    __slots__ = ("entry", "fn", "writes")
+
+    def __init__(self, entry: OpEntry, fn: Any, writes: bool) -> None:
+        self.entry, self.fn, self.writes = entry, fn, writes
+
+
+def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> int | tuple[ErrorCode, str] | None:
     """The bytes of the call's new storages, torch's refusal (its code and message), or
     ``_DATA_DEPENDENT`` when meta cannot say a data-dependent entry's outputs."""
+    entry = call.entry
     try:
         try:
-            return _run_on_meta(entry, args, kwargs, inplace, scalars=False)
+            return _run_on_meta(call, args, kwargs, inplace, scalars=False)
         except Exception as exc:
             # a kernel (or our entry) read a 0-d tensor's value, which meta cannot give: again with those
             # as CPU copies, as torch lets a 0-d CPU tensor join any device's op (LBFGS's
@@ -152,12 +169,14 @@ def _on_meta(entry: OpEntry, args: list, kwargs: dict, inplace: bool) -> int | t
             # such a scalar be on the other tensors' device (``masked_fill``'s value)
             if not (_reads_values(exc) and _has_scalars(args, kwargs)):
                 raise
-            return _run_on_meta(entry, args, kwargs, inplace, scalars=True)
+            return _run_on_meta(call, args, kwargs, inplace, scalars=True)
     except ProtocolError as exc:  # a limit an entry checks itself (a factory's size)
         return exc.code, exc.message
     except NotImplementedError as exc:
-        if entry.data_dependent:
-            return _DATA_DEPENDENT
+        if entry.data_dependent or (entry.check is not None and entry.output_bound is not None):
+            return _DATA_DEPENDENT  # bounded by its values (its contract vouched for the arguments)
+        if entry.check is not None:  # a contract of our own vouches for a kernel that makes no new tensor (fused)
+            return 0
         return ErrorCode.OP_ERROR, (f"{entry.name}: torch has no meta kernel for it ({_first_line(exc)}), so its "
                                     "arguments cannot be checked before the kernel runs; the server does not run it")
     except Exception as exc:  # torch's refusal of the arguments: the kernel must never see them
@@ -166,18 +185,22 @@ def _on_meta(entry: OpEntry, args: list, kwargs: dict, inplace: bool) -> int | t
         return ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__
 
 
-def _run_on_meta(entry: OpEntry, args: list, kwargs: dict, inplace: bool, *, scalars: bool) -> int:
+def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalars: bool) -> int:
+    entry = call.entry
     storages: dict[int, torch.UntypedStorage] = {}
     meta_args = [_to_meta(a, storages, scalars) for a in args]
     meta_kwargs = {k: _to_meta(v, storages, scalars) for k, v in kwargs.items()}
     before = {cdata: s.nbytes() for cdata, s in storages.items()}
-    fn = entry.meta_fn or entry.fn
+    # a spelling's torch callable itself, without our wrappers (the session-generator swap, the zero fill)
+    fn = getattr(call.fn, "torch_callable", call.fn) if call.fn is not None else entry.meta_fn or entry.fn
     # factories make meta tensors; a generator of its own, so that nothing run on meta (manual_seed)
     # can change the session's
     token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
     try:
         with torch.no_grad():  # the kernels' checks are below autograd; autograd's own run with the call
-            if inplace and entry.native_inplace is not None:
+            if inplace and call.writes:  # torch's own in-place spelling (``Tensor.add_``)
+                out = fn(*meta_args, **meta_kwargs)
+            elif inplace and entry.native_inplace is not None:
                 out = entry.native_inplace(*meta_args, **meta_kwargs)
             elif inplace and not entry.inplace:  # ``x.op_(y)`` through ``op``: the result must fit ``x``
                 out = fn(*meta_args, **meta_kwargs)
@@ -257,7 +280,8 @@ def _reads_values(exc: Exception) -> bool:
     """Meta's ways of saying the call needs the tensors' values (torch raises a few kinds for it)."""
     text = str(exc)
     return type(exc).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException") or (
-        "meta tensor" in text or "data-dependent" in text or "data dependent" in text)
+        "meta tensor" in text or "data-dependent" in text or "data dependent" in text
+        or "but it's on meta" in text)  # an argument torch reads on the CPU (tensor_split's indices)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -138,7 +138,7 @@ def _put(run: ProgramRun, step: PutStep) -> dict | None:
 
 
 def _lookup(name: str):
-    """The entry for ``name`` and whether the call is in place (``add_`` runs ``add`` then writes)."""
+    """What ``name`` runs (``OpTable.resolve``: the entry, the callable, whether in place)."""
     found = OP_TABLE.resolve(name)
     if found is None:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
@@ -147,24 +147,26 @@ def _lookup(name: str):
 
 def _call(run: ProgramRun, step: CallStep) -> dict | None:
     session = run.session
-    entry, inplace = _lookup(step.op)
+    call = _lookup(step.op)
+    entry = call.entry
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
-    if not inplace:
+    if not call.inplace:
         check_new_ids(session, step.out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
-    reserved = check_call(entry, args, kwargs, inplace=inplace, grad_enabled=step.grad_enabled)
+    reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
+                          fn=call.fn, writes=call.writes)
     if reserved:
         session.charge(reserved, run.settings.max_session_bytes)
     try:
-        if inplace:  # torch's autocast leaves in-place ops alone
-            _run_inplace(entry, step, args, kwargs)
+        if call.inplace:  # torch's autocast leaves in-place ops alone
+            _run_inplace(call, step, args, kwargs)
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
-            result = _apply(entry, step.grad_enabled, args, kwargs)
+            result = _apply(call.fn, step.grad_enabled, args, kwargs)
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
-                                  lambda a, k: _apply(entry, step.grad_enabled, a, k), args, kwargs)
+                                  lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
     finally:
         if reserved:
             session.release(reserved)  # the outputs are charged as they are stored, by what they hold
@@ -195,17 +197,9 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
 
-def _apply(entry, grad_enabled: bool, args: list, kwargs: dict) -> Any:
-    """``entry.fn(*args, **kwargs)`` in the step's grad mode, or the same call to its ``native`` kernel
-    when the first argument is a tensor and no graph is recorded: the Function's forward computes
-    exactly that, and skipping the Function saves most of what an optimizer's small out-of-place
-    steps (``sqrt``, ``div``) cost."""
-    fn, needs_grad = entry.fn, True  # without a native kernel the inputs are not looked at
-    if entry.native is not None and args and isinstance(args[0], torch.Tensor):
-        needs_grad = _requires_grad(args, kwargs)
-        if not (grad_enabled and needs_grad):
-            fn = entry.native
-    with _grad_mode(grad_enabled, matters=needs_grad):
+def _apply(fn, grad_enabled: bool, args: list, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` (the resolved callable) in the step's grad mode."""
+    with _grad_mode(grad_enabled):
         return fn(*args, **kwargs)
 
 
@@ -244,21 +238,25 @@ def _no_aliases(outputs: tuple, inputs) -> tuple:
     return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
 
 
-def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> None:
-    """``x.op_(...)``: torch's own in-place kernel when no graph is recorded (optimizer updates: the
-    same result, without an out-of-place value and a copy); else ``_inplace_by_copy``."""
-    if args and isinstance(args[0], list) and entry.inplace:  # torch._foreach_X_(tensors, ...): torch's kernel
-        with _grad_mode(step.grad_enabled):
-            entry.fn(*args, **kwargs)
+def _run_inplace(call, step: CallStep, args: list, kwargs: dict) -> None:
+    """``x.op_(...)``: torch's own in-place callable when the name spells one (``Tensor.add_``), or when no
+    graph is recorded (optimizer updates: the same result, without an out-of-place value and a
+    copy); else ``_inplace_by_copy``."""
+    entry = call.entry
+    if args and isinstance(args[0], list) and call.inplace and (call.writes or entry.inplace):
+        with _grad_mode(step.grad_enabled):  # torch._foreach_X_(tensors, ...): torch's kernel
+            call.fn(*args, **kwargs)
         return None
     if not args or not isinstance(args[0], torch.Tensor):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
     target = args[0]
     needs_grad = _requires_grad(args, kwargs)
     recording = step.grad_enabled and needs_grad
-    if entry.shape_inplace:  # torch's own op on the stored tensor: its own checks come before any change
+    if entry.shape_inplace or (call.writes and not call.by_copy):
+        # torch's own in-place op on the stored tensor: its own checks (a leaf that requires grad,
+        # shapes, dtypes) come before any change, and its derivative is torch's
         with _grad_mode(step.grad_enabled, matters=needs_grad):
-            entry.fn(*args, **kwargs)
+            call.fn(*args, **kwargs)
         return None
     if recording and target.is_leaf and target.requires_grad:
         raise ProtocolError(ErrorCode.OP_ERROR,
@@ -266,13 +264,17 @@ def _run_inplace(entry, step: CallStep, args: list, kwargs: dict) -> None:
     if "inplace" in kwargs:
         del kwargs["inplace"]
     with _grad_mode(step.grad_enabled, matters=needs_grad):
-        if recording or entry.native_inplace is None:
-            _inplace_by_copy(entry, args, kwargs, recording)
-            return
-        entry.native_inplace(*args, **kwargs)
+        if call.writes:  # torch's in-place op on a copy: a failure midway leaves the target as it was
+            work = target.clone()
+            call.fn(work, *args[1:], **kwargs)
+            target.copy_(work)
+        elif recording or entry.native_inplace is None or entry.kind == "native":
+            _inplace_by_copy(call.fn, args, kwargs, recording, entry.inplace)
+        else:
+            entry.native_inplace(*args, **kwargs)
 
 
-def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> None:
+def _inplace_by_copy(fn, args: list, kwargs: dict, recording: bool, inplace_only: bool = False) -> None:
     """Compute out of place, check it fits ``x``, then write it in with ``copy_``.
 
     Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
@@ -282,7 +284,7 @@ def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> None:
     own), ``copy_`` writes through to its base and torch rebases the base's graph.
     """
     target = args[0]
-    value = entry.fn(target.clone() if recording else target, *args[1:], **kwargs)
+    value = fn(target.clone() if recording else target, *args[1:], **kwargs)
     if isinstance(value, (tuple, list)):
         value = value[0]
     if value is target:
@@ -290,7 +292,7 @@ def _inplace_by_copy(entry, args: list, kwargs: dict, recording: bool) -> None:
     if value.shape != target.shape:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(value.shape)}")
-    if not torch.can_cast(value.dtype, target.dtype) and not entry.inplace:
+    if not torch.can_cast(value.dtype, target.dtype) and not inplace_only:
         raise ProtocolError(ErrorCode.OP_ERROR,
                             f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
                             f"{dtype_name(target.dtype)}")

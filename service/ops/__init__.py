@@ -1,4 +1,5 @@
-"""The op table. Importing this package registers every built-in family.
+"""The op table. Importing this package registers every built-in family, then torch's own ops
+from the committed allow-list (``surface.json``, see ``surface.py``).
 
 ``OP_TABLE`` maps a name to an ``OpEntry``; ``load_op_modules`` imports an
 operator's own modules (``REMOTE_AUTOGRAD_OP_MODULES``) so their ``@op``
@@ -10,37 +11,13 @@ from __future__ import annotations
 import importlib
 
 from . import (  # noqa: F401  (importing a family registers its ops)
-    activations,
-    attention,
     casts,
-    class_losses,
-    compare,
-    conv,
     custom,
-    dropouts,
-    elementwise,
     factories,
-    foreach,
     indexing,
-    inplace,
-    inplace_shape,
-    joins,
-    layout,
-    linalg,
-    losses,
-    matrix,
-    nn,
-    norms,
-    optim,
-    pointwise,
-    pooling,
-    random_fills,
-    recurrent,
-    reductions,
-    selection,
     session,
-    shape,
 )
+from . import surface  # noqa: F401,E402  (last: torch's own ops the families above do not serve)
 from ._checks import OpRegistrationError, check_entry
 from ._registry import OP_TABLE, OpEntry, OpTable, op
 from ._samples import S, Sample, T

@@ -2,17 +2,22 @@
 
 An entry's ``fn`` takes torch-style arguments (tensors, numbers, dims) and either
 calls one of our ``torch.autograd.Function``s (or composes other entries), kind
-``function``, or calls torch's own op and keeps torch's own derivative, kind
-``native`` (allow-listed by name here, tested by the same samples, gradcheck and
-gradgradcheck). The table is the whole server surface: the runner looks names up
-here and nowhere else.
+``function``, or is torch's own op with torch's own derivative, kind ``native``: the
+allow-list of ``surface.json`` (``surface.py``) and a few entries the SDK needs with
+wire arguments of their own (``getitem``). A native entry from the surface has
+``variants``: every spelling of the op (``add``, ``Tensor.add``, ``Tensor.add_``,
+``Tensor.__radd__``) is a name a call step may use, and runs exactly that torch
+callable. The table is the whole server surface: the runner looks names up here and
+nowhere else (``OpTable.resolve``).
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
+
+import torch
 
 from ._samples import Sample
 
@@ -27,7 +32,7 @@ from ._samples import Sample
 SHAPE_RULES = ("elementwise", "elementwise_float", "like_input", "linear", "loss", "meta", "none")
 
 # function: our own autograd.Function (custom or hand-written gradient);
-# native: torch's own op with torch's own derivative (see _native.py)
+# native: torch's own op with torch's own derivative (surface.py)
 KINDS = ("function", "native")
 
 
@@ -49,10 +54,6 @@ class OpEntry:
     # torch's own in-place kernel (``torch.Tensor.add_``), used for ``op_`` when no graph is
     # recorded (optimizer updates): same result, without an out-of-place value and a copy
     native_inplace: Callable[..., Any] | None = None
-    # torch's own kernel with ``fn``'s signature (``torch.sqrt``), used instead of ``fn`` when its
-    # first argument is a tensor and no graph is recorded (an optimizer's ``sqrt``/``div``): the
-    # Function's forward calls exactly this, so the value is the same, without the Function's cost
-    native: Callable[..., Any] | None = None
     # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
     # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
     shape_inplace: bool = False
@@ -70,19 +71,24 @@ class OpEntry:
     meta_fn: Callable[..., Any] | None = None
     doc: str = ""
     kind: str = "function"
-    signature: inspect.Signature = field(init=False, compare=False)
+    # wire name -> the torch callable it runs (``Tensor.add_`` -> torch.Tensor.add_); a surface entry's
+    variants: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False)
+    # in-place variants run on a copy of the target, then written in (``index_add_``: an index out of
+    # range found midway would leave a half-written tensor; atomic steps, DESIGN principle 3)
+    copy_inplace: frozenset[str] = frozenset()
+    signature: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.shape_rule not in SHAPE_RULES:
             raise ValueError(f"op {self.name}: shape_rule must be one of {SHAPE_RULES}")
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name}: kind must be one of {KINDS}")
-        object.__setattr__(self, "signature", inspect.signature(self.fn))
+        object.__setattr__(self, "signature", _signature(self.name, self.fn))
 
     def info(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "signature": f"{self.name}{self.signature}",
+            "signature": self.signature,
             "torch_names": list(self.torch_names),
             "exact": self.exact,
             "double_grad": self.double_grad,
@@ -92,7 +98,35 @@ class OpEntry:
             "no_grad_args": list(self.no_grad_args),
             "doc": self.doc,
             "kind": self.kind,
+            **({"spelled": True} if self.variants else {}),
         }
+
+
+def _signature(name: str, fn: Callable[..., Any]) -> str:
+    """``name(args)``: Python's signature, or for torch's builtins the first line of their doc."""
+    try:
+        return f"{name}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        first = (getattr(fn, "__doc__", None) or "").strip().split("\n", 1)[0]
+        start, end = first.find("("), first.rfind(")")
+        return f"{name}{first[start:end + 1] if 0 <= start < end else '(*args, **kwargs)'}"
+
+
+def is_inplace_name(name: str) -> bool:
+    """``Tensor.add_``, ``torch._foreach_add_``, ``Tensor.__iadd__``: the spelling writes its first argument."""
+    short = name.rsplit(".", 1)[-1]
+    return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
+        short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
+
+
+class Resolved(NamedTuple):
+    """What a call step's op name runs."""
+
+    entry: OpEntry
+    inplace: bool  # the call writes its first argument (and names no new ids)
+    fn: Callable[..., Any]  # the callable: ``entry.fn``, or the variant the name spells
+    by_copy: bool = False  # a native in-place call computed on a copy, then written in (see ``copy_inplace``)
+    writes: bool = False  # ``fn`` itself is in place (else it computes the new value out of place)
 
 
 class OpTable:
@@ -100,25 +134,40 @@ class OpTable:
 
     def __init__(self) -> None:
         self._entries: dict[str, OpEntry] = {}
-        self._calls: dict[str, tuple[OpEntry, bool]] = {}  # resolve()'s answers for known names
+        self._wires: dict[str, OpEntry] = {}  # a native entry's variant names
+        self._calls: dict[str, Resolved] = {}  # resolve()'s answers for known names
 
     def add(self, entry: OpEntry) -> OpEntry:
         if entry.name in self._entries:
             raise ValueError(f"op {entry.name!r} is registered twice")
+        taken = [w for w in entry.variants if w in self._wires]
+        if taken:
+            raise ValueError(f"op {entry.name!r}: {taken} already name another op")
         self._entries[entry.name] = entry
+        for wire in entry.variants:
+            self._wires[wire] = entry
         self._calls.clear()
         return entry
 
     def remove(self, name: str) -> None:
-        self._entries.pop(name, None)
+        entry = self._entries.pop(name, None)
+        for wire in entry.variants if entry is not None else ():
+            self._wires.pop(wire, None)
         self._calls.clear()
 
     def get(self, name: str) -> OpEntry | None:
         return self._entries.get(name)
 
-    def resolve(self, name: str) -> tuple[OpEntry, bool] | None:
-        """The entry a call of ``name`` runs, and whether in place: ``add_`` runs ``add``, then writes
-        (any entry whose result has a known shape); None for an unknown name.
+    def resolve(self, name: str) -> Resolved | None:
+        """What a call of ``name`` runs; None for an unknown name. In order:
+
+        1. a variant's own name: ``Tensor.add_`` runs ``torch.Tensor.add_`` (in place: its name says so);
+        2. an entry's name (``straight_through_round``, ``nn.functional.relu``);
+        3. a short name: ``view`` is ``Tensor.view``, ``add_`` is ``Tensor.add_``, ``T`` is
+           ``Tensor.T.__get__``, ``pad`` is ``nn.functional.pad``, ``vector_norm`` is ``linalg.vector_norm`` (the names of proto/SPEC.md, and of the
+           table before it was torch's surface);
+        4. ``X_`` for an ``X`` found above without an in-place form of its own: ``X`` computed out
+           of place, then written into the first argument (any entry whose result shape is known).
 
         Remembered per known name (the runner asks once per step); unknown names come from the
         wire and are not remembered, so the memo stays as small as the table.
@@ -126,16 +175,27 @@ class OpTable:
         found = self._calls.get(name)
         if found is not None:
             return found
-        entry = self._entries.get(name)
-        if entry is not None:
-            found = entry, entry.inplace
-        elif name.endswith("_") and not name.startswith("_"):
-            entry = self._entries.get(name[:-1])
-            if entry is not None and entry.shape_rule != "none":
-                found = entry, True
+        found = self._plain(name)
+        if found is None and name.endswith("_") and not name.startswith("_"):
+            base = self._plain(name[:-1])
+            if base is not None and not base.inplace and base.entry.shape_rule != "none":
+                found = base._replace(inplace=True, by_copy=True)
         if found is not None:
             self._calls[name] = found
         return found
+
+    def _plain(self, name: str) -> Resolved | None:
+        for wire in (name, f"Tensor.{name}", f"Tensor.{name}.__get__", f"nn.functional.{name}", f"linalg.{name}"):
+            entry = self._wires.get(wire)
+            if entry is not None:
+                fn = entry.variants[wire]
+                inplace = is_inplace_name(wire) or entry.inplace
+                by_copy = wire in entry.copy_inplace
+                return Resolved(entry, inplace, fn, by_copy, inplace)
+            if wire == name and name in self._entries:
+                entry = self._entries[name]
+                return Resolved(entry, entry.inplace, entry.fn)
+        return None
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -166,7 +226,6 @@ def op(
     inplace: bool = False,
     no_grad_args: tuple[int | str, ...] = (),
     native_inplace: Callable[..., Any] | None = None,
-    native: Callable[..., Any] | None = None,
     kind: str = "function",
     shape_inplace: bool = False,
     check: Callable[..., None] | None = None,
@@ -193,7 +252,6 @@ def op(
                 inplace=inplace,
                 no_grad_args=tuple(no_grad_args),
                 native_inplace=native_inplace,
-                native=native,
                 shape_inplace=shape_inplace,
                 check=check,
                 data_dependent=data_dependent,

@@ -1,10 +1,9 @@
 """Factories: new tensors on the session's device, random ones from the session's generator.
 
-``torch.zeros(...)`` has no tensor argument, so the client calls these by op name
-(no torch names); the ``*_like`` family reaches ``__torch_function__`` and is routed.
-``device`` arguments are accepted and ignored: the session's device (or, for ``*_like``,
-the input's) is the only one. ``empty`` memory is zeroed: a session never sees stale data.
-Random ``*_like`` ops fill ``empty_like(input)`` in place, exactly as ATen's do.
+``torch.zeros(...)`` has no tensor argument, so the SDK's device kernels (client/_kernels.py) call
+these by op name (no torch names); the ``*_like`` family reaches ``__torch_function__`` and is
+torch's own from the surface (``surface.json``). ``device`` arguments are accepted and ignored: the
+session's device is the only one. ``empty`` memory is zeroed: a session never sees stale data.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ._context import current
 from ._registry import op
-from ._samples import S, T
+from ._samples import S
 
 
 def _factory(name: str, samples, reference):
@@ -41,10 +40,6 @@ def _factory(name: str, samples, reference):
         return register(bounded)
 
     return decorate
-
-
-def _made(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 _SIZES = (S(2, 3), S((2, 3), dtype=torch.float64), S([4], requires_grad=True), S(0), S(()))
@@ -132,68 +127,3 @@ def randperm(n, *, dtype=None, device=None, requires_grad=False):
     """a random permutation of 0..n-1, int64 by default, from the session's generator"""
     return torch.randperm(n, generator=current().generator, dtype=dtype or torch.int64, device=current().device,
                           requires_grad=requires_grad)
-
-
-# -- *_like: the input's shape, device and (by default) dtype and layout --------------------
-
-_X = T((2, 3), requires_grad=False)
-_RANDOM_LIKE = (S(_X), S(_X, dtype=torch.float64), S(T((2, 3)), requires_grad=True), S(T((0, 2), requires_grad=False)))
-_LIKE = _RANDOM_LIKE + (S(T((3, 2), noncontiguous=True, requires_grad=False)),)
-
-
-def _like(name: str, samples, reference):
-    return op(name, torch_names=(f"torch.{name}",), samples=samples, reference=reference, differentiable=False,
-              shape_rule="meta")
-
-
-@_like("zeros_like", _LIKE, torch.zeros_like)
-def zeros_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """zeros shaped like ``input``"""
-    return torch.zeros_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
-
-
-@_like("ones_like", _LIKE, torch.ones_like)
-def ones_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """ones shaped like ``input``"""
-    return torch.ones_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
-
-
-@_like("empty_like", _LIKE, torch.zeros_like)
-def empty_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """torch.empty_like, but zeroed"""
-    return torch.zeros_like(input, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
-
-
-@_like("full_like", (S(_X, 2.5), S(T((3, 2), noncontiguous=True, requires_grad=False), 4), S(_X, 1, dtype=torch.int64)),
-       torch.full_like)
-def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """``fill_value`` shaped like ``input`` (input's dtype unless ``dtype``)"""
-    return torch.full_like(input, fill_value, dtype=dtype, requires_grad=requires_grad, memory_format=memory_format)
-
-
-# Random *_like fill in memory order, so a non-contiguous input's values depend on its strides; an uploaded
-# tensor arrives contiguous, hence no non-contiguous samples for them.
-@_like("rand_like", _RANDOM_LIKE, torch.rand_like)
-def rand_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """uniform in [0, 1), shaped like ``input``, from the session's generator"""
-    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
-    return _made(out.uniform_(0, 1, generator=current().generator), requires_grad)
-
-
-@_like("randn_like", _RANDOM_LIKE, torch.randn_like)
-def randn_like(input, *, dtype=None, device=None, requires_grad=False, memory_format=torch.preserve_format):
-    """standard normal, shaped like ``input``, from the session's generator"""
-    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
-    return _made(out.normal_(0, 1, generator=current().generator), requires_grad)
-
-
-@_like("randint_like", (S(_X, 5), S(_X, -2, 3), S(T((3, 2), requires_grad=False), 4),
-                        S(T((2, 2), dtype="int64", requires_grad=False), 0, 9), S(_X, 3, dtype=torch.int64)),
-       torch.randint_like)
-def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_grad=False,
-                 memory_format=torch.preserve_format):
-    """integers uniform in [low, high) (randint_like(x, high): low = 0), shaped like ``input``"""
-    if high is None:
-        low, high = 0, low
-    out = torch.empty_like(input, dtype=dtype, memory_format=memory_format)
-    return _made(out.random_(low, high, generator=current().generator), requires_grad)

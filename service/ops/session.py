@@ -1,4 +1,4 @@
-"""Session-level ops: detach, ``Tensor.data`` (read and assigned) and the session generator's seed and state.
+"""Session-level ops: ``Tensor.data`` (read and assigned) and the session generator's seed and state.
 
 The generator's state crosses the wire as torch's own: a uint8 tensor (``torch.get_rng_state``'s
 layout for a CPU generator, ``torch.cuda.get_rng_state``'s for a CUDA one), held on the session's
@@ -12,13 +12,6 @@ import torch
 from ._context import current
 from ._registry import op
 from ._samples import S, T
-
-
-@op("detach", torch_names=("torch.detach", "torch.Tensor.detach"), samples=(S(T((2, 3))),),
-    reference=lambda x: x.detach(), differentiable=False, exact=False)
-def detach(input):
-    """a new tensor sharing the values, cut from the graph"""
-    return input.detach()
 
 
 @op("data", samples=(S(T((2, 3))),), reference=lambda x: x.detach(), differentiable=False, exact=False)

@@ -280,7 +280,9 @@ def _shares(out: torch.Tensor, inputs: list) -> bool:
 
 
 def test_every_table_op_aliases_its_inputs_exactly_when_torch_does():
-    """An entry that copied where torch gives a view (or the reverse) would make writes diverge silently."""
+    """An entry of our own that copied where torch gives a view (or the reverse) would make writes diverge
+    silently. (torch's own ops of the surface alias as torch does by construction: each spelling runs the
+    torch callable itself; tests/ops/test_opinfo_remote.py runs them through the SDK.)"""
     checked = 0
     for entry in OP_TABLE:
         if entry.reference is None or entry.inplace:
@@ -296,7 +298,7 @@ def test_every_table_op_aliases_its_inputs_exactly_when_torch_does():
             assert [_shares(o, inputs) for o in ours] == [_shares(t, ref_inputs) for t in theirs], \
                 f"{entry.name} sample {i}"
             checked += 1
-    assert checked > 500
+    assert checked > 50
 
 
 def test_an_in_place_op_through_one_alias_is_seen_through_every_other(sess):

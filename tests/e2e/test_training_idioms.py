@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-NEEDS = "needs torch.{} from the derived op surface"
-
 
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
@@ -132,7 +130,6 @@ def generate_with_top_k_and_eos(device, new_tokens=8, k=3):
     return idx.cpu()
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=NEEDS.format("isin"))
 def test_generate_with_top_k_sampling_and_an_eos_stop(sess):
     assert torch.equal(generate_with_top_k_and_eos(sess.device), generate_with_top_k_and_eos("cpu"))
 
@@ -155,7 +152,6 @@ def train_gaussian_likelihood(device, steps=4):
     return losses, _state(model)
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=NEEDS.format("broadcast_tensors, _is_all_true"))
 def test_a_normal_distributions_log_likelihood_loss(sess):
     _assert_same_run(train_gaussian_likelihood(sess.device), train_gaussian_likelihood("cpu"))
 

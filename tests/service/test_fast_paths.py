@@ -51,10 +51,7 @@ def _fits_in_place(entry, i) -> bool:
     return value.shape == args[0].shape and torch.can_cast(value.dtype, args[0].dtype)
 
 
-# Only the cases the runner can take: it uses an op's native kernel when the first argument is
-# a tensor, and its native in-place kernel only where torch accepts the op in place.
-NATIVE = [(e, i) for e in OP_TABLE if e.native is not None for i in range(len(e.samples))
-          if isinstance(e.samples[i].args[0], T)]
+# Only the cases the runner can take: an entry's native in-place kernel only where torch accepts the op in place.
 NATIVE_INPLACE = [(e, i) for e in OP_TABLE if e.native_inplace is not None for i in range(len(e.samples))
                   if _fits_in_place(e, i)]
 
@@ -63,14 +60,6 @@ def _sample(case, dtype):
     """The entry of an ``(entry, sample index)`` case, and that sample's plain arguments."""
     entry, i = case
     return (entry, *_plain(*entry.samples[i].materialise(dtype, seed=i)))
-
-
-@pytest.mark.optable
-@pytest.mark.parametrize("case", NATIVE, ids=_id)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_native_kernel_gives_the_functions_value(case, dtype):
-    entry, args, kwargs = _sample(case, dtype)
-    assert_same_bits(entry.native(*args, **kwargs), entry.fn(*args, **kwargs))
 
 
 @pytest.mark.optable
@@ -197,7 +186,7 @@ def test_op_table_resolution_follows_the_table():
         return input * 2
 
     entry = table.get("double")
-    assert table.resolve("double") == (entry, False) and table.resolve("double_") == (entry, True)
+    assert table.resolve("double")[:2] == (entry, False) and table.resolve("double_")[:2] == (entry, True)
     table.remove("double")
     assert table.resolve("double") is None and table.resolve("double_") is None
 

@@ -197,7 +197,8 @@ def test_tokens_or_insecure_or_loopback_may_listen(monkeypatch: pytest.MonkeyPat
 
 FORBIDDEN_NAMES = ["save", "load", "__class__", "__import__", "ops.aten.add", "sys", "os.system", "torch.save",
                    "eval", "__getattribute__", "exec", "getattr", "open", "torch.ops.aten.add", "add.__globals__",
-                   "save_", "load_", "os.system_", "torch.load", "builtins.eval", "Tensor.add", "__init__",
+                   "save_", "load_", "os.system_", "torch.load", "builtins.eval", "Tensor.data_ptr", "__init__",
+                   "Tensor.untyped_storage", "Tensor.share_memory_", "Tensor.set_", "from_file", "Tensor.apply_",
                    "_test_oom_", "/tmp/pwned", "../add"]
 
 

@@ -1,0 +1,129 @@
+"""torch's own ops, from the committed allow-list ``surface.json``: one native entry each, at import.
+
+``surface.json`` is written by ``python -m remote_autograd.service.ops.derive --write`` from torch's
+own databases (OpInfo, what ``torch.nn`` modules and ``torch.optim`` optimizers call) and reviewed
+like code. Each of its ops becomes an entry (kind ``native``) whose every spelling is a variant:
+``add``, ``Tensor.add``, ``Tensor.add_``, ``Tensor.__radd__`` each run exactly that torch callable,
+reached by walking attributes from ``torch`` along the COMMITTED dotted path (never along a name
+from the wire: the runner only looks names up in the table).
+
+- Random ops draw from the session's generator (``session_rng``).
+- Ops that hand out uninitialised memory (``empty_like``, ``new_empty``) give zeros: memory a
+  session receives never shows another's data.
+- Data-dependent ops (``nonzero``) carry ``data_dependent`` and their bound (``bounds.py``); ops
+  whose meta kernel cannot vouch for their arguments carry a check (``arg_checks.py``); a packed
+  sequence's ``batch_sizes`` go back to the CPU, where torch wants them (``adapters.py``).
+- An in-place spelling of an op that takes index tensors runs on a copy of its target, then is
+  written in (``copy_inplace``): an index out of range found midway leaves nothing half-written.
+
+Entries the table already has by hand (``getitem``, our own Functions) keep their spellings: a
+spelling another entry routes is left out here, and an op none of whose spellings is left is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import adapters, arg_checks, bounds
+from ._native import session_rng
+from ._registry import OP_TABLE, OpEntry, OpTable, is_inplace_name
+
+SURFACE_FILE = Path(__file__).with_name("surface.json")
+
+
+def load() -> dict[str, Any]:
+    return json.loads(SURFACE_FILE.read_text())
+
+
+def walk(path: str) -> Callable[..., Any]:
+    """The torch callable a committed dotted path names (``torch.Tensor.add_``)."""
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def wire_name(path: str) -> str:
+    """The name a call step uses for a spelling: the path without ``torch.`` (``Tensor.add_``)."""
+    return path[len("torch."):]
+
+
+def _random(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def drawn(*args, **kwargs):
+        with session_rng():
+            return fn(*args, **kwargs)
+    drawn.torch_callable = getattr(fn, "torch_callable", fn)  # what the meta check runs
+    return drawn
+
+
+def _zeroed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def zeroed(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        with torch.no_grad():
+            out.zero_()
+        return out
+    zeroed.torch_callable = fn
+    return zeroed
+
+
+def _callable(name: str, path: str, spec: dict[str, Any]) -> Callable[..., Any]:
+    fn = walk(path)
+    if name in adapters.ADAPTERS:
+        fn = adapters.ADAPTERS[name](fn)
+    if spec.get("uninitialised"):
+        fn = _zeroed(fn)
+    if spec["random"]:
+        fn = _random(fn)
+    return fn
+
+
+def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
+    """The native entry of one op of the surface, with the spellings ``names`` (the primary first)."""
+    variants = {wire_name(p): _callable(name, p, spec) for p in names}
+    primary = variants[wire_name(names[0])]
+    variants.setdefault(name, primary)  # the entry's own name calls its primary spelling
+    layout = {wire_name(p) for p in spec.get("layout_inplace", ())}
+    copy_inplace = frozenset(w for w in variants if spec.get("index_args") and is_inplace_name(w) and w not in layout)
+    data_dependent = spec["meta"] == "data_dependent" or name in bounds.BOUNDS  # meta may not say: a bound
+    return OpEntry(
+        name=name, fn=primary, torch_names=tuple(names), samples=(), reference=walk(names[0]),
+        exact=not spec["random"], double_grad=spec["differentiable"] and not spec["random"],
+        differentiable=spec["differentiable"],
+        shape_rule="none" if spec["meta"] == "missing" or (spec["meta"] == "data_dependent"
+                                                           and not spec.get("meta_derives_some")) else "meta",
+        inplace=all(is_inplace_name(p) for p in names), kind="native",
+        doc=f"torch's own {names[0]} ({', '.join(spec['from'])})",
+        data_dependent=data_dependent, output_bound=bounds.BOUNDS.get(name), check=arg_checks.CHECKS.get(name),
+        variants=variants, copy_inplace=copy_inplace,
+    )
+
+
+def register(table: OpTable = OP_TABLE, surface: dict[str, Any] | None = None) -> list[str]:
+    """Add every op of the surface the table does not already serve; returns the names added."""
+    surface = surface or load()
+    claimed = {n for e in table for n in e.torch_names}
+    taken = {w for e in table for w in e.variants} | set(table.names())  # names a call step already means
+    added = []
+    for name, spec in surface["ops"].items():
+        names = [n for n in spec["names"] if n not in claimed]
+        if not names or name in taken:  # ours by that name: the SDK's factory ``linspace``
+            continue
+        entry = entry_for(name, spec, names)
+        for wire in [w for w in entry.variants if w in taken]:  # another entry's name: theirs
+            del entry.variants[wire]
+        if not entry.variants:
+            continue
+        table.add(entry)
+        taken |= set(entry.variants) | {name}
+        added.append(name)
+    return added
+
+
+register()
