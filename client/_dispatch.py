@@ -212,7 +212,9 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
     op = step["op"]
     if rg and target._storage is not None:  # only memory shared with another handle can be uncertain
         _views.check_inplace(target, op, rg, leaves)
-    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if op in _SHAPE_INPLACE else None
+    # the wire names torch's spelling (``Tensor.t_``): the op is known by its last part
+    shape_op = op.rpartition(".")[2] in _SHAPE_INPLACE
+    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if shape_op else None
     step["out"] = []
     session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:

@@ -95,8 +95,10 @@ class RaySessions:
 
     async def create_session(self, owner: str | None) -> dict:
         """On the least-loaded device slot (bytes held, then sessions, by every tenant's actor on it), in the
-        token's actor there (made if it has none), within the token's cluster-wide limit."""
-        workers = await self._workers_now()
+        token's actor there (made if it has none), within the token's cluster-wide limit. The list of workers
+        is read afresh: another front may have made a token's actor a moment ago, and placing by a stale
+        list would put every new session on the slot that looked empty."""
+        workers = await self._workers_now(force=True)
         tag = tenant_tag(owner)
         loads = await asyncio.gather(*(self._load(key, h, owner) for key, h in workers.items()))
         by_slot = {slot: [0, 0] for slot in self._slots}
