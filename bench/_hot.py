@@ -21,7 +21,7 @@ from remote_autograd.proto import decode_body, encode_body
 from remote_autograd.proto.frames import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.store import SessionStore
+from remote_autograd.service.sessions.store import SessionStore
 
 from ._util import measure
 

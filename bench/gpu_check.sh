@@ -111,7 +111,7 @@ fi
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA device here")'
 export REMOTE_AUTOGRAD_DEVICE=cuda
 say "the service and the SDK import on this torch"
-"$PY" -c 'import remote_autograd.service.app, remote_autograd.client; print("ok")' 2>&1 | tee "$OUT/imports.log"
+"$PY" -c 'import remote_autograd.service.http.app, remote_autograd.client; print("ok")' 2>&1 | tee "$OUT/imports.log"
 
 say "tests with REMOTE_AUTOGRAD_DEVICE=cuda: $GPU_TESTS"
 tests_status=0

@@ -7,9 +7,9 @@ import torch
 from remote_autograd.proto import encode_body, encode_tensor
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.ops import OP_TABLE
-from remote_autograd.service.runner import run_steps
+from remote_autograd.service.engine.runner import run_steps
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.store import SessionStore
+from remote_autograd.service.sessions.store import SessionStore
 
 from ._util import measure, row
 

@@ -2,7 +2,7 @@
 
 The same server twice, with ``REMOTE_AUTOGRAD_TENANT_PROCESSES=off`` (sessions in the
 front's process) and ``on`` (the caller's sessions in a worker process of their own,
-behind ``service/tenant_channel.py``): an eager op and an MLP training step, through the
+behind ``service/backends/tenant_channel.py``): an eager op and an MLP training step, through the
 same SDK, measured in alternating rounds (a busy moment of the machine then hits both),
 and 16 MiB up and back.
 """

@@ -134,7 +134,7 @@ def _wait_healthy(server: EmbeddedServer) -> None:
 def service_app(**settings):
     """The service's ASGI app, configured as ``python -m remote_autograd.service`` would be
     (``REMOTE_AUTOGRAD_*``), with ``settings`` (``Settings`` fields) on top."""
-    from remote_autograd.service.app import create_app
+    from remote_autograd.service.http.app import create_app
     from remote_autograd.service.settings import Settings
 
     return create_app(Settings.from_env(**settings))

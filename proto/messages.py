@@ -47,7 +47,7 @@ class TensorData(_Model):
 
     dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
     # Strict: a dim is an integer as sent, never "3", 3.0 or true made one, so the element limit
-    # checked on the raw body (service/guards.py, before this validation) sees the shape that is used.
+    # checked on the raw body (service/engine/guards.py, before this validation) sees the shape that is used.
     shape: list[Annotated[StrictInt, Field(ge=0)]]
     data: Annotated[Any, WithJsonSchema(_DATA_SCHEMA)]
 

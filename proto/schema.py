@@ -3,7 +3,7 @@
 ``proto/schema.json`` is this module's output, committed so that tools in other
 languages can validate or generate code without Python; ``tests/proto/test_schema.py``
 fails when it is stale. The same definitions fill the OpenAPI components
-(``service/openapi.py``), so the SPEC, the schema file and ``/docs`` describe
+(``service/http/openapi.py``), so the SPEC, the schema file and ``/docs`` describe
 one set of shapes.
 
     python -m remote_autograd.proto.schema --write   # regenerate proto/schema.json

@@ -45,15 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from . import logs
-    from .app import create_app
-    from .http_protocol import guarded_http_protocol
+    from .http.app import create_app
+    from .http.http_protocol import guarded_http_protocol
 
     logs.configure(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        http=guarded_http_protocol(settings),  # httptools, with header and idle limits (service/http_protocol.py)
+        http=guarded_http_protocol(settings),  # httptools, with header and idle limits (service/http/http_protocol.py)
         timeout_keep_alive=settings.idle_timeout_seconds,
         loop="uvloop",
         log_config=None,  # uvicorn's records go to our JSON handler

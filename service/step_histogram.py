@@ -22,6 +22,9 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+# Step times run from a few microseconds (an elementwise op) to seconds (a big matmul on CPU).
+OP_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5)
+
 
 class StepHistogram(Collector):
     """Step times by op, rendered as a prometheus_client ``Histogram`` with an ``op`` label would be."""

@@ -31,7 +31,7 @@ def load_configured_ops(op_modules: tuple[str, ...] | list[str], *, test_ops: bo
     when asked (a front and every Ray worker load the same)."""
     load_op_modules(op_modules)
     if test_ops:
-        from .. import testing_ops  # noqa: F401  (registers test-only ops)
+        from . import testing_ops  # noqa: F401  (registers test-only ops)
 
 
 def load_op_modules(names: tuple[str, ...] | list[str]) -> None:

@@ -57,7 +57,7 @@ class OpEntry:
     # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
     # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
     shape_inplace: bool = False
-    # What the runner's check before the kernel needs to know (``service/meta_check.py``):
+    # What the runner's check before the kernel needs to know (``service/engine/meta_check.py``):
     # ``check``: an argument contract of our own, run on the real arguments, for kernels whose meta
     # kernel is missing or too lax (the CPU fused optimizers trust their callers about list lengths
     # and sizes); it replaces the meta run. ``data_dependent``: meta may not be able to say the

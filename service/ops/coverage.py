@@ -32,7 +32,7 @@ def _facts(entry, spec: dict | None) -> str:
 
 def coverage_markdown() -> str:
     ops = surface.load()
-    entries = [e for e in OP_TABLE if not e.name.startswith("_test")]  # test-only ops: service/testing_ops.py
+    entries = [e for e in OP_TABLE if not e.name.startswith("_test")]  # test-only ops: service/ops/testing_ops.py
     native = [e for e in entries if e.variants]
     lines = [
         f"{len(entries)} ops: {len(native)} are torch's own from `surface.json` (kind `native`, torch's own "

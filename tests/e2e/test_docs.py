@@ -66,7 +66,8 @@ def test_architecture_walk_names_each_stage():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     walk = text[text.index("## The walk of one op"):]
     stages = ["__torch_function__", "client/_dispatch.py", "client/_session_core.py", "client/_transport.py",
-              "service/raw_route.py", "service/routes/programs.py", "service/runner.py", "service/ops/"]
+              "service/http/raw_route.py", "service/http/routes/programs.py", "service/backends/local_sessions.py",
+              "service/engine/admission.py", "service/engine/programs.py", "service/engine/runner.py", "service/ops/"]
     positions = [walk.index(stage) for stage in stages]
     assert positions == sorted(positions), "the walk goes from the user's call to the op table in order"
 
@@ -106,8 +107,12 @@ def _imports(path: Path, package: str) -> set[str]:
 
 
 def _package_imports(folder: str) -> dict[str, set[str]]:
-    package = folder.replace("/", ".")
-    return {f"{folder}/{p.name}": _imports(p, package) for p in sorted((ROOT / folder).glob("*.py"))}
+    """Each module under ``folder`` (its subpackages too), by path, with what it imports."""
+    found = {}
+    for p in sorted((ROOT / folder).rglob("*.py")):
+        package = ".".join(p.parent.relative_to(ROOT).parts)
+        found[str(p.relative_to(ROOT))] = _imports(p, package)
+    return found
 
 
 def test_architecture_import_rules_hold():
@@ -124,4 +129,23 @@ def test_architecture_import_rules_hold():
     assert ops
     for path, names in ops.items():
         assert not [n for n in names if n.startswith("service.") and not n.startswith("service.ops")], (path, names)
-    assert "service.app" in _package_imports("client")["client/_embedded.py"]
+    assert "service.http.app" in _package_imports("client")["client/_embedded.py"]
+
+
+def test_architecture_names_every_module():
+    """The map names each module of the three packages: by its path, or by its file name in a row
+    (a line) that names its folder (`service/ops/derive.py`, `_derive_record.py`, ...)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    lines = text.splitlines()
+    missing = []
+    for folder in ("client", "service", "proto", "remote_autograd"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if path.name == "__init__.py" and rel.count("/") > 1:
+                continue  # a subpackage's __init__ is named by its folder's row
+            if rel in text:
+                continue
+            parent = str(path.parent.relative_to(ROOT)) + "/"
+            if not any(f"`{path.name}`" in line and parent in line for line in lines):
+                missing.append(rel)
+    assert not missing, f"ARCHITECTURE.md's map does not name: {missing}"

@@ -127,7 +127,7 @@ def test_wheel_has_one_top_level_name(wheel: Path):
     assert {t for t in top if not t.endswith(".dist-info")} == {"remote_autograd"}, sorted(top)
     assert "remote_autograd/proto/SPEC.md" in names and "remote_autograd/service/ops/__init__.py" in names
     assert "remote_autograd/proto/SPEC-examples.md" in names  # SPEC.md links to it
-    assert "remote_autograd/_fill_buffer.py" in names and "remote_autograd/service/routes/programs.py" in names
+    assert "remote_autograd/_fill_buffer.py" in names and "remote_autograd/service/http/routes/programs.py" in names
 
 
 def test_building_prints_no_packaging_deprecation(built: tuple[Path, str]):

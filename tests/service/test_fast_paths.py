@@ -20,14 +20,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from remote_autograd.proto import JSON, MSGPACK, decode_body, decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
-from remote_autograd.service import grad_ownership
-from remote_autograd.service.answers import encode_answer, keepable
-from remote_autograd.service.metrics import OP_BUCKETS
+from remote_autograd.service.engine import grad_ownership
+from remote_autograd.service.engine.answers import encode_answer, keepable
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
-from remote_autograd.service.runner import run_steps
+from remote_autograd.service.engine.runner import run_steps
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.step_histogram import StepHistogram
-from remote_autograd.service.store import SessionStore
+from remote_autograd.service.step_histogram import OP_BUCKETS, StepHistogram
+from remote_autograd.service.sessions.store import SessionStore
 
 from ..bits import assert_same_bits
 

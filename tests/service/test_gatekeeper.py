@@ -7,9 +7,9 @@ import asyncio
 import msgpack
 
 from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError
-from remote_autograd.service.auth import Tokens
-from remote_autograd.service.middleware import Gatekeeper
-from remote_autograd.service.raw_route import RawRoute
+from remote_autograd.service.http.auth import Tokens
+from remote_autograd.service.http.middleware import Gatekeeper
+from remote_autograd.service.http.raw_route import RawRoute
 
 
 class _Counts:

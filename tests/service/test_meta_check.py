@@ -1,4 +1,4 @@
-"""No kernel sees arguments torch would refuse (DESIGN principle 4, ``service/meta_check.py``).
+"""No kernel sees arguments torch would refuse (DESIGN principle 4, ``service/engine/meta_check.py``).
 
 A hostile token speaks the protocol directly, as curl would: these tests send raw programs to a
 server with two tokens, ``a`` attacking and ``b`` the victim. Before the check, torch's CPU fused
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
-from remote_autograd.service import meta_check
+from remote_autograd.service.engine import meta_check
 from remote_autograd.service.ops import OP_TABLE
 
 from ..servers import running

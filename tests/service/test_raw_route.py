@@ -1,7 +1,7 @@
 """The program route's speed path answers as a plain FastAPI route would.
 
-``answer_program_request`` (``service/routes/programs.py``) is plain ASGI, called by the
-Gatekeeper past the router (``service/raw_route.py``). The plain path it stands in for
+``answer_program_request`` (``service/http/routes/programs.py``) is plain ASGI, called by the
+Gatekeeper past the router (``service/http/raw_route.py``). The plain path it stands in for
 is written here as an ordinary FastAPI route (``Request``, ``Depends``, ``Response``) on
 the same app; both must give the same status, media type and bytes for the same program.
 """
@@ -18,8 +18,8 @@ from fastapi import Depends, Request, Response
 
 from remote_autograd.proto import JSON, MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, encode_tensor
 from remote_autograd.proto.frames import iter_parts
-from remote_autograd.service.app import create_app
-from remote_autograd.service.routes import deps
+from remote_autograd.service.http.app import create_app
+from remote_autograd.service.http.routes import deps
 from remote_autograd.service.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""A router of ``service/routes/`` served alone, on a bare FastAPI app, with its dependencies
+"""A router of ``service/http/routes/`` served alone, on a bare FastAPI app, with its dependencies
 overridden: routes can be imported and tested without ``create_app``, its middleware or its
 backend choice. The backend here is the real in-process one; only who provides it changes.
 """
@@ -11,8 +11,8 @@ import httpx
 from fastapi import FastAPI
 
 from remote_autograd.proto import PROTOCOL_HEADER, PROTOCOL_VERSION
-from remote_autograd.service.local_sessions import LocalSessions
-from remote_autograd.service.routes import deps, errors, sessions
+from remote_autograd.service.backends.local_sessions import LocalSessions
+from remote_autograd.service.http.routes import deps, errors, sessions
 from remote_autograd.service.settings import Settings
 
 V1 = {PROTOCOL_HEADER: PROTOCOL_VERSION}
@@ -58,7 +58,7 @@ def test_the_sessions_router_serves_alone_with_its_dependencies_overridden():
     try:
         _talk(_sessions_alone(backend, caller), conversation)
     finally:
-        backend.close()
+        backend.shutdown()
 
 
 def test_the_caller_dependency_checks_the_protocol_header():

@@ -1,8 +1,8 @@
 """Sessions across a graceful restart: tensors with their layouts and aliasing, grads, generators, program ids.
 
-The layout tests rebuild tensors in this process (``service/tensor_snapshot.py``) and
+The layout tests rebuild tensors in this process (``service/sessions/tensor_snapshot.py``) and
 compare them with the torch tensors they came from; the volume tests save a real
-``LocalSessions`` and restore it into another (``service/state_volume.py``); the
+``LocalSessions`` and restore it into another (``service/backends/state_volume.py``); the
 restart tests send a real server SIGTERM between training steps (tests/e2e/test_restart.py).
 """
 
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from remote_autograd.proto import MSGPACK
-from remote_autograd.service import state_volume
-from remote_autograd.service.local_sessions import LocalSessions
+from remote_autograd.service.backends import state_volume
+from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.tensor_snapshot import rebuild, snapshot
-from remote_autograd.service.custom_tensor import CustomTensor
+from remote_autograd.service.sessions.tensor_snapshot import rebuild, snapshot
+from remote_autograd.service.sessions.custom_tensor import CustomTensor
 
 from ..servers import call, put, ref
 
@@ -140,4 +140,4 @@ def test_a_tenant_no_longer_configured_is_left_on_the_volume(tmp_path: Path):
     state_volume.restore_all(fresh, fresh.settings)
     assert len(fresh.store) == 0 and state_volume.tenant_dir(tmp_path, "gone").is_dir()
     assert "gone" not in "".join(p.name for p in tmp_path.iterdir())  # named by a digest, never the token
-    local.close(), fresh.close()
+    local.shutdown(), fresh.shutdown()

@@ -1,4 +1,4 @@
-"""The front-to-worker protocol (``service/tenant_channel.py``, ``tenant_frames.py``) on a real socketpair,
+"""The front-to-worker protocol (``service/backends/tenant_channel.py``, ``tenant_frames.py``) on a real socketpair,
 the in-place frame reader against asyncio's StreamReader, and cancellation through the protocol.
 
 A cancelled caller must reach the worker as a cancelled task: a program queued behind
@@ -18,13 +18,13 @@ import msgpack
 import pytest
 
 from remote_autograd.proto import MSGPACK, ProtocolError
-from remote_autograd.service.local_sessions import LocalSessions
+from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
-from remote_autograd.service.program_watch import ProgramWatch
+from remote_autograd.service.engine.program_watch import ProgramWatch
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.tenant_channel import ChannelClosed, open_channel
-from remote_autograd.service.tenant_frames import PREFIX, FrameProtocol
-from remote_autograd.service.tenant_processes import TenantProcesses
+from remote_autograd.service.backends.tenant_channel import ChannelClosed, open_channel
+from remote_autograd.service.backends.tenant_frames import PREFIX, FrameProtocol
+from remote_autograd.service.backends.tenant_processes import TenantProcesses
 
 from ..servers import call, put
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from remote_autograd.proto import ProtocolError
-from remote_autograd.service.guards import read_body
-from remote_autograd.service.workers import WorkerThreads
+from remote_autograd.service.engine.guards import read_body
+from remote_autograd.service.backends.workers import WorkerThreads
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
 

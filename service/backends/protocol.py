@@ -1,0 +1,53 @@
+"""``SessionBackend``: what the HTTP layer asks of wherever sessions live.
+
+Three backends implement it: ``LocalSessions`` (this process), ``TenantProcesses`` (a worker
+process per token, each running a ``LocalSessions``) and ``RaySessions`` (worker actors, each
+running a ``LocalSessions``). The routes see only this; ``tests/service/test_backends.py``
+checks that each backend's methods have these names, parameters and kinds (async or not).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Callable, Protocol
+
+from ..engine.guards import ProgramSlots
+from ..engine.program_watch import ProgramWatch
+from .program_answer import ProgramAnswer
+
+
+class SessionBackend(Protocol):
+    slots: ProgramSlots  # program slots in all, per session and per token (admission's last check)
+    observe_program: Callable[[float], None]  # the front's program-time histogram
+
+    def start(self) -> None:
+        """From the running event loop, before the first request (sweepers, reapers)."""
+
+    async def close(self) -> None:
+        """After the last request (workers save their sessions where a state volume is set)."""
+
+    def health(self) -> dict:
+        """What ``/healthz`` adds to its body (the device)."""
+
+    async def readiness(self) -> tuple[bool, dict]:
+        """Whether ``/readyz`` answers ready, and its body."""
+
+    async def create_session(self, owner: str | None) -> dict:
+        """A new session of ``owner``'s (429 past the token's or the server's sessions); its description."""
+
+    async def describe_session(self, sid: str, owner: str | None) -> dict:
+        """``GET /v1/sessions/{sid}``; 404 for an id ``owner`` holds no session under."""
+
+    async def delete_session(self, sid: str, owner: str | None) -> None:
+        """Free the session and every byte it holds."""
+
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
+        """404/410 before a byte of a program's body is read."""
+
+    def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                       watch: ProgramWatch | None = None) -> AbstractAsyncContextManager[ProgramAnswer]:
+        """Admit and run one program; its encoded answer, to send inside the ``async with``."""
+
+    async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
+                          as_json: bool) -> dict:
+        """One tensor's message (``GET /v1/sessions/{sid}/tensors/{tid}``)."""

@@ -1,0 +1,113 @@
+"""What a program answers with: fetched tensors, and what the retry cache may keep of an answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
+from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
+
+from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import Outcome
+
+
+def reencode(outcome: Outcome, as_json: bool) -> Outcome:
+    """A stored answer re-encoded for a retry that asks for the other format (JSON vs msgpack)."""
+    results = []
+    for r in outcome.body.get("results", []):
+        if r and r.get("tensor"):
+            msg = dict(r["tensor"])
+            for key in ("value", "grad"):
+                if msg.get(key) is not None:
+                    msg[key] = encode_tensor(decode_tensor(msg[key]), as_json=as_json)
+            r = {**r, "tensor": msg}
+        results.append(r)
+    return Outcome(outcome.status, {**outcome.body, "results": results}, outcome.seconds)
+
+
+def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool, views: bool = True) -> dict:
+    """A fetched tensor, encoded for the answer's format. With ``views``, binary data big enough
+    to travel as a frame is a view of the tensor's bytes (no copy); it is encoded (msgpack) or
+    streamed (frames) right after the program, before this session runs another. Smaller data
+    is copied to bytes at once: msgpack copies it into the body anyway, and the retry cache
+    (``keepable``) then has no view to copy out."""
+    grad_tensor = ct.grad if grad else None
+    return {
+        "id": tid,
+        "value": _encoded(ct.value, as_json, views) if value else None,
+        "grad": _encoded(grad_tensor, as_json, views) if grad_tensor is not None else None,
+        "requires_grad": ct.requires_grad,
+    }
+
+
+def _encoded(t, as_json: bool, views: bool) -> dict:
+    if t._is_zerotensor():  # torch's lazy zeros (sgn's gradient of a real input) have no memory to read
+        t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+    return encode_tensor(t, as_json=as_json, as_view=views and not as_json and t.nbytes >= FRAME_MIN_BYTES)
+
+
+_KEEP_FETCHED_BYTES = 1 << 20
+
+
+def keepable(outcome: Outcome, program_id: str) -> Outcome:
+    """What the retry cache may hold: fetched values are copied out of the live tensors,
+    and an answer with more than 1 MiB of them is replaced by a 409 (fetch again).
+
+    Binary data is a view (copied here) or, for small tensors, bytes already; both count.
+    """
+    results = outcome.body.get("results", [])
+    data = fetched_data(outcome.body)
+    if not data:
+        return outcome
+    if sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
+        err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
+                            "fetched data to keep for a retry: fetch the tensors again")
+        return Outcome(err.status, err.answer(program_id=program_id), outcome.seconds)
+    if not any(isinstance(d, memoryview) for d in data):
+        return outcome
+    body = dict(outcome.body)
+    body["results"] = [copy_views(r) if r and r.get("tensor") else r for r in results]
+    return Outcome(outcome.status, body, outcome.seconds)
+
+
+def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
+    """(media type, body parts, total length) of an answer: framed when it carries big tensors and
+    the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
+    if as_msgpack and FRAMES in (accept or "").lower() and _framable(body):
+        header, frames = extract_frames(body, FRAME_MIN_BYTES)
+        if frames:
+            parts, total = pack_frames(header, frames)
+            return FRAMES, parts, total
+    data = encode_body(body, as_msgpack)
+    return (MSGPACK if as_msgpack else "application/json"), [data], len(data)
+
+
+def _framable(body: dict) -> bool:
+    """Whether an answer holds a fetched tensor big enough to travel as a frame (looked up
+    directly: ``extract_frames`` copies the whole answer while it searches)."""
+    return any(memoryview(data).nbytes >= FRAME_MIN_BYTES for data in fetched_data(body))
+
+
+def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
+    """The binary ``data`` of every value and grad an answer carries: its fetched tensors' (a
+    program's results) or its own (``GET /tensors`` answers one tensor message)."""
+    messages = [r["tensor"] for r in body.get("results", ()) if r and r.get("tensor")]
+    if "value" in body:
+        messages.append(body)
+    return [m[k]["data"] for m in messages for k in ("value", "grad")
+            if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (bytes, bytearray, memoryview))]
+
+
+def copy_views(value: Any) -> Any:
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    if isinstance(value, dict):
+        return {k: copy_views(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_views(v) for v in value]
+    return value
+
+
+# -- steps --------------------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""The autograd steps: ``backward`` (grads accumulate into the leaves) and ``grad`` (new tensors).
+
+Gradients are computed into temporaries first and committed at the end, so a
+failing backward leaves every ``.grad`` as it was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.messages import BackwardStep, GradStep
+
+from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import Session
+from ..settings import Settings
+from . import grad_ownership
+from .program_run import ProgramRun
+from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_made
+
+
+def _candidates(session: Session) -> list[CustomTensor]:
+    """The session's tensors a backward may fill: leaves that require grad, and retained non-leaves."""
+    leaves: dict[int, CustomTensor] = {}  # by tensor object: one entry per value
+    retained: list[CustomTensor] = []
+    for ct in session.tensors.values():
+        value = ct.value
+        if not value.requires_grad:  # most tensors (inputs, optimizer state): the cheapest test first
+            continue
+        # Views are never leaves; asking a stale view (its base changed in place) for
+        # is_leaf would make autograd raise, so skip them before looking further.
+        if value._base is not None and value._base.requires_grad and not ct.retains_grad:
+            continue
+        if value.is_leaf:
+            leaves[id(value)] = ct
+        elif ct.retains_grad:
+            retained.append(ct)
+    return [*leaves.values(), *retained]
+
+
+def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[CustomTensor]:
+    """Those of ``candidates`` that a backward from ``roots`` reaches (a walk of the graph's nodes)."""
+    leaves = {id(ct.value): ct for ct in candidates if ct.value.is_leaf}
+    found: dict[int, CustomTensor] = {}
+    seen: set = set()
+    stack = []
+    for r in roots:
+        if r.grad_fn is None and id(r) in leaves:
+            found[id(r)] = leaves[id(r)]
+        stack.append(r.grad_fn)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node) is _ACCUMULATE_GRAD:  # these nodes hold their leaf
+            var = node.variable
+            if id(var) in leaves:
+                found[id(var)] = leaves[id(var)]
+        stack.extend(n for n, _ in node.next_functions)
+    return [ct for ct in candidates if id(ct.value) in found or ct.value.grad_fn in seen]
+
+
+def _accumulate_grad_type() -> type:
+    """The class of torch's AccumulateGrad nodes (it has no public name)."""
+    leaf = torch.zeros((), requires_grad=True)
+    return type(leaf.view_as(leaf).grad_fn.next_functions[0][0])
+
+
+_ACCUMULATE_GRAD = _accumulate_grad_type()
+
+
+def _grad_outputs(values, session: Session) -> list | None:
+    if values is None:
+        return None
+    return [resolve_value(v, session) for v in values]
+
+
+def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
+    session, settings = run.session, run.settings
+    roots = [session.tensor(t).value for t in step.tensors]
+    grad_tensors = _grad_outputs(step.grad_tensors, session)
+    # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
+    # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
+    implicit = step.inputs is None
+    targets = _candidates(session) if implicit else [session.tensor(t) for t in step.inputs]
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
+        torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
+        return _backward_result(run, [])
+    # Room for the new grads first (a 413 leaves the graph intact for a retry), then
+    # temporaries, then commit: a failing backward leaves every .grad untouched.
+    targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
+    try:
+        grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
+                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+    except BaseException:
+        session.release(reserved)
+        raise
+    owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]  # first: any later name for a grad is a reference
+    used = 0
+    for ct, g, own in zip(targets, grads, owned):
+        if g is not None:
+            used += data_bytes(ct) if ct.grad is None else 0
+            _accumulate(ct, g, step.create_graph, own)
+    session.release(reserved - used)
+    without = [ct for ct in targets if ct.grad is None]
+    missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
+    return _backward_result(run, missing)
+
+
+def _backward_result(run: ProgramRun, missing: list[str]) -> dict | None:
+    """``{tensors: [], no_grad?}``; with ``omit_known_meta`` only the ``no_grad`` the client
+    cannot predict, and ``None`` when there is none."""
+    if run.omit_known_meta:
+        return {"no_grad": missing} if missing else None
+    return {"tensors": [], "no_grad": missing} if missing else {"tensors": []}
+
+
+def _reserve(session: Session, settings: Settings, targets: list[CustomTensor],
+             roots: list[torch.Tensor] | None) -> tuple[list[CustomTensor], int]:
+    """Charge the bytes of the grads ``targets`` may get; (targets, bytes charged).
+
+    With ``roots`` the targets are candidates: when their room is refused, the ones the
+    graph reaches are charged instead (so the limit applies to those alone, as it must).
+    """
+    reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
+    try:
+        session.charge(reserved, settings.max_session_bytes)
+    except ProtocolError:
+        if roots is None:
+            raise
+        targets = _reached(targets, roots)
+        reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
+        session.charge(reserved, settings.max_session_bytes)
+    return targets, reserved
+
+
+def _still_without_grad(session: Session, without: list[CustomTensor]) -> list[str]:
+    """Ids of ``without``: reached tensors that still have no grad (their inputs' gradients were None).
+
+    The client predicts ``.grad is not None`` for every leaf a backward reaches; this
+    corrects that prediction where an op gave no gradient (e.g. ``vector_norm(x, 0)``).
+    """
+    missing = {id(ct) for ct in without}
+    if not missing:
+        return []
+    return [tid for tid, ct in session.tensors.items() if id(ct) in missing]
+
+
+def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bool) -> None:
+    # A fresh grad is cloned unless it is ``owned``: in-place ops on one .grad must never show
+    # up in another tensor (see grad_ownership.owned for how autograd may share one).
+    if not create_graph and g.requires_grad:  # without create_graph, grads normally have no graph already
+        g = g.detach()
+    if ct.grad is None:
+        ct.grad = g if owned else g.clone(memory_format=torch.contiguous_format)
+    elif create_graph or ct.grad.requires_grad:
+        ct.grad = ct.grad + g
+    else:
+        with torch.no_grad():
+            ct.grad.add_(g)
+
+
+def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
+    session, settings = run.session, run.settings
+    if len(step.out) != len(step.inputs):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
+    check_new_ids(session, step.out)
+    outputs = [session.tensor(t).value for t in step.outputs]
+    inputs = [session.tensor(t).value for t in step.inputs]
+    retain = step.create_graph if step.retain_graph is None else step.retain_graph
+    grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
+                                create_graph=step.create_graph, allow_unused=step.allow_unused)
+    store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
+        return None
+    return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}

@@ -1,0 +1,34 @@
+"""``ProgramRun``: what each step handler of a running program is given besides its step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..sessions.store import Session
+from ..settings import Settings
+
+
+@dataclass(slots=True)
+class ProgramRun:
+    """One program's run as its steps see it: the session, the server's settings, and how a fetch
+    writes its tensor into the answer.
+
+    ``as_json`` is the answer's format. A fetch encodes its tensor at its own step, in that
+    format: the answer then holds the value as it was at the fetch (later steps of the program
+    may change the tensor in place), and the encoded form is what goes out, with no copy between.
+
+    ``views``: a fetch may hand out a view of a big tensor's bytes instead of a copy (the answer
+    streams it as a frame). Only once no later step of the program can write to a tensor:
+    ``run_steps`` turns it on after the program's last step that is not a fetch or a free.
+
+    ``omit_known_meta`` (the program's flag): steps whose result only repeats what the client
+    chose or inferred (the metadata of outputs it named) answer ``None`` and do not build it;
+    a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
+    grad still answer their metadata (only the server knows it).
+    """
+
+    session: Session
+    settings: Settings
+    as_json: bool = False
+    views: bool = False
+    omit_known_meta: bool = False

@@ -1,0 +1,358 @@
+"""``run_steps``: execute a program's steps in order against one session.
+
+Each step is atomic: it computes everything first and commits (stores outputs,
+writes in place, accumulates grads) only at its end, so a failing step leaves
+no trace while earlier steps stay done, as in eager torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from time import perf_counter
+from typing import Any, Callable
+
+import torch
+
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
+from remote_autograd.proto.messages import (
+    BackwardStep,
+    CallStep,
+    FetchStep,
+    FreeStep,
+    GradStep,
+    LoadStep,
+    Program,
+    PutStep,
+    RetainGradStep,
+    SetGradStep,
+    SetRequiresGradStep,
+)
+from remote_autograd.proto.tensors import decode_tensor_data
+
+from .. import ops as _ops
+from ..ops._context import RunContext, reset, set_current
+from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import Outcome, Session
+from ..settings import Settings
+from .answers import tensor_message
+from .autocast import autocast_dtype, run_autocast
+from .autograd_steps import backward_step, grad_step
+from .load_step import load_step
+from .meta_check import check_call
+from .program_run import ProgramRun
+from .program_watch import ProgramWatch
+from .values import (check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_made,
+                     store_tensors)
+
+log = logging.getLogger("remote_autograd.service.engine.runner")
+OP_TABLE = _ops.OP_TABLE
+
+
+def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
+                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> Outcome:
+    """Run every step or stop at the first failure; the caller holds the session lock.
+
+    The limits a body claims (its step count, its put steps' shapes) were checked when it was
+    admitted (``guards.check_limits``, on every path a program takes); the limits of what steps
+    make (outputs, tensors and bytes held) are checked here, step by step.
+    ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
+    ``watch`` is asked before each step whether the program must stop there (its time limit, its
+    client gone): the stop is that step's failure, the steps before it stay done.
+    """
+    results: list[Any] = []
+    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
+    views_from = _views_from(program.steps)
+    token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
+    began = perf_counter()
+    try:
+        for index, step in enumerate(program.steps):
+            if index == views_from:
+                run.views = True
+            start = perf_counter()
+            try:
+                if watch is not None:
+                    watch.check()
+                results.append(_HANDLERS[type(step)](run, step))
+            except Exception as exc:  # every failure becomes data: see _as_protocol_error
+                err = _as_protocol_error(exc, index, _step_op(step))
+                return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
+            if observe is not None:
+                observe(_step_op(step), perf_counter() - start)
+    finally:
+        reset(token)
+    return Outcome(200, {"id": program.id, "results": results}, perf_counter() - began)
+
+
+def _views_from(steps: list) -> int:
+    """The index after the program's last step that may write to a tensor (neither a fetch nor a
+    free): fetches from there on may answer with views of the tensors' bytes (``ProgramRun.views``)."""
+    for index in range(len(steps) - 1, -1, -1):  # most programs end with their fetches: a short walk
+        if not isinstance(steps[index], (FetchStep, FreeStep)):
+            return index + 1
+    return 0
+
+
+def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
+    if isinstance(exc, ProtocolError):
+        err = exc
+    elif isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # the device's allocator, or the host's
+        err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"device out of memory in {op}: {_first_line(exc)}")
+    elif isinstance(exc, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, ZeroDivisionError,
+                          OverflowError, AssertionError)):
+        err = ProtocolError(ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__)
+    else:  # a bug of ours, but the client still gets data, never a 500
+        log.exception("unexpected error in step %d (%s)", step, op)
+        err = ProtocolError(ErrorCode.OP_ERROR, f"{type(exc).__name__}: {_first_line(exc)}")
+    err.step, err.op = step, op
+    return err
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text[:2000]
+
+
+def _step_op(step) -> str:
+    return step.op if isinstance(step, CallStep) else step.kind
+
+
+# -- values -------------------------------------------------------------------------------
+
+
+def _put(run: ProgramRun, step: PutStep) -> dict | None:
+    session = run.session
+    check_new_ids(session, [step.id])
+    # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
+    value = decode_tensor_data(step.value, field="value", device=session.device,
+                               copy=False)  # a framed body's bytes become the tensor
+    grad = None
+    if step.grad is not None:
+        grad = decode_tensor_data(step.grad, field="grad", device=session.device)
+        if grad.shape != value.shape or grad.dtype != value.dtype:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
+    if step.requires_grad:
+        value.requires_grad_(True)  # torch's own error for integer dtypes
+    store_tensors(session, run.settings, [(step.id, CustomTensor(value, grad))])
+    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, value)]}
+
+
+def _lookup(name: str):
+    """What ``name`` runs (``OpTable.resolve``: the entry, the callable, whether in place)."""
+    found = OP_TABLE.resolve(name)
+    if found is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
+    return found
+
+
+def _call(run: ProgramRun, step: CallStep) -> dict | None:
+    session = run.session
+    call = _lookup(step.op)
+    entry = call.entry
+    args = resolve_args(step.args, session)
+    kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
+    if not call.inplace:
+        check_new_ids(session, step.out)
+    # no kernel sees arguments torch would refuse, and what it will allocate is charged first
+    reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
+                          fn=call.fn, writes=call.writes)
+    if reserved:
+        session.charge(reserved, run.settings.max_session_bytes)
+    try:
+        if call.inplace:  # torch's autocast leaves in-place ops alone
+            _run_inplace(call, step, args, kwargs)
+            return None if run.omit_known_meta else {"tensors": []}
+        if step.autocast is None:
+            result = _apply(call.fn, step.grad_enabled, args, kwargs)
+        else:
+            result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
+                                  lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
+    finally:
+        if reserved:
+            session.release(reserved)  # the outputs are charged as they are stored, by what they hold
+    return _store_outputs(run, step, result, args, kwargs)
+
+
+def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict) -> dict | None:
+    """Keep a call's outputs under the step's ids; their metadata is the step's result (unless
+    the client named them all and asked to be spared it: ``omit_known_meta`` without ``out_many``)."""
+    session = run.session
+    is_tuple = isinstance(result, (tuple, list))
+    # optional outputs that are None (attention weights with need_weights=False) get no id: the
+    # client knows where they go from the same call on meta
+    outputs = tuple(o for o in result if o is not None) if is_tuple else (result,)
+    outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args)
+    ids = step.out
+    if step.out_many:
+        if len(step.out) != 1:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "out: with out_many, give exactly one id prefix")
+        ids = [f"{step.out[0]}.{i}" for i in range(len(outputs))]
+        check_new_ids(session, ids)
+    if len(outputs) != len(ids):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
+    store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    if run.omit_known_meta and not step.out_many:
+        return None
+    metas = [meta_of(tid, t) for tid, t in zip(ids, outputs)]
+    return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
+
+
+def _apply(fn, grad_enabled: bool, args: list, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` (the resolved callable) in the step's grad mode."""
+    with _grad_mode(grad_enabled):
+        return fn(*args, **kwargs)
+
+
+def _requires_grad(args: list, kwargs: dict) -> bool:
+    """Whether a tensor argument requires grad: only then can an op record a graph."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
+
+
+_SAME_MODE = contextlib.nullcontext()
+
+
+def _grad_mode(enabled: bool, *, matters: bool = True):
+    """``torch.set_grad_enabled(enabled)`` as a context, or a no-op one when the mode already is ``enabled``
+    or cannot ``matter`` (autograd looks at it only when a tensor requires grad). Most steps switch
+    nothing: switching and restoring costs more than many small ops."""
+    return _SAME_MODE if not matters or torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
+
+
+def _no_aliases(outputs: tuple, inputs) -> tuple:
+    """Outputs that are an input object itself (``contiguous()``, ``dropout(training=False)``) become views.
+
+    Two ids must never share one tensor object: leaves are found by object identity
+    in backward, and the client already treats the result as a new non-leaf.
+    """
+    if len(outputs) == 1 and not any(outputs[0] is a for a in inputs):  # the usual case, without a set
+        return outputs
+    tensors = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
+    if not any(id(o) in tensors for o in outputs):
+        return outputs
+    return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
+
+
+def _run_inplace(call, step: CallStep, args: list, kwargs: dict) -> None:
+    """``x.op_(...)``: torch's own in-place callable when the name spells one (``Tensor.add_``), or when no
+    graph is recorded (optimizer updates: the same result, without an out-of-place value and a
+    copy); else ``_inplace_by_copy``."""
+    entry = call.entry
+    if args and isinstance(args[0], list) and call.inplace and (call.writes or entry.inplace):
+        with _grad_mode(step.grad_enabled):  # torch._foreach_X_(tensors, ...): torch's kernel
+            call.fn(*args, **kwargs)
+        return None
+    if not args or not isinstance(args[0], torch.Tensor):
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
+    target = args[0]
+    needs_grad = _requires_grad(args, kwargs)
+    recording = step.grad_enabled and needs_grad
+    if entry.shape_inplace or (call.writes and not call.by_copy):
+        # torch's own in-place op on the stored tensor: its own checks (a leaf that requires grad,
+        # shapes, dtypes) come before any change, and its derivative is torch's
+        with _grad_mode(step.grad_enabled, matters=needs_grad):
+            call.fn(*args, **kwargs)
+        return None
+    if recording and target.is_leaf and target.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            "a leaf Variable that requires grad is being used in an in-place operation.")
+    if "inplace" in kwargs:
+        del kwargs["inplace"]
+    with _grad_mode(step.grad_enabled, matters=needs_grad):
+        if call.writes:  # torch's in-place op on a copy: a failure midway leaves the target as it was
+            work = target.clone()
+            call.fn(work, *args[1:], **kwargs)
+            target.copy_(work)
+        elif recording or entry.native_inplace is None or entry.kind == "native":
+            _inplace_by_copy(call.fn, args, kwargs, recording, entry.inplace)
+        else:
+            entry.native_inplace(*args, **kwargs)
+
+
+def _inplace_by_copy(fn, args: list, kwargs: dict, recording: bool, inplace_only: bool = False) -> None:
+    """Compute out of place, check it fits ``x``, then write it in with ``copy_``.
+
+    Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
+    the old ``x`` fails with torch's own error, as it would after a native in-place op.
+    When a graph is recorded we compute from a clone, so our own Function never holds
+    the tensor we are about to overwrite. When ``x`` is a view (the view ops are torch's
+    own), ``copy_`` writes through to its base and torch rebases the base's graph.
+    """
+    target = args[0]
+    value = fn(target.clone() if recording else target, *args[1:], **kwargs)
+    if isinstance(value, (tuple, list)):
+        value = value[0]
+    if value is target:
+        return
+    if value.shape != target.shape:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(value.shape)}")
+    if not torch.can_cast(value.dtype, target.dtype) and not inplace_only:
+        raise ProtocolError(ErrorCode.OP_ERROR,
+                            f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
+                            f"{dtype_name(target.dtype)}")
+    target.copy_(value)  # a view a custom op's Function returned: torch's own refusal, as locally
+
+
+def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
+    session = run.session
+    ct = session.tensor(step.id)
+    grad = resolve_value(step.grad, session)
+    if grad is not None:
+        if not isinstance(grad, torch.Tensor):
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad expected to be a Tensor or None")
+        if grad.shape != ct.shape:
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different size")
+        if grad.dtype != ct.dtype:
+            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
+    # Counted as its own bytes even when it aliases another tensor: the bound stays safe.
+    session.charge(grad_bytes(grad) - grad_bytes(ct.grad), run.settings.max_session_bytes)
+    ct.grad = grad  # aliasing, as `p.grad = g` does in torch
+    return None
+
+
+def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict | None:
+    ct = run.session.tensor(step.id)
+    ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
+    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, ct.value)]}
+
+
+def _retain_grad(run: ProgramRun, step: RetainGradStep) -> None:
+    ct = run.session.tensor(step.id)
+    if not ct.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR, "can't retain_grad on Tensor that has requires_grad=False")
+    if not ct.is_leaf:
+        ct.retains_grad = True
+    return None
+
+
+def _free(run: ProgramRun, step: FreeStep) -> None:
+    tensors = run.session.tensors
+    freed = [ct for ct in (tensors.pop(tid, None) for tid in step.ids) if ct is not None]
+    if freed:
+        run.session.release(sum(ct.nbytes for ct in freed))  # one release: it takes the store's lock
+    return None
+
+
+def _fetch(run: ProgramRun, step: FetchStep) -> dict:
+    return {"tensor": tensor_message(step.id, run.session.tensor(step.id), value=step.value, grad=step.grad,
+                                     as_json=run.as_json, views=run.views)}
+
+
+_HANDLERS: dict[type, Callable[..., Any]] = {
+    PutStep: _put,
+    CallStep: _call,
+    BackwardStep: backward_step,
+    GradStep: grad_step,
+    SetGradStep: _set_grad,
+    SetRequiresGradStep: _set_requires_grad,
+    RetainGradStep: _retain_grad,
+    FreeStep: _free,
+    FetchStep: _fetch,
+    LoadStep: load_step,
+}

@@ -1,0 +1,119 @@
+"""``guarded_http_protocol``: uvicorn's httptools protocol with the connection limits it lacks (our transport tuning).
+
+uvicorn 0.5x closes a connection left idle after an answer (``timeout_keep_alive``), and that
+is all: a connection that never sends a request is never closed (the timer is armed only after
+an answer), a request's line and headers may take forever to arrive, and they may be any size
+(httptools gathers a header's pieces before handing it over: a 64 MiB header is read, joined
+and parsed). Enough such connections hold every file descriptor and shut everyone else out.
+``h11_max_incomplete_event_size`` bounds headers for the h11 protocol only; nothing bounds
+their time. So the class passed to ``uvicorn.run`` as ``http=`` (a subclass: nothing of uvicorn
+is patched, and other servers in the process are untouched) adds:
+
+- ``idle_timeout_seconds``: uvicorn's keep-alive timer, armed when the connection opens too;
+- ``header_timeout_seconds``: from a request's first byte to the end of its headers, else
+  ``408 request_timeout`` and the connection closes (total time, not silence: a header
+  trickled a byte at a time does not hold a connection forever);
+- ``max_header_bytes``: the request line and headers, else ``431 headers_too_large`` and the
+  connection closes, counted as bytes arrive, before httptools has gathered more.
+
+Their answers carry the protocol's error body in JSON (no request was parsed: its
+``Accept`` is not known). The body's own limits are the program route's (``guards.read_body``).
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from remote_autograd.proto import ErrorCode, ProtocolError, encode_body
+
+from ..settings import Settings
+
+
+def guarded_http_protocol(settings: Settings) -> type[HttpToolsProtocol]:
+    """The protocol class for ``uvicorn.run(http=...)`` with ``settings``' header limits (uvicorn's
+    own ``timeout_keep_alive`` is the idle timeout: pass ``settings.idle_timeout_seconds``)."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {
+        "max_header_bytes": settings.max_header_bytes, "header_timeout_seconds": settings.header_timeout_seconds})
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` with the idle timer armed at once, a header-read timeout and a header-size limit."""
+
+    max_header_bytes = Settings.max_header_bytes
+    header_timeout_seconds = Settings.header_timeout_seconds
+    LINGER_SECONDS = 1.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_open = False  # a request has begun and its headers are not all in
+        self._head_bytes = 0
+        self._head_timer = None
+        self._refused = False  # answered 408 or 431: what else comes is dropped
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # the first byte cancels it (uvicorn's data_received), as after an answer
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_head()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # answered and closing (see _refuse): the rest is dropped unread
+            return
+        super().data_received(data)
+        if self._head_open and not self.transport.is_closing():
+            # the whole piece counts while the head is unfinished after it: at most one piece too many
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse(ErrorCode.HEADERS_TOO_LARGE, f"request line and headers over {self.max_header_bytes} "
+                             f"bytes: limit max_header_bytes={self.max_header_bytes}")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._end_head()
+        self._head_open, self._head_bytes = True, 0
+        self._head_timer = self.loop.call_later(self.header_timeout_seconds, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._end_head()
+        super().on_headers_complete()
+
+    def _end_head(self) -> None:
+        self._head_open = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._head_open or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # a pipelined request's head waits behind the answer under way: its time starts after it
+            self._head_timer = self.loop.call_later(self.header_timeout_seconds, self._head_timed_out)
+            return
+        self._refuse(ErrorCode.REQUEST_TIMEOUT, f"request headers not complete after {self.header_timeout_seconds} s: "
+                     f"limit header_timeout_seconds={self.header_timeout_seconds}")
+
+    def _refuse(self, code: ErrorCode, message: str) -> None:
+        """Answer ``code`` with the protocol's error body and close the connection.
+
+        A lingering close: the answer, then our half of the connection shut, and what the client
+        still sends read and dropped for ``LINGER_SECONDS``. Closing at once with its bytes unread
+        would reset the connection, and the client could lose the answer before reading it.
+        """
+        self._end_head()
+        self._refused = True
+        body = encode_body(ProtocolError(code, message).answer(), False)
+        head = (f"HTTP/1.1 {code.status} {HTTPStatus(code.status).phrase}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+        self.transport.write(head + body)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(self.LINGER_SECONDS, self.transport.close)
+        else:
+            self.transport.close()

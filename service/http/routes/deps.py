@@ -1,0 +1,50 @@
+"""What routes depend on, as FastAPI dependencies: the backend, the metrics, the caller.
+
+Each provider reads ``app.state`` (``create_app`` puts the backend, metrics and
+settings there), so a route takes what it needs as a parameter and a test can
+serve one router on a bare app with ``app.dependency_overrides`` in place of them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from remote_autograd.proto import PROTOCOL_HEADER, PROTOCOL_VERSION, ErrorCode, ProtocolError
+
+from ...backends.protocol import SessionBackend
+from ..metrics import Metrics
+
+
+def backend(request: Request) -> SessionBackend:
+    """The app's backend (``LocalSessions``, ``TenantProcesses`` or ``RaySessions``)."""
+    return request.app.state.backend
+
+
+def metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+def caller(request: Request) -> str | None:
+    """The caller (its token, as the Gatekeeper found it) once the protocol header matches."""
+    return caller_of(request.scope, request.headers.get(PROTOCOL_HEADER))
+
+
+PROTOCOL_KEY = PROTOCOL_HEADER.lower().encode()  # as a raw ASGI header name
+
+
+def caller_of(scope: dict, version: str | None) -> str | None:
+    """``caller`` for a plain ASGI route: the protocol header's ``version`` is read by the route itself."""
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.PROTOCOL_MISMATCH,
+            f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
+            f"server speaks {PROTOCOL_VERSION}; upgrade the older side",
+        )
+    return scope.get("state", {}).get("owner")
+
+
+Backend = Annotated[SessionBackend, Depends(backend)]
+Caller = Annotated[str | None, Depends(caller)]
+AppMetrics = Annotated[Metrics, Depends(metrics)]

@@ -1,0 +1,254 @@
+"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/sweep``.
+
+A session owns its tensors, its ``torch.Generator`` and a lock; programs of one
+session run one at a time. The store is used in this process by
+``LocalSessions``, and by each Ray worker actor through its own ``LocalSessions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+
+from ..settings import Settings
+from .custom_tensor import CustomTensor
+
+
+class Budget:
+    """Bytes held against ``limit``: by all sessions (``max_total_bytes``) or by one token's
+    (``max_bytes_per_token``). Thread-safe. ``elsewhere`` counts bytes held outside this
+    process that share the limit (the Ray backend sets it: a token's bytes on other workers)."""
+
+    def __init__(self, limit: int, limit_name: str = "max_total_bytes", holder: str = "the server") -> None:
+        self.limit = limit
+        self.held = 0
+        self.elsewhere = 0
+        self.limit_name, self.holder = limit_name, holder
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> None:
+        with self._lock:
+            total = self.held + self.elsewhere + nbytes
+            if total > self.limit:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE,
+                    f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
+                )
+            self.held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+
+@dataclass
+class Session:
+    """One tenant: tensors by client-chosen id, a generator, locks, recent program answers.
+
+    ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
+    programs on the event loop, so one busy session waits there instead of holding
+    every worker. ``bytes_held`` counts values and grads, charged against the session's
+    limit and the ``budgets`` (the store's, then its token's).
+    """
+
+    id: str
+    owner: str | None
+    device: torch.device
+    generator: torch.Generator
+    budgets: tuple[Budget, ...]
+    tensors: dict[str, CustomTensor] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    bytes_held: int = 0
+    programs: OrderedDict = field(default_factory=OrderedDict)
+    worker: int = 0  # which worker thread runs this session's programs (set by the app)
+    closed: bool = False  # deleted or expired: a program that was waiting for it must not run
+
+    def tensor(self, tid: str) -> CustomTensor:
+        try:
+            return self.tensors[tid]
+        except (KeyError, TypeError):
+            raise ProtocolError(ErrorCode.UNKNOWN_TENSOR, f"unknown tensor id {tid!r} in this session") from None
+
+    def charge(self, nbytes: int, limit: int) -> None:
+        """Account ``nbytes`` more (less when negative), or 413 naming the limit it would pass."""
+        if nbytes <= 0:
+            self.release(-nbytes)
+            return
+        if self.bytes_held + nbytes > limit:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"session would hold {self.bytes_held + nbytes} bytes: limit max_session_bytes={limit}",
+            )
+        taken: list[Budget] = []
+        try:
+            for budget in self.budgets:
+                budget.take(nbytes)
+                taken.append(budget)
+        except ProtocolError:
+            for budget in taken:  # all or nothing: a refused charge leaves no trace
+                budget.give(nbytes)
+            raise
+        self.bytes_held += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.bytes_held -= nbytes
+        for budget in self.budgets:
+            budget.give(nbytes)
+
+    def clear(self) -> None:
+        """Forget every tensor and give its bytes back, for good (the caller holds ``lock``)."""
+        self.closed = True
+        self.tensors.clear()
+        self.programs.clear()
+        self.release(self.bytes_held)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a program answered: HTTP status and the body (``results`` and maybe ``error``)."""
+
+    status: int
+    body: dict
+    seconds: float = 0.0  # spent in the program's steps (the Server-Timing header reports it)
+
+
+class SessionStore:
+    """The in-process store. Thread-safe: routes call it from the event loop and from workers."""
+
+    _EXPIRED_REMEMBERED = 65536  # ids answered 410 rather than 404; bounded so it cannot grow forever
+
+    def __init__(self, settings: Settings, id_prefix: str = "") -> None:
+        self.settings = settings
+        self.device = settings.resolved_device()
+        self.id_prefix = id_prefix  # the Ray backend's worker key: any front finds the worker from the id
+        self.budget = Budget(settings.max_total_bytes)
+        self.token_budgets: dict[str | None, Budget] = {}  # bounded by the number of tokens
+        self._sessions: dict[str, Session] = {}
+        self._expired: OrderedDict[str, str | None] = OrderedDict()  # id -> owner
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create(self, owner: str | None = None, sid: str | None = None) -> Session:
+        """A new session of ``owner`` (``sid``: the id it had before a restart, ``service.state_volume``)."""
+        with self._lock:
+            self._expire_idle()
+            if len(self._sessions) >= self.settings.max_sessions:
+                raise ProtocolError(
+                    ErrorCode.TOO_MANY, f"too many sessions: limit max_sessions={self.settings.max_sessions}"
+                )
+            check_token_sessions(self._sessions_of(owner), self.settings)
+            sid = sid or self.id_prefix + secrets.token_urlsafe(16)
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(secrets.randbits(63))
+            session = Session(id=sid, owner=owner, device=self.device, generator=gen,
+                              budgets=(self.budget, self._token_budget(owner)))
+            self._sessions[sid] = session
+            return session
+
+    def get(self, sid: str, owner: str | None = None) -> Session:
+        """The session ``sid`` of ``owner``; 404 for unknown or foreign ids, 410 once expired."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is not None and self._is_idle(session) and self._try_drop(session):
+                session = None
+            if session is None or session.owner != owner:
+                if sid in self._expired and self._expired[sid] == owner:
+                    raise ProtocolError(
+                        ErrorCode.SESSION_EXPIRED,
+                        f"session {sid} expired after being idle: limit "
+                        f"session_ttl_seconds={self.settings.session_ttl_seconds}",
+                    )
+                raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
+            session.last_used = time.monotonic()
+            return session
+
+    def delete(self, sid: str, owner: str | None = None) -> None:
+        session = self.get(sid, owner)
+        with self._lock:
+            self._sessions.pop(session.id, None)
+        with session.lock:
+            session.clear()
+
+    def sweep(self) -> int:
+        """Free every idle session now (the app calls this periodically); how many were freed."""
+        with self._lock:
+            return sum(self._try_drop(s) for s in list(self._sessions.values()) if self._is_idle(s))
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def _token_budget(self, owner: str | None) -> Budget:
+        """The bytes ``owner``'s sessions hold together; the caller holds ``_lock``."""
+        budget = self.token_budgets.get(owner)
+        if budget is None:
+            budget = self.token_budgets[owner] = Budget(self.settings.max_bytes_per_token,
+                                                        "max_bytes_per_token", "this token")
+        return budget
+
+    def load(self, owner: str | None) -> dict:
+        """What placement weighs (bytes held, then sessions) and what ``owner`` holds here."""
+        with self._lock:
+            return {"bytes": self.budget.held, "sessions": len(self._sessions),
+                    "token_sessions": self._sessions_of(owner)}
+
+    def _sessions_of(self, owner: str | None) -> int:
+        """How many sessions ``owner`` holds here (the caller holds the lock)."""
+        return sum(s.owner == owner for s in self._sessions.values())
+
+    def _is_idle(self, session: Session) -> bool:
+        return time.monotonic() - session.last_used > self.settings.session_ttl_seconds
+
+    def _expire_idle(self) -> None:
+        for session in [s for s in self._sessions.values() if self._is_idle(s)]:
+            self._try_drop(session)
+
+    def _try_drop(self, session: Session) -> bool:
+        """Expire ``session`` unless a program holds it (then it is not idle); the caller holds ``_lock``."""
+        if not session.lock.acquire(blocking=False):
+            return False
+        try:
+            self._sessions.pop(session.id, None)
+            self._expired[session.id] = session.owner
+            while len(self._expired) > self._EXPIRED_REMEMBERED:
+                self._expired.popitem(last=False)
+            session.clear()
+        finally:
+            session.lock.release()
+        return True
+
+
+def check_token_sessions(held: int, settings: Settings) -> None:
+    """429 when a token already holds ``max_sessions_per_token`` sessions (``held``)."""
+    if held >= settings.max_sessions_per_token:
+        raise ProtocolError(ErrorCode.TOO_MANY, f"this token holds {held} sessions: "
+                            f"limit max_sessions_per_token={settings.max_sessions_per_token}")
+
+
+def check_open(session: Session) -> None:
+    """A request that got the session before it was deleted or expired finds it gone (404)."""
+    if session.closed:
+        raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {session.id!r}")
+
+
+def tenant_tag(owner: str | None) -> str:
+    """A name for ``owner``'s tenant where the token itself must not appear (state directories, Ray
+    actor names): 16 hex digits of a digest of the token, or ``open`` on a server without tokens."""
+    if owner is None:
+        return "open"
+    return hashlib.blake2b(owner.encode(), digest_size=8, person=b"ra-tenant").hexdigest()
