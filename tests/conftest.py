@@ -7,11 +7,21 @@ runs once per backend: ``server_url`` is then the in-process server, the same wi
 sessions in a tenant worker process (``tenants``), or a front on the Ray backend (over a
 one-node Ray cluster started once per test session). Unmarked tests use the in-process
 server only.
+
+The client's and the op table's tests (``tests/client``, ``tests/ops``) get their ``sess``,
+``eager_sess``, ``any_sess`` and ``http`` on the service's app in this process, through
+``InProcessTransport`` (everything above the socket is the real thing), unless they run once
+per backend or ask for ``server_url`` themselves; the server's own behaviour over sockets is
+the service's and the end-to-end tests' to check.
+
+The ladder: ``make test-fast`` leaves out what the markers below name (set by folder and
+file in ``pytest_collection_modifyitems``, so no test can forget its mark); ``make test`` runs all.
 """
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -29,10 +39,74 @@ def start_server(**env: str) -> Iterator[str]:
         yield server.url
 
 
+_SERVED = ("server_url", "sess", "eager_sess", "any_sess", "http")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("backends")
-    if marker is not None and "server_url" in metafunc.fixturenames:
+    if marker is not None and any(name in metafunc.fixturenames for name in _SERVED):
+        if "server_url" not in metafunc.fixturenames:  # sess and the rest reach it only when they need it
+            metafunc.fixturenames.append("server_url")
         metafunc.parametrize("server_url", marker.args, indirect=True, scope="session")
+
+
+TESTS = Path(__file__).resolve().parent
+# (marker, whether an item has it): the rungs ``make test-fast`` leaves out
+_RUNGS = {
+    "e2e": lambda item, rel: rel.parts[0] == "e2e",
+    "load": lambda item, rel: rel.name == "test_load.py",
+    "real_model": lambda item, rel: rel.name in ("test_real_models.py", "test_training.py", "test_training_idioms.py"),
+    "ray": lambda item, rel: rel.name == "test_ray_cluster.py" or "ray" in _backend_of(item),
+}
+
+
+def _backend_of(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return str(callspec.params.get("server_url", "")) if callspec else ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = item.path.resolve().relative_to(TESTS)
+        for name, has in _RUNGS.items():
+            if has(item, rel):
+                item.add_marker(name)
+
+
+def _in_process(request: pytest.FixtureRequest) -> bool:
+    """Whether this test's SDK session goes to the app in this process (see the module's docstring)."""
+    rel = request.node.path.resolve().relative_to(TESTS)
+    return (rel.parts[0] in ("client", "ops") and request.node.get_closest_marker("backends") is None
+            and "server_url" not in request.fixturenames)
+
+
+class _Shared(httpx.BaseTransport):
+    """One in-process app for many sessions: a session closes its transport, this one stays up."""
+
+    def __init__(self, transport: client.InProcessTransport) -> None:
+        self.transport = transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.transport.handle_request(request)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def in_process_app() -> Iterator[client.InProcessTransport]:
+    """The service's app in this process, with its default settings. Not the test-only ops: they
+    would join this process's op table for good, and the client's tests compare this process's
+    table with a default server's."""
+    transport = client.InProcessTransport()
+    yield transport
+    transport.close()
+
+
+def _connect(request: pytest.FixtureRequest, **options) -> client.Session:
+    if _in_process(request):
+        return client.connect(transport=_Shared(request.getfixturevalue("in_process_app")), **options)
+    return client.connect(request.getfixturevalue("server_url"), **options)
 
 
 @pytest.fixture(scope="session")
@@ -66,22 +140,22 @@ def ray_server_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def sess(server_url: str) -> Iterator[client.Session]:
+def sess(request: pytest.FixtureRequest) -> Iterator[client.Session]:
     """A pipelined SDK session on the shared server."""
-    with client.connect(server_url) as s:
+    with _connect(request) as s:
         yield s
 
 
 @pytest.fixture
-def eager_sess(server_url: str) -> Iterator[client.Session]:
-    with client.connect(server_url, pipeline=False) as s:
+def eager_sess(request: pytest.FixtureRequest) -> Iterator[client.Session]:
+    with _connect(request, pipeline=False) as s:
         yield s
 
 
 @pytest.fixture(params=["pipelined", "eager"])
-def any_sess(request, server_url: str) -> Iterator[client.Session]:
+def any_sess(request: pytest.FixtureRequest) -> Iterator[client.Session]:
     """Both modes: the same test must pass in each."""
-    with client.connect(server_url, pipeline=request.param == "pipelined") as s:
+    with _connect(request, pipeline=request.param == "pipelined") as s:
         yield s
 
 
@@ -89,7 +163,11 @@ PROTOCOL_HEADERS = {"Remote-Autograd-Protocol": "1"}
 
 
 @pytest.fixture
-def http(server_url: str) -> Iterator[httpx.Client]:
+def http(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
     """A raw httpx client on the shared server, with the protocol header set."""
-    with httpx.Client(base_url=server_url, headers=PROTOCOL_HEADERS, timeout=30) as c:
+    if _in_process(request):
+        where = {"transport": _Shared(request.getfixturevalue("in_process_app")), "base_url": client.IN_PROCESS_URL}
+    else:
+        where = {"base_url": request.getfixturevalue("server_url")}
+    with httpx.Client(headers=PROTOCOL_HEADERS, timeout=30, **where) as c:
         yield c

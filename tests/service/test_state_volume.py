@@ -126,7 +126,7 @@ def test_a_restored_session_goes_on_as_the_uninterrupted_one(tmp_path: Path):
     assert _program(second, sid, "tok", "p2", DRAW) == uninterrupted  # the same draw, the same w and grad
     with pytest.raises(Exception, match="unknown session"):
         asyncio.run(second.describe_session(sid, "other"))  # still the token's own
-    first.close(), second.close()
+    first.shutdown(), second.shutdown()
 
 
 def test_a_tenant_no_longer_configured_is_left_on_the_volume(tmp_path: Path):
