@@ -16,7 +16,7 @@ from ..sessions.store import Session
 from ..settings import Settings
 from . import grad_ownership
 from .program_run import ProgramRun
-from .values import check_new_ids, data_bytes, meta_of, resolve_value, store_made
+from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
 
 def _candidates(session: Session) -> list[CustomTensor]:
@@ -175,4 +175,4 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
         return None
-    return {"tensors": [None if g is None else meta_of(tid, g) for tid, g in zip(step.out, grads)]}
+    return {"tensors": [None if g is None else meta_message(tid, g) for tid, g in zip(step.out, grads)]}

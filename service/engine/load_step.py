@@ -16,7 +16,7 @@ from remote_autograd.proto.messages import LoadStep
 from ..sessions.custom_tensor import CustomTensor
 from . import model_dir
 from .program_run import ProgramRun
-from .values import check_new_ids, meta_of, store_made
+from .values import check_new_ids, meta_message, store_made
 
 
 def load_step(run: ProgramRun, step: LoadStep) -> dict | None:
@@ -36,4 +36,4 @@ def load_step(run: ProgramRun, step: LoadStep) -> dict | None:
     finally:
         session.release(nbytes)  # store_made counts them again, as any step's outputs
     store_made(session, settings, [(tid, CustomTensor(v)) for tid, v in zip(ids, values)])
-    return None if run.omit_known_meta else {"tensors": [meta_of(tid, v) for tid, v in zip(ids, values)]}
+    return None if run.omit_known_meta else {"tensors": [meta_message(tid, v) for tid, v in zip(ids, values)]}

@@ -42,7 +42,7 @@ from .load_step import load_step
 from .meta_check import check_call
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
-from .values import (check_new_ids, grad_bytes, meta_of, resolve_args, resolve_kwargs, resolve_value, store_made,
+from .values import (check_new_ids, grad_bytes, meta_message, resolve_args, resolve_kwargs, resolve_value, store_made,
                      store_tensors)
 
 log = logging.getLogger("remote_autograd.service.engine.runner")
@@ -134,7 +134,7 @@ def _put(run: ProgramRun, step: PutStep) -> dict | None:
     if step.requires_grad:
         value.requires_grad_(True)  # torch's own error for integer dtypes
     store_tensors(session, run.settings, [(step.id, CustomTensor(value, grad))])
-    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, value)]}
+    return None if run.omit_known_meta else {"tensors": [meta_message(step.id, value)]}
 
 
 def _lookup(name: str):
@@ -193,7 +193,7 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
     if run.omit_known_meta and not step.out_many:
         return None
-    metas = [meta_of(tid, t) for tid, t in zip(ids, outputs)]
+    metas = [meta_message(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
 
 
@@ -319,7 +319,7 @@ def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
 def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict | None:
     ct = run.session.tensor(step.id)
     ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
-    return None if run.omit_known_meta else {"tensors": [meta_of(step.id, ct.value)]}
+    return None if run.omit_known_meta else {"tensors": [meta_message(step.id, ct.value)]}
 
 
 def _retain_grad(run: ProgramRun, step: RetainGradStep) -> None:

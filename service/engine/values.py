@@ -71,7 +71,8 @@ def _short(value: Any) -> str:
     return text if len(text) < 80 else text[:77] + "..."
 
 
-def meta_of(tid: str, t: torch.Tensor) -> dict:
+def meta_message(tid: str, t: torch.Tensor) -> dict:
+    """The wire's metadata of a new tensor: ``{id, dtype, shape, requires_grad}``."""
     return {"id": tid, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "requires_grad": t.requires_grad}
 
 
