@@ -5,7 +5,7 @@ A speed path. The plain path it stands in for is a prometheus_client ``Histogram
 counters and a loop over the buckets per observation; this takes one lock and a bisect,
 about half the cost, paid on every step of every program. It shows in ``make bench``'s
 ``[latency]`` line "SDK pipelined: x + y amortised over a chain of ..." (many steps per
-request). ``tests/service/test_fast_paths.py`` (``test_step_histogram_renders_like_prometheus_histogram``)
+request). ``tests/service/engine/test_fast_paths.py`` (``test_step_histogram_renders_like_prometheus_histogram``)
 checks it renders what that ``Histogram`` renders for the same observations.
 """
 

@@ -2,7 +2,7 @@
 
 Three backends implement it: ``LocalSessions`` (this process), ``TenantProcesses`` (a worker
 process per token, each running a ``LocalSessions``) and ``RaySessions`` (worker actors, each
-running a ``LocalSessions``). The routes see only this; ``tests/service/test_backends.py``
+running a ``LocalSessions``). The routes see only this; ``tests/service/backends/test_backends.py``
 checks that each backend's methods have these names, parameters and kinds (async or not).
 """
 

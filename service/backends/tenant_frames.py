@@ -13,7 +13,7 @@ not all in hand gets a buffer of its own that the socket then fills directly: th
 land once, where they stay. Such a body is handed over as a writable ``bytearray`` (the
 tensors of a framed upload are views of it, as in a single server); smaller ones as
 ``bytes``. ``bench tenants`` prints the 16 MiB upload and download through a worker
-beside one process; ``tests/service/test_tenant_channel.py`` checks bodies of every size
+beside one process; ``tests/service/backends/test_tenant_channel.py`` checks bodies of every size
 against what was sent.
 
 Writing is the transport's own, with asyncio's flow control: ``drained`` waits until

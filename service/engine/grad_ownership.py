@@ -7,7 +7,7 @@ tensor a retained graph saved, and an in-place op on one ``.grad`` must never sh
 another tensor. A fresh result held by nothing but autograd's tuple (checked by
 reference counts, tensor use count and storage use count) is taken over instead: one
 copy of every parameter's grad less per backward, which shows in ``make bench``'s
-``[training]`` lines (an MLP step). ``tests/service/test_fast_paths.py`` checks that grads
+``[training]`` lines (an MLP step). ``tests/service/engine/test_fast_paths.py`` checks that grads
 taken over never alias another tensor and equal the grads of the plain path.
 """
 

@@ -21,7 +21,7 @@ on values (``data_dependent``) is bounded by ``output_bound`` when meta cannot s
 
 Memoized: a training loop repeats the same calls on the same layouts, so the answer (the bytes,
 or the refusal's message) is kept per entry and argument metadata. The plain path is the meta
-run itself; ``tests/service/test_meta_check.py`` checks both give the same answers.
+run itself; ``tests/service/engine/test_meta_check.py`` checks both give the same answers.
 """
 
 from __future__ import annotations

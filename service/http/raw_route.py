@@ -7,8 +7,8 @@ it skips that work and speaks ASGI itself (``service/http/routes/programs.py``).
 router, and answers the ``ProtocolError`` it raises the way the app's handler would. What
 that saves shows in ``make bench``'s ``[latency]`` lines: "an empty program (same
 transport)" against "floor: bare FastAPI msgpack endpoint (same transport)".
-``tests/service/test_raw_route.py`` checks it answers as the plain FastAPI route would, and
-``tests/service/test_gatekeeper.py`` that the Gatekeeper's direct call does what the router would.
+``tests/service/http/test_raw_route.py`` checks it answers as the plain FastAPI route would, and
+``tests/service/http/test_gatekeeper.py`` that the Gatekeeper's direct call does what the router would.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from remote_autograd.service.settings import Settings
 from remote_autograd.service.sessions.tensor_snapshot import rebuild, snapshot
 from remote_autograd.service.sessions.custom_tensor import CustomTensor
 
-from ..servers import call, put, ref
+from ...servers import call, put, ref
 
 
 def _round_trip(tensors: dict[str, CustomTensor]) -> dict[str, CustomTensor]:

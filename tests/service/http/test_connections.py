@@ -16,7 +16,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from ..servers import running
+from ...servers import running
 
 NOFILE = 64  # the server itself holds about 16
 SETTINGS = {"REMOTE_AUTOGRAD_IDLE_TIMEOUT_SECONDS": "1.0", "REMOTE_AUTOGRAD_HEADER_TIMEOUT_SECONDS": "1.0"}

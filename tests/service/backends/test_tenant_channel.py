@@ -26,7 +26,7 @@ from remote_autograd.service.backends.tenant_channel import ChannelClosed, open_
 from remote_autograd.service.backends.tenant_frames import PREFIX, FrameProtocol
 from remote_autograd.service.backends.tenant_processes import TenantProcesses
 
-from ..servers import call, put
+from ...servers import call, put
 
 
 async def _pair(handlers: dict):

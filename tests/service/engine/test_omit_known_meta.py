@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .wire import BOTH_BACKENDS, Wire, call_step, decode, expect_error, new_id, put_step, ref
+from ..wire import BOTH_BACKENDS, Wire, call_step, decode, expect_error, new_id, put_step, ref
 
 
 def _steps(w: Wire) -> list[dict]:

@@ -11,8 +11,8 @@ import torch
 from remote_autograd import client
 from remote_autograd.service.ops import OP_TABLE, OpRegistrationError, load_op_modules
 
-from ..conftest import start_server
-from ..servers import ROOT
+from ...conftest import start_server
+from ...servers import ROOT
 
 
 @pytest.mark.parametrize("module, check", [("tests.op_modules.wrong_grad", "gradcheck"),

@@ -28,7 +28,7 @@ from remote_autograd.service.settings import Settings
 from remote_autograd.service.step_histogram import OP_BUCKETS, StepHistogram
 from remote_autograd.service.sessions.store import SessionStore
 
-from ..bits import assert_same_bits
+from ...bits import assert_same_bits
 
 def _id(case) -> str:
     entry, i = case

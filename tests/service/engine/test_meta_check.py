@@ -20,8 +20,8 @@ from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
 from remote_autograd.service.engine import meta_check
 from remote_autograd.service.ops import OP_TABLE
 
-from ..servers import running
-from .wire import MSGPACK, Wire, call_step, checked_client, decode, new_id, put_step, ref
+from ...servers import running
+from ..wire import MSGPACK, Wire, call_step, checked_client, decode, new_id, put_step, ref
 
 TOKEN_A, TOKEN_B = "attacker-token", "victim-token"
 VICTIM = torch.full((4096,), 7.25)

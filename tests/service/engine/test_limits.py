@@ -18,7 +18,7 @@ import pytest
 from remote_autograd import client
 from remote_autograd.service.settings import ADVERTISED_LIMITS
 
-from ..servers import api, call, error_of, program, put, read_answer, ref, running, sleep_program, wait_in_flight
+from ...servers import api, call, error_of, program, put, read_answer, ref, running, sleep_program, wait_in_flight
 
 LIMITS = {
     "max_body_bytes": 65536,

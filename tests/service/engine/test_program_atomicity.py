@@ -14,8 +14,8 @@ import torch
 
 from remote_autograd.proto import decode_tensor
 
-from ..conftest import PROTOCOL_HEADERS, start_server
-from .wire import (BOTH_BACKENDS, JSON, MSGPACK, Wire, assert_untouched, call_step, checked_client, decode,
+from ...conftest import PROTOCOL_HEADERS, start_server
+from ..wire import (BOTH_BACKENDS, JSON, MSGPACK, Wire, assert_untouched, call_step, checked_client, decode,
                    expect_error, new_id, put_step, ref, snapshot)
 
 

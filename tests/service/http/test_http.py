@@ -14,7 +14,7 @@ import torch
 
 from remote_autograd.proto import decode_tensor
 
-from .wire import (BOTH_BACKENDS, JSON, MSGPACK, Wire, assert_untouched, call_step, checked_client, decode,
+from ..wire import (BOTH_BACKENDS, JSON, MSGPACK, Wire, assert_untouched, call_step, checked_client, decode,
                    expect_error, new_id, put_step, ref)
 
 

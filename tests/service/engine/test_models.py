@@ -21,8 +21,8 @@ import torch
 from remote_autograd import client
 from remote_autograd.client._embedded import service_app
 
-from ..bits import assert_same_bits
-from ..conftest import PROTOCOL_HEADERS
+from ...bits import assert_same_bits
+from ...conftest import PROTOCOL_HEADERS
 
 MODEL = "tiny/model.safetensors"
 

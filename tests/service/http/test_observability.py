@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..servers import Server, api, call, program, put, ref, running
+from ...servers import Server, api, call, program, put, ref, running
 
 PROGRAMS = "/v1/sessions/{sid}/programs"
 

@@ -17,7 +17,7 @@ import httpx
 import msgpack
 import pytest
 
-from ..servers import api, error_of, program, put, read_answer, running
+from ...servers import api, error_of, program, put, read_answer, running
 
 pytestmark = pytest.mark.backends("inprocess", "ray")
 

@@ -14,8 +14,8 @@ import torch
 
 from remote_autograd import client
 
-from ..e2e.test_training import _data, _mlp
-from ..servers import Server, api, call, error_of, program, put, ref, running
+from ...e2e.test_training import _data, _mlp
+from ...servers import Server, api, call, error_of, program, put, ref, running
 
 TOKENS = {"REMOTE_AUTOGRAD_TOKENS": "a,b", "REMOTE_AUTOGRAD_TEST_OPS": "1", "REMOTE_AUTOGRAD_METRICS_TOKEN": "op"}
 STEPS, ABORT_AT = 8, 3

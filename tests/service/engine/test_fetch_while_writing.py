@@ -17,7 +17,7 @@ import torch
 from remote_autograd.proto import MSGPACK, decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAMES, extract_frames, pack_frames, unpack_frames
 
-from ..conftest import PROTOCOL_HEADERS
+from ...conftest import PROTOCOL_HEADERS
 
 pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")
 

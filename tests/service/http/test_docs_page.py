@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from ..servers import AUTH, running
+from ...servers import AUTH, running
 
 TOKEN = "tok-docs-0123456789"
 

@@ -20,7 +20,7 @@ import pytest
 
 from remote_autograd import client
 
-from ..servers import api, call, error_of, program, put, running
+from ...servers import api, call, error_of, program, put, running
 
 A, B = "tok-a-0123456789", "tok-b-9876543210"
 SETTINGS = {"REMOTE_AUTOGRAD_TOKENS": f"{A},{B}", "REMOTE_AUTOGRAD_TEST_OPS": "1",

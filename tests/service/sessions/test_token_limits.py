@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from ..servers import api, error_of, program, put, running
+from ...servers import api, error_of, program, put, running
 
 LIMITS = {"REMOTE_AUTOGRAD_MAX_SESSIONS": "5", "REMOTE_AUTOGRAD_MAX_SESSIONS_PER_TOKEN": "2",
           "REMOTE_AUTOGRAD_MAX_BYTES_PER_TOKEN": "6000", "REMOTE_AUTOGRAD_MAX_SESSION_BYTES": "5000",
