@@ -90,6 +90,7 @@ class Settings:
     max_header_bytes: int = 64 << 10  # a request's line and headers
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
+    replay: str = "on"  # "off": a repeated program is checked call by call again (service/program_plan.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
 

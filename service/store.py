@@ -74,6 +74,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
     programs: OrderedDict = field(default_factory=OrderedDict)
+    plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.program_plan)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
@@ -114,6 +115,7 @@ class Session:
         self.closed = True
         self.tensors.clear()
         self.programs.clear()
+        self.plans.clear()
         self.release(self.bytes_held)
 
 

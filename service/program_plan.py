@@ -1,0 +1,224 @@
+"""``PlanRun``: a repeated program's calls checked by their pattern, not argument by argument.
+
+The plain path it replaces: before each call, ``meta_check.check_call`` builds its memo's key
+from every argument's layout (shape, strides, offset, dtype, storage and its sharing: a few
+torch calls per tensor), for every call of every program. A training loop sends the same
+program each step with new ids and new values, so those keys come out the same each time.
+
+A session keeps the plans of its last few programs that succeeded (``PLANS_PER_SESSION``,
+least recently used first out), keyed by the program's step kinds and ops. A plan holds, per
+call step, its *pattern* and what its layouts answered. The pattern names every tensor
+argument by its origin instead of its id: ``("p", step, k)`` for the k-th output of an earlier
+call of this program, ``("s", n)`` for the n-th tensor taken from the session (its value, or
+its grad), with every other argument as its type and value (floats and dtypes included). A
+session tensor's layout is taken once, at its first use in the program (the plan's ``layouts``).
+
+A call is *planned* (``check_planned``: only the checks that read values run again) when its
+pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
+layout equals the plan's for its origin, or an output of a planned call. Layouts of outputs are
+a function of the op and its arguments' layouts and scalars, so equal patterns of known
+tensors give equal memo keys. Anything else (a changed float such as a scheduled learning
+rate, a 0-d tensor argument, whose value the memo keys, an op that answered a data-dependent
+bound) runs the plain check; its outputs are then not known, so what uses them is checked the
+plain way too (an in-place call keeps its target's layout, unless it is one of the few that
+change it: then every layout is taken afresh). Steps that are not calls make
+tensors of their own (puts, grads, loads) or change grads: those ids are taken afresh from the
+session at their next use. A plan changes no answer, error or step: it is one check skipped.
+``tests/service/test_program_plan.py`` runs the training tests' programs with and without it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, FreeStep, GradStep, PutStep,
+                                            RetainGradStep, SetGradStep, SetRequiresGradStep)
+
+from . import meta_check
+
+PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
+_KEEPS_TENSORS = (FetchStep, RetainGradStep, SetRequiresGradStep)  # change no layout, value or grad
+_CHANGES_GRADS = (BackwardStep, SetGradStep)
+# torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
+_RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",
+                       "resize_as_", "as_strided_", "set_"})
+
+# Arithmetic whose Python float arguments (a learning rate, a bias correction, an optimizer's
+# betas) change neither an output's layout nor whether torch accepts the call: their floats are
+# part of a pattern by type only. Any other op's floats are by value (an interpolation's scale
+# factor makes the output's shape; a random fill's bounds can be refused).
+_FLOATS_BY_TYPE = frozenset({
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp", "lerp_", "addcdiv", "addcdiv_",
+    "addcmul", "addcmul_", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__",
+    "__rmul__", "__imul__", "__truediv__", "__rtruediv__", "__itruediv__"})
+
+_float_type: dict[str, bool] = {}  # op -> in _FLOATS_BY_TYPE (bounded by the op table's names)
+
+
+class Plan:
+    """What one run of a program recorded: per call step, its pattern and what its layouts answered
+    (``None``: not plannable); per session origin, its layout."""
+
+    __slots__ = ("calls", "layouts")
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[tuple, Any]] = {}
+        self.layouts: list[tuple] = []
+
+
+class PlanRun:
+    """One program's run against the session's plan for it (``start``), recording the next plan."""
+
+    __slots__ = ("plans", "key", "plan", "record", "origins", "known", "slots", "_made", "_all_known",
+                 "_float_type")
+
+    def __init__(self, plans: OrderedDict, key: tuple) -> None:
+        self.plans, self.key = plans, key
+        self.plan: Plan | None = plans.get(key)
+        if self.plan is not None:
+            plans.move_to_end(key)
+        self.record = Plan()
+        self.origins: dict[tuple, tuple] = {}  # ("v" | "g", id) -> origin
+        self.known: set[tuple] = set()  # the ("v" | "g", id) whose layout the plan vouches for
+        self.slots: dict[int, int] = {}  # a session tensor's storage -> its number (which ones share)
+        self._made = self._all_known = self._float_type = False
+
+    @classmethod
+    def start(cls, plans: OrderedDict, steps: list) -> "PlanRun":
+        key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
+        return cls(plans, key)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> int:
+        """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments)."""
+        self._all_known = True
+        float_type = _float_type.get(step.op)
+        if float_type is None:
+            float_type = _float_type[step.op] = step.op.rpartition(".")[2].removeprefix("_foreach_") in _FLOATS_BY_TYPE
+        self._float_type = float_type
+        pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
+                   self._parts(step.args, args),
+                   self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
+        planned = self.plan.calls.get(index) if self.plan is not None and self._all_known else None
+        self._made = planned is not None and planned[1] is not None and planned[0] == pattern
+        if self._made:
+            self.record.calls[index] = planned
+            return meta_check.check_planned(call.entry, args, kwargs, inplace=call.inplace, known=planned[1])
+        reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
+                                                       grad_enabled=step.grad_enabled, fn=call.fn,
+                                                       writes=call.writes)
+        # a 0-d tensor argument is keyed by its value: such a call is never planned
+        usable = (meta_check.plannable(answer) and not call.entry.data_dependent
+                  and not any(isinstance(t, torch.Tensor) and t.dim() == 0 for t in _flat(args, kwargs)))
+        self.record.calls[index] = (pattern, answer if usable else None)
+        return reserved
+
+    def wrote(self, step: CallStep, call) -> None:
+        """In-place call ``step`` ran, planned or not. torch's in-place ops keep their target's layout,
+        except those that exist to change it (and, with them, a shared storage's size): after one of
+        those, or one of an op of our own, every tensor's layout is taken afresh at its next use."""
+        if not call.entry.variants or step.op.rpartition(".")[2] in _RELAYOUT:
+            self.origins.clear()
+            self.known.clear()
+
+    def made(self, index: int, ids: list[str]) -> None:
+        """Call ``index`` stored its outputs under ``ids``."""
+        for k, tid in enumerate(ids):
+            ref = ("v", tid)
+            self.origins[ref] = ("p", index, k)
+            if self._made:
+                self.known.add(ref)
+            else:
+                self.known.discard(ref)
+
+    # -- other steps -----------------------------------------------------------------------
+
+    def other(self, step) -> None:
+        """A step that is not a call ran: the tensors it made or changed are the session's again."""
+        kind = type(step)
+        if kind in _KEEPS_TENSORS:
+            return
+        if kind is FreeStep:
+            for tid in step.ids:
+                self._forget(("v", tid))
+                self._forget(("g", tid))
+        elif kind is PutStep:
+            self._forget(("v", step.id))
+        elif kind in _CHANGES_GRADS:
+            for ref in [r for r in self.origins if r[0] == "g"]:
+                self._forget(ref)
+        else:  # grads as outputs, loads into tensors: rare in a loop, and forgetting all is safe
+            self.origins.clear()
+            self.known.clear()
+
+    def finish(self, succeeded: bool) -> None:
+        """Keep this run's record as the session's plan for the program, when it ran to its end."""
+        if not succeeded:
+            return
+        self.plans[self.key] = self.record
+        self.plans.move_to_end(self.key)
+        while len(self.plans) > PLANS_PER_SESSION:
+            self.plans.popitem(last=False)
+
+    # -- patterns --------------------------------------------------------------------------
+
+    def _parts(self, wire: list, values: list) -> tuple:
+        return tuple([self._part(w, v) for w, v in zip(wire, values)])
+
+    def _parts_kw(self, wire: dict, values: dict) -> tuple:
+        return tuple([(k, self._part(w, values[k])) for k, w in wire.items()])
+
+    def _part(self, wire: Any, value: Any) -> Any:
+        kind = type(wire)
+        if kind is dict:
+            ref = wire.get("ref")
+            ref = ("v", ref) if ref is not None else ("g", wire["grad_of"]) if "grad_of" in wire else None
+            if ref is None:  # a dtype, a slice, an ellipsis
+                (tag, payload), = wire.items()
+                return tag, tuple(payload) if type(payload) is list else payload
+            origin = self.origins.get(ref)
+            if origin is None:
+                origin = self._first_use(ref, value)
+            if ref not in self.known:
+                self._all_known = False
+            return origin
+        if kind is int or kind is str or wire is None:  # as they are: the usual case
+            return wire
+        if kind is list:
+            return "l", tuple([self._part(w, v) for w, v in zip(wire, value)])
+        if kind is float and self._float_type:
+            return float
+        return kind, wire  # a float or a bool: 1, 1.0 and True are equal, but not as arguments
+
+    def _first_use(self, ref: tuple, tensor: torch.Tensor) -> tuple:
+        """A tensor this program did not make: the session's, its layout taken now."""
+        number = len(self.record.layouts)
+        origin = self.origins[ref] = ("s", number)
+        layout = self._layout(tensor)
+        self.record.layouts.append(layout)
+        plan = self.plan
+        if plan is not None and number < len(plan.layouts) and plan.layouts[number] == layout:
+            self.known.add(ref)
+        return origin
+
+    def _layout(self, t: torch.Tensor) -> tuple:
+        storage = t.untyped_storage()
+        slot = self.slots.setdefault(storage._cdata, len(self.slots))
+        return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
+
+    def _forget(self, ref: tuple) -> None:
+        self.origins.pop(ref, None)
+        self.known.discard(ref)
+
+
+def _flat(args: list, kwargs: dict):
+    for a in args:
+        if type(a) is list:
+            yield from a
+        else:
+            yield a
+    yield from kwargs.values()
