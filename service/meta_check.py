@@ -92,16 +92,13 @@ def plannable(known: Any) -> bool:
     return type(known) is int
 
 
-def check_planned(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, known: int) -> int:
+def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: int) -> int:
     """``check_call`` for a call whose arguments' layouts a replayed plan vouches for
-    (``service/program_plan.py``): what looks at values (the contract, the written tensor's
-    overlap) runs again; what looks only at layouts is ``known``, what they answered before."""
+    (``service/program_plan.py``): the entry's contract, which may read values, runs again; what
+    looks only at layouts (the meta run, and a written tensor's overlap: its sizes and strides)
+    is ``known``, what it answered before."""
     if entry.check is not None:
         _run_contract(entry, args, kwargs)
-        if not entry.variants:
-            return 0
-    if inplace:
-        _check_written(entry, args)
     return known
 
 

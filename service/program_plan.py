@@ -107,7 +107,7 @@ class PlanRun:
         self._made = planned is not None and planned[1] is not None and planned[0] == pattern
         if self._made:
             self.record.calls[index] = planned
-            return meta_check.check_planned(call.entry, args, kwargs, inplace=call.inplace, known=planned[1])
+            return meta_check.check_planned(call.entry, args, kwargs, known=planned[1])
         reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
                                                        grad_enabled=step.grad_enabled, fn=call.fn,
                                                        writes=call.writes)
