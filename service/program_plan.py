@@ -100,14 +100,14 @@ class PlanRun:
         if float_type is None:
             float_type = _float_type[step.op] = step.op.rpartition(".")[2].removeprefix("_foreach_") in _FLOATS_BY_TYPE
         self._float_type = float_type
-        pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
-                   self._parts(step.args, args),
-                   self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
-        planned = self.plan.calls.get(index) if self.plan is not None and self._all_known else None
-        self._made = planned is not None and planned[1] is not None and planned[0] == pattern
+        planned = self.plan.calls.get(index) if self.plan is not None else None
+        self._made = planned is not None and planned[1] is not None and self._matches(step, args, kwargs, planned[0])
         if self._made:
             self.record.calls[index] = planned
             return meta_check.check_planned(call.entry, args, kwargs, known=planned[1])
+        pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
+                   self._parts(step.args, args),
+                   self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
         reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
                                                        grad_enabled=step.grad_enabled, fn=call.fn,
                                                        writes=call.writes)
@@ -165,6 +165,37 @@ class PlanRun:
             self.plans.popitem(last=False)
 
     # -- patterns --------------------------------------------------------------------------
+
+    def _matches(self, step: CallStep, args: list, kwargs: dict, pattern: tuple) -> bool:
+        """Whether ``step`` has ``pattern`` with every tensor known: ``_parts`` compared as they are
+        walked, without building them (a replayed call's usual case)."""
+        op, grad_enabled, autocast, out_many, outs, parts, parts_kw = pattern
+        if (op != step.op or grad_enabled != step.grad_enabled or autocast != step.autocast
+                or out_many != step.out_many or outs != len(step.out) or len(parts) != len(step.args)):
+            return False
+        for w, v, r in zip(step.args, args, parts):
+            if not self._same(w, v, r):
+                return False
+        if not step.kwargs:
+            return parts_kw is None
+        if parts_kw is None or len(parts_kw) != len(step.kwargs):
+            return False
+        for (k, w), (name, r) in zip(step.kwargs.items(), parts_kw):
+            if k != name or not self._same(w, kwargs[k], r):
+                return False
+        return True
+
+    def _same(self, wire: Any, value: Any, part: Any) -> bool:
+        """Whether ``_part(wire, value)`` is ``part`` and names only known tensors."""
+        kind = type(wire)
+        if kind is int or kind is str or wire is None:
+            return type(part) is kind and part == wire
+        if kind is dict:
+            return self._part(wire, value) == part and self._all_known
+        if kind is list:
+            return (type(part) is tuple and len(part) == 2 and part[0] == "l" and len(part[1]) == len(wire)
+                    and all(self._same(w, v, r) for w, v, r in zip(wire, value, part[1])))
+        return self._part(wire, value) == part
 
     def _parts(self, wire: list, values: list) -> tuple:
         return tuple([self._part(w, v) for w, v in zip(wire, values)])
