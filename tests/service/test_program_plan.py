@@ -256,3 +256,22 @@ def test_replay_off_keeps_no_plans():
         body = {"id": f"r{n}", "steps": [_call("ones", [3], [f"o{n}"])]}
         store.run_or_replay(session, validate_program(body), encode_body(body, True), False)
     assert not session.plans
+
+
+def test_an_in_place_op_that_changes_a_layout_is_followed(monkeypatch):
+    def step(n: int) -> dict:
+        a = f"a{n}"
+        return {"id": f"t{n}", "steps": [
+            _call("Tensor.add", [{"ref": "w"}, 1], [a]),
+            _call("Tensor.t_", [{"ref": a}], []),  # a is 3x2 from here on
+            _call("Tensor.matmul", [{"ref": a}, {"ref": "w"}], [f"m{n}"]),
+            _call("sum", [{"ref": f"m{n}"}], [f"s{n}"]),
+            {"kind": "fetch", "id": f"s{n}"},
+            {"kind": "free", "ids": [a, f"m{n}", f"s{n}"]},
+        ]}
+
+    counted = Counted(monkeypatch)
+    answers, states = _run_both([{"id": "setup", "steps": [_put("w", torch.randn(2, 3))]}, step(1), step(2), step(3)])
+    _assert_same(answers, states)
+    assert all(status == 200 for status, _ in answers[0])
+    assert counted.planned == 2 * 4  # after t_, a's new layout is taken again and matches the plan's
