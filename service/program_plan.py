@@ -10,21 +10,22 @@ least recently used first out), keyed by the program's step kinds and ops. A pla
 call step, its *pattern* and what its layouts answered. The pattern names every tensor
 argument by its origin instead of its id: ``("p", step, k)`` for the k-th output of an earlier
 call of this program, ``("s", n)`` for the n-th tensor taken from the session (its value, or
-its grad), with every other argument as its type and value (floats and dtypes included). A
-session tensor's layout is taken once, at its first use in the program (the plan's ``layouts``).
+its grad), with every other argument as its type and value (an arithmetic op's floats by
+type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken once, at its first use in the program (the plan's ``layouts``).
 
 A call is *planned* (``check_planned``: only the checks that read values run again) when its
 pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
 layout equals the plan's for its origin, or an output of a planned call. Layouts of outputs are
 a function of the op and its arguments' layouts and scalars, so equal patterns of known
-tensors give equal memo keys. Anything else (a changed float such as a scheduled learning
-rate, a 0-d tensor argument, whose value the memo keys, an op that answered a data-dependent
-bound) runs the plain check; its outputs are then not known, so what uses them is checked the
+tensors give equal memo keys. Anything else (a changed int or a changed float of an op not
+in that list, a 0-d tensor argument, whose value the memo keys, an op that answered a
+data-dependent bound) runs the plain check; its outputs are then not known, so what uses them is checked the
 plain way too (an in-place call keeps its target's layout, unless it is one of the few that
 change it: then every layout is taken afresh). Steps that are not calls make
 tensors of their own (puts, grads, loads) or change grads: those ids are taken afresh from the
 session at their next use. A plan changes no answer, error or step: it is one check skipped.
-``tests/service/test_program_plan.py`` runs the training tests' programs with and without it.
+``tests/service/test_program_plan.py`` runs the training tests' programs with and without it;
+``python -m bench runner`` and ``model`` print its rows beside ``REMOTE_AUTOGRAD_REPLAY=off``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from typing import Any
 
 import torch
 
-from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, FreeStep, GradStep, PutStep,
-                                            RetainGradStep, SetGradStep, SetRequiresGradStep)
+from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, FreeStep, PutStep, RetainGradStep,
+                                            SetGradStep, SetRequiresGradStep)
 
 from . import meta_check
 
@@ -247,9 +248,11 @@ class PlanRun:
 
 
 def _flat(args: list, kwargs: dict):
-    for a in args:
-        if type(a) is list:
-            yield from a
+    """Every argument, lists opened (at any depth)."""
+    stack = [*args, *kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if type(a) is list or type(a) is tuple:
+            stack.extend(a)
         else:
             yield a
-    yield from kwargs.values()
