@@ -83,6 +83,7 @@ def make_backend(settings: Settings):
     In process, each token's sessions run in a worker process of their own when
     ``settings.per_tenant_processes()`` (by default: more than one token); with one token or
     none, in this process (the fast path: no hop between processes)."""
+    settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
     if settings.backend == "inprocess":
         return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":

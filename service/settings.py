@@ -139,6 +139,12 @@ class Settings:
             raise ValueError(f"REMOTE_AUTOGRAD_TENANT_PROCESSES={self.tenant_processes!r}: use auto, on or off")
         return self.tenant_processes == "on" or (self.tenant_processes == "auto" and len(self.tokens) > 1)
 
+    def replays(self) -> bool:
+        """Whether a repeated program's calls are checked by its plan (``service/program_plan.py``)."""
+        if self.replay not in ("on", "off"):
+            raise ValueError(f"REMOTE_AUTOGRAD_REPLAY={self.replay!r}: use on or off")
+        return self.replay == "on"
+
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")

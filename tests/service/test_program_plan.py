@@ -275,3 +275,10 @@ def test_an_in_place_op_that_changes_a_layout_is_followed(monkeypatch):
     _assert_same(answers, states)
     assert all(status == 200 for status, _ in answers[0])
     assert counted.planned == 2 * 4  # after t_, a's new layout is taken again and matches the plan's
+
+
+def test_a_misspelt_replay_setting_stops_the_server_at_its_start():
+    from remote_autograd.service.app import make_backend
+
+    with pytest.raises(ValueError, match="REMOTE_AUTOGRAD_REPLAY='of': use on or off"):
+        make_backend(Settings.from_env({"REMOTE_AUTOGRAD_REPLAY": "of"}))
