@@ -47,16 +47,13 @@ _CHANGES_GRADS = (BackwardStep, SetGradStep)
 _RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",
                        "resize_as_", "as_strided_", "set_"})
 
-# Arithmetic whose Python float arguments (a learning rate, a bias correction, an optimizer's
-# betas) change neither an output's layout nor whether torch accepts the call: their floats are
-# part of a pattern by type only. Any other op's floats are by value (an interpolation's scale
-# factor makes the output's shape; a random fill's bounds can be refused).
-_FLOATS_BY_TYPE = frozenset({
-    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp", "lerp_", "addcdiv", "addcdiv_",
-    "addcmul", "addcmul_", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__",
-    "__rmul__", "__imul__", "__truediv__", "__rtruediv__", "__itruediv__"})
-
-_float_type: dict[str, bool] = {}  # op -> in _FLOATS_BY_TYPE (bounded by the op table's names)
+# torch's arithmetic (entries of the op table, by name: ``Tensor.__rtruediv__`` is ``div``) whose
+# Python float arguments (a learning rate, a bias correction, an optimizer's betas) change
+# neither an output's layout nor whether torch accepts the call: their floats are part of a
+# pattern by type only. Any other op's floats are by value (an interpolation's scale factor makes
+# the output's shape; a random fill's bounds can be refused), and so are an op of our own's.
+_FLOATS_BY_TYPE = frozenset({"add", "sub", "mul", "div", "lerp", "addcdiv", "addcmul"})
+_FLOATS_BY_TYPE |= {f"_foreach_{name}" for name in _FLOATS_BY_TYPE}
 
 
 class Plan:
@@ -97,10 +94,8 @@ class PlanRun:
     def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> int:
         """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments)."""
         self._all_known = True
-        float_type = _float_type.get(step.op)
-        if float_type is None:
-            float_type = _float_type[step.op] = step.op.rpartition(".")[2].removeprefix("_foreach_") in _FLOATS_BY_TYPE
-        self._float_type = float_type
+        entry = call.entry
+        self._float_type = bool(entry.variants) and entry.name in _FLOATS_BY_TYPE
         planned = self.plan.calls.get(index) if self.plan is not None else None
         self._made = planned is not None and planned[1] is not None and self._matches(step, args, kwargs, planned[0])
         if self._made:
