@@ -113,11 +113,13 @@ class PlanRun:
         self.record.calls[index] = (pattern, answer if usable else None)
         return reserved
 
-    def wrote(self, step: CallStep, call) -> None:
-        """In-place call ``step`` ran, planned or not. torch's in-place ops keep their target's layout,
-        except those that exist to change it (and, with them, a shared storage's size): after one of
-        those, or one of an op of our own, every tensor's layout is taken afresh at its next use."""
-        if not call.entry.variants or step.op.rpartition(".")[2] in _RELAYOUT:
+    def ran(self, step: CallStep, call) -> None:
+        """Call ``step`` ran, planned or not. An in-place op of torch's keeps its target's layout, except
+        those that exist to change it (and, with them, a shared storage's size); a call writes no other
+        argument's layout, except into its ``out=`` tensors, which torch resizes to fit. After one of
+        those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
+        if ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT) or not call.entry.variants
+                or (step.kwargs and "out" in step.kwargs)):
             self.origins.clear()
             self.known.clear()
 

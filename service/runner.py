@@ -174,7 +174,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         if call.inplace:  # torch's autocast leaves in-place ops alone
             _run_inplace(call, step, args, kwargs)
             if run.plan is not None:
-                run.plan.wrote(step, call)
+                run.plan.ran(step, call)
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
             result = _apply(call.fn, step.grad_enabled, args, kwargs)
@@ -184,6 +184,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     finally:
         if reserved:
             session.release(reserved)  # the outputs are charged as they are stored, by what they hold
+    if run.plan is not None:
+        run.plan.ran(step, call)
     return _store_outputs(run, step, result, args, kwargs, index)
 
 

@@ -282,3 +282,24 @@ def test_a_misspelt_replay_setting_stops_the_server_at_its_start():
 
     with pytest.raises(ValueError, match="REMOTE_AUTOGRAD_REPLAY='of': use on or off"):
         make_backend(Settings.from_env({"REMOTE_AUTOGRAD_REPLAY": "of"}))
+
+
+def test_a_call_that_resizes_its_out_tensor_is_followed(monkeypatch):
+    def step(n: int, size: int) -> dict:  # torch resizes the out= tensor to the result's shape
+        return {"id": f"o{n}", "steps": [
+            _put(f"c{n}", torch.zeros(0)),
+            _call("add", [{"ref": "w"}, size], [f"d{n}"], kwargs={"out": {"ref": f"c{n}"}}),
+            _call("Tensor.mul", [{"ref": f"c{n}"}, 2.0], [f"m{n}"]),
+            _call("Tensor.expand", [{"ref": f"m{n}"}, [2, 4]], [f"x{n}"]),
+            {"kind": "fetch", "id": f"x{n}"},
+            {"kind": "free", "ids": [f"c{n}", f"d{n}", f"m{n}", f"x{n}"]},
+        ]}
+
+    counted = Counted(monkeypatch)
+    answers, states = _run_both([{"id": "setup", "steps": [_put("w", torch.randn(4))]},
+                                 step(1, 1), step(2, 2), step(3, 3)])
+    _assert_same(answers, states)
+    assert all(status == 200 for status, _ in answers[0])
+    # add's int differs each step (the plain check); after it, c's new layout is taken again and
+    # matches the plan's: mul and expand are the plan's in steps 2 and 3
+    assert counted.planned == 2 * 2
