@@ -11,7 +11,8 @@ call step, its *pattern* and what its layouts answered. The pattern names every 
 argument by its origin instead of its id: ``("p", step, k)`` for the k-th output of an earlier
 call of this program, ``("s", n)`` for the n-th tensor taken from the session (its value, or
 its grad), with every other argument as its type and value (an arithmetic op's floats by
-type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken once, at its first use in the program (the plan's ``layouts``).
+type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken once, at its first use in
+the program (the plan's ``layouts``).
 
 A call is *planned* (``check_planned``: only the checks that read values run again) when its
 pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
@@ -19,11 +20,12 @@ layout equals the plan's for its origin, or an output of a planned call. Layouts
 a function of the op and its arguments' layouts and scalars, so equal patterns of known
 tensors give equal memo keys. Anything else (a changed int or a changed float of an op not
 in that list, a 0-d tensor argument, whose value the memo keys, an op that answered a
-data-dependent bound) runs the plain check; its outputs are then not known, so what uses them is checked the
-plain way too (an in-place call keeps its target's layout, unless it is one of the few that
-change it: then every layout is taken afresh). Steps that are not calls make
-tensors of their own (puts, grads, loads) or change grads: those ids are taken afresh from the
-session at their next use. A plan changes no answer, error or step: it is one check skipped.
+data-dependent bound) runs the plain check; its outputs are then not known, so what uses them
+is checked the plain way too. An in-place call keeps its target's layout, except the few that
+change it, a call with ``out=`` tensors (torch resizes them) and an op of our own: after those,
+every layout is taken afresh at its next use. Steps that are not calls make tensors of their
+own (puts, grads, loads) or change grads: those are taken afresh from the session at their
+next use. A plan changes no answer, error or step: it is one check skipped.
 ``tests/service/test_program_plan.py`` runs the training tests' programs with and without it;
 ``python -m bench runner`` and ``model`` print its rows beside ``REMOTE_AUTOGRAD_REPLAY=off``.
 """
@@ -41,7 +43,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, F
 from . import meta_check
 
 PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
-_KEEPS_TENSORS = (FetchStep, RetainGradStep, SetRequiresGradStep)  # change no layout, value or grad
+_KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep)  # change no layout, no grad
 _CHANGES_GRADS = (BackwardStep, SetGradStep)
 # torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
 _RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",
@@ -54,6 +56,8 @@ _RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_"
 # the output's shape; a random fill's bounds can be refused), and so are an op of our own's.
 _FLOATS_BY_TYPE = frozenset({"add", "sub", "mul", "div", "lerp", "addcdiv", "addcmul"})
 _FLOATS_BY_TYPE |= {f"_foreach_{name}" for name in _FLOATS_BY_TYPE}
+
+_relayouts: dict[str, bool] = {}  # a name the table resolved -> whether its calls take every layout afresh
 
 
 class Plan:
@@ -70,7 +74,7 @@ class Plan:
 class PlanRun:
     """One program's run against the session's plan for it (``start``), recording the next plan."""
 
-    __slots__ = ("plans", "key", "plan", "record", "origins", "known", "slots", "_made", "_all_known",
+    __slots__ = ("plans", "key", "plan", "record", "origins", "known", "grads", "slots", "_made", "_all_known",
                  "_float_type")
 
     def __init__(self, plans: OrderedDict, key: tuple) -> None:
@@ -79,8 +83,10 @@ class PlanRun:
         if self.plan is not None:
             plans.move_to_end(key)
         self.record = Plan()
-        self.origins: dict[tuple, tuple] = {}  # ("v" | "g", id) -> origin
-        self.known: set[tuple] = set()  # the ("v" | "g", id) whose layout the plan vouches for
+        # a tensor's value by its id, its grad by ("g", id) (a str is never equal to a tuple)
+        self.origins: dict[str | tuple, tuple] = {}  # -> origin
+        self.known: set[str | tuple] = set()  # those whose layout the plan vouches for
+        self.grads: set[tuple] = set()  # the ("g", id) in origins
         self.slots: dict[int, int] = {}  # a session tensor's storage -> its number (which ones share)
         self._made = self._all_known = self._float_type = False
 
@@ -118,40 +124,39 @@ class PlanRun:
         those that exist to change it (and, with them, a shared storage's size); a call writes no other
         argument's layout, except into its ``out=`` tensors, which torch resizes to fit. After one of
         those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
-        if ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT) or not call.entry.variants
-                or (step.kwargs and "out" in step.kwargs)):
-            self.origins.clear()
-            self.known.clear()
+        relayout = _relayouts.get(step.op)
+        if relayout is None:  # a fact of the name (what it resolves to): once per name
+            relayout = _relayouts[step.op] = ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT)
+                                              or not call.entry.variants)
+        if relayout or (step.kwargs and "out" in step.kwargs):
+            self._forget_all()
 
     def made(self, index: int, ids: list[str]) -> None:
         """Call ``index`` stored its outputs under ``ids``."""
         for k, tid in enumerate(ids):
-            ref = ("v", tid)
-            self.origins[ref] = ("p", index, k)
+            self.origins[tid] = ("p", index, k)
             if self._made:
-                self.known.add(ref)
+                self.known.add(tid)
             else:
-                self.known.discard(ref)
+                self.known.discard(tid)
 
     # -- other steps -----------------------------------------------------------------------
 
     def other(self, step) -> None:
-        """A step that is not a call ran: the tensors it made or changed are the session's again."""
+        """A step that is not a call ran: the tensors it made or changed are the session's again.
+        (A free needs nothing: an id it freed is used again only once a put or a call makes it anew.)"""
         kind = type(step)
         if kind in _KEEPS_TENSORS:
             return
-        if kind is FreeStep:
-            for tid in step.ids:
-                self._forget(("v", tid))
-                self._forget(("g", tid))
-        elif kind is PutStep:
-            self._forget(("v", step.id))
+        if kind is PutStep:
+            self._forget(step.id)
+            self._forget(("g", step.id))
         elif kind in _CHANGES_GRADS:
-            for ref in [r for r in self.origins if r[0] == "g"]:
+            for ref in self.grads:
                 self._forget(ref)
+            self.grads.clear()
         else:  # grads as outputs, loads into tensors: rare in a loop, and forgetting all is safe
-            self.origins.clear()
-            self.known.clear()
+            self._forget_all()
 
     def finish(self, succeeded: bool) -> None:
         """Keep this run's record as the session's plan for the program, when it ran to its end."""
@@ -205,10 +210,11 @@ class PlanRun:
         kind = type(wire)
         if kind is dict:
             ref = wire.get("ref")
-            ref = ("v", ref) if ref is not None else ("g", wire["grad_of"]) if "grad_of" in wire else None
-            if ref is None:  # a dtype, a slice, an ellipsis
-                (tag, payload), = wire.items()
-                return tag, tuple(payload) if type(payload) is list else payload
+            if ref is None:
+                if "grad_of" not in wire:  # a dtype, a slice, an ellipsis
+                    (tag, payload), = wire.items()
+                    return tag, tuple(payload) if type(payload) is list else payload
+                ref = ("g", wire["grad_of"])
             origin = self.origins.get(ref)
             if origin is None:
                 origin = self._first_use(ref, value)
@@ -223,10 +229,12 @@ class PlanRun:
             return float
         return kind, wire  # a float or a bool: 1, 1.0 and True are equal, but not as arguments
 
-    def _first_use(self, ref: tuple, tensor: torch.Tensor) -> tuple:
+    def _first_use(self, ref: str | tuple, tensor: torch.Tensor) -> tuple:
         """A tensor this program did not make: the session's, its layout taken now."""
         number = len(self.record.layouts)
         origin = self.origins[ref] = ("s", number)
+        if type(ref) is tuple:
+            self.grads.add(ref)
         layout = self._layout(tensor)
         self.record.layouts.append(layout)
         plan = self.plan
@@ -239,9 +247,14 @@ class PlanRun:
         slot = self.slots.setdefault(storage._cdata, len(self.slots))
         return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
 
-    def _forget(self, ref: tuple) -> None:
+    def _forget(self, ref: str | tuple) -> None:
         self.origins.pop(ref, None)
         self.known.discard(ref)
+
+    def _forget_all(self) -> None:
+        self.origins.clear()
+        self.known.clear()
+        self.grads.clear()
 
 
 def _flat(args: list, kwargs: dict):
