@@ -107,10 +107,10 @@ def _replayed(tap: Tap, fn: Callable[[], object], repeat: int) -> list[float]:
         tap.replaying = False
 
 
-def server_alone(programs: list[dict], last: int) -> list[float]:
+def server_alone(programs: list[dict], last: int, settings: Settings | None = None) -> list[float]:
     """Seconds to validate and run each of the ``last`` programs, replaying all of them in order on a
     store in this process (the same work the program route gives its worker thread)."""
-    store = SessionStore(Settings())
+    store = SessionStore(settings or Settings())
     session = store.create()
     times = []
     for body in programs:

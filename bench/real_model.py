@@ -13,6 +13,7 @@ import copy
 import torch
 
 from remote_autograd import client
+from remote_autograd.service.settings import Settings
 from tests.models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
 
 from . import _hot
@@ -60,9 +61,26 @@ def run(url: str, repeat: int = 30) -> None:
     base, data = build_gpt(), gpt_data()
     local = row("local torch", measure(gpt_step(copy.deepcopy(base), "cpu", data), repeat=repeat, warmup=3))
     tap = _hot.Tap()
-    with client.connect(url, transport=tap) as sess:
+    with client.connect(url, transport=tap) as sess, _hot.recording(tap) as programs:
         step = gpt_step(copy.deepcopy(base), sess.device, data)
         times = measure(step, repeat=repeat, warmup=3)
         row("remote, the same loop on sess.device", times, local, f"{requests_per_step(sess, step):.1f} requests/step")
         print_client_cost(breakdown(sess, tap, step))
         meta_memo_rows(sess, tap, step, 10)
+        replay_rows(programs(), 10)
+
+
+def replay_rows(programs: list, last: int, rounds: int = 5) -> None:
+    """The server alone (every program of the session so far, replayed in process) with the plan
+    of a repeated program (``service/engine/program_plan.py``) and without (``REMOTE_AUTOGRAD_REPLAY=off``),
+    in alternating rounds: the median of the ``last`` programs' times, best round of each."""
+    best = {"on": float("inf"), "off": float("inf")}
+    for _ in range(rounds):
+        for replay in best:
+            times = _hot.server_alone(programs, last, Settings.from_env({}, replay=replay))
+            best[replay] = min(best[replay], _hot.median_us(times))
+    calls = sum(s.get("kind") == "call" for s in programs[-1]["steps"])
+    on, off = best["on"], best["off"]
+    print(f"  {'server alone, warm caches: replayed plan':<48} {on:6.0f} us with, {off:6.0f} us without "
+          f"(REMOTE_AUTOGRAD_REPLAY=off) = {off / on:5.2f}x; {(off - on) / max(1, calls):4.1f} us less per call "
+          f"({calls} calls)")

@@ -43,6 +43,12 @@ def run(url: str | None = None) -> None:
     for label, prog in (("runner + msgpack answer, per call step", program), ("  the same, omit_known_meta", lean)):
         answer = lambda prog=prog: encode_body(run_steps(session, prog, settings).body, True)  # noqa: E731
         row(label, measure(answer, repeat=50, warmup=5, per=n))
+    # the same program each time is a repeated one: its calls are checked from the session's plan
+    # (service/engine/program_plan.py); REMOTE_AUTOGRAD_REPLAY=off checks each call's layouts again
+    plain = Settings(replay="off")
+    for label, s in (("runner, omit_known_meta, replayed plan", settings),
+                     ("  the same, REMOTE_AUTOGRAD_REPLAY=off", plain)):
+        row(label, measure(lambda s=s: run_steps(session, lean, s), repeat=50, warmup=5, per=n))
     body = {"id": "q", "steps": steps}
     row("validating the program, per step", measure(lambda: validate_program(body), repeat=50, warmup=5,
                                                     per=len(steps)))

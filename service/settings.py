@@ -74,11 +74,11 @@ class Settings:
     program_cache_size: int = 64
     test_ops: bool = False
     log_level: str = "warning"
-    backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.ray_sessions)
-    model_dir: str = ""  # safetensors files sessions may load by name (service.model_dir); "": none
+    backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.backends.ray_sessions)
+    model_dir: str = ""  # safetensors files sessions may load by name (service.engine.model_dir); "": none
     tenant_processes: str = "auto"  # inprocess: "auto" (a worker process per token when 2+ tokens), "on", "off"
     tenant_idle_seconds: float = 300.0  # a token's worker process stops after this long without a session
-    state_dir: str = ""  # sessions are written here on SIGTERM and restored at start (service.state_volume)
+    state_dir: str = ""  # sessions are written here on SIGTERM and restored at start (service.backends.state_volume)
     ray_namespace: str = "remote-autograd"
     # -- admission, fair work and connections (service/engine/guards.py, service/engine/admission.py,
     #    service/engine/program_watch.py, service/http/http_protocol.py) --
@@ -90,6 +90,7 @@ class Settings:
     max_header_bytes: int = 64 << 10  # a request's line and headers
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
+    replay: str = "on"  # "off": a repeated program is checked call by call again (service/engine/program_plan.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -133,10 +134,16 @@ class Settings:
         return max(2, min(8, (os.cpu_count() or 2) // 2))
 
     def per_tenant_processes(self) -> bool:
-        """Whether each token's sessions run in a worker process of their own (``service.tenant_processes``)."""
+        """Whether each token's sessions run in a worker process of their own (``service.backends.tenant_processes``)."""
         if self.tenant_processes not in ("auto", "on", "off"):
             raise ValueError(f"REMOTE_AUTOGRAD_TENANT_PROCESSES={self.tenant_processes!r}: use auto, on or off")
         return self.tenant_processes == "on" or (self.tenant_processes == "auto" and len(self.tokens) > 1)
+
+    def replays(self) -> bool:
+        """Whether a repeated program's calls are checked by its plan (``service/engine/program_plan.py``)."""
+        if self.replay not in ("on", "off"):
+            raise ValueError(f"REMOTE_AUTOGRAD_REPLAY={self.replay!r}: use on or off")
+        return self.replay == "on"
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

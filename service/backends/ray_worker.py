@@ -3,7 +3,7 @@
 It runs the in-process backend (``LocalSessions``): the same store, runner, op table,
 worker threads and per-session guarantees as a single server. It is an async actor, so
 many sessions' programs wait on its event loop while torch runs on its threads, and a
-session's programs keep running on one thread (see ``service.workers``).
+session's programs keep running on one thread (see ``service.backends.workers``).
 
 What crosses to the front is plain data: ids, request bodies as bytes (Ray moves big
 arguments and results through its object store, not through our codec), encoded

@@ -57,17 +57,25 @@ def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_
     ``fn``: the callable the call's name resolved to (a spelling of a native entry: ``Tensor.add_``),
     ``writes`` when it is itself torch's in-place op; by default the entry's own.
     """
+    return check_call_known(entry, args, kwargs, inplace=inplace, grad_enabled=grad_enabled, fn=fn,
+                            writes=writes)[0]
+
+
+def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool,
+                     fn: Any = None, writes: bool = False) -> tuple[int, Any]:
+    """``check_call``'s bytes, and what the layouts of the arguments answered (``_MISSING`` when
+    nothing was asked of them): a replayed plan hands it back to ``check_planned``."""
     if entry.check is not None:
         _run_contract(entry, args, kwargs)
         if not entry.variants:  # our own entry: its contract replaces the meta run (a test op must not run twice)
-            return 0
+            return 0, _MISSING
     if inplace:
         _check_written(entry, args)
     call = _Call(entry, fn, writes)
     try:
         key = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
     except Unhashable:
-        return _answer(_on_meta(call, args, kwargs, inplace), entry, args, kwargs)
+        return _answer(_on_meta(call, args, kwargs, inplace), entry, args, kwargs), _MISSING
     known = _memo.get(key, _MISSING)
     if known is _MISSING:
         known = _on_meta(call, args, kwargs, inplace)
@@ -75,7 +83,23 @@ def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_
             if len(_memo) >= _MEMO_SIZE:
                 _memo.clear()
             _memo[key] = known
-    return _answer(known, entry, args, kwargs)
+    return _answer(known, entry, args, kwargs), known
+
+
+def plannable(known: Any) -> bool:
+    """Whether ``known`` (from ``check_call_known``) holds for every call whose arguments have the same
+    layouts: bytes do; a refusal never reaches a plan, and a data-dependent bound reads values."""
+    return type(known) is int
+
+
+def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: int) -> int:
+    """``check_call`` for a call whose arguments' layouts a replayed plan vouches for
+    (``service/engine/program_plan.py``): the entry's contract, which may read values, runs again; what
+    looks only at layouts (the meta run, and a written tensor's overlap: its sizes and strides)
+    is ``known``, what it answered before."""
+    if entry.check is not None:
+        _run_contract(entry, args, kwargs)
+    return known
 
 
 def forget() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..sessions.store import Session
 from ..settings import Settings
@@ -25,6 +26,8 @@ class ProgramRun:
     chose or inferred (the metadata of outputs it named) answer ``None`` and do not build it;
     a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
     grad still answer their metadata (only the server knows it).
+
+    ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
     """
 
     session: Session
@@ -32,3 +35,4 @@ class ProgramRun:
     as_json: bool = False
     views: bool = False
     omit_known_meta: bool = False
+    plan: Any = None

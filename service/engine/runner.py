@@ -40,6 +40,7 @@ from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
 from .load_step import load_step
 from .meta_check import check_call
+from .program_plan import PlanRun
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .values import (check_new_ids, grad_bytes, meta_message, resolve_args, resolve_kwargs, resolve_value, store_made,
@@ -62,6 +63,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     """
     results: list[Any] = []
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
+    plan = run.plan = PlanRun.start(session.plans, program.steps) if settings.replays() else None
     views_from = _views_from(program.steps)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()
@@ -73,7 +75,12 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
             try:
                 if watch is not None:
                     watch.check()
-                results.append(_HANDLERS[type(step)](run, step))
+                if type(step) is CallStep:
+                    results.append(_call(run, step, index))
+                else:
+                    results.append(_HANDLERS[type(step)](run, step))
+                    if plan is not None:
+                        plan.other(step)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
                 return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
@@ -81,6 +88,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                 observe(_step_op(step), perf_counter() - start)
     finally:
         reset(token)
+    if plan is not None:
+        plan.finish(True)
     return Outcome(200, {"id": program.id, "results": results}, perf_counter() - began)
 
 
@@ -145,7 +154,7 @@ def _lookup(name: str):
     return found
 
 
-def _call(run: ProgramRun, step: CallStep) -> dict | None:
+def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     session = run.session
     call = _lookup(step.op)
     entry = call.entry
@@ -154,13 +163,18 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
     if not call.inplace:
         check_new_ids(session, step.out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
-    reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
-                          fn=call.fn, writes=call.writes)
+    if run.plan is None:
+        reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
+                              fn=call.fn, writes=call.writes)
+    else:  # the same check, skipped where the session's plan for this program vouches for it
+        reserved = run.plan.check_call(index, step, call, args, kwargs)
     if reserved:
         session.charge(reserved, run.settings.max_session_bytes)
     try:
         if call.inplace:  # torch's autocast leaves in-place ops alone
             _run_inplace(call, step, args, kwargs)
+            if run.plan is not None:
+                run.plan.ran(step, call)
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
             result = _apply(call.fn, step.grad_enabled, args, kwargs)
@@ -170,10 +184,13 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
     finally:
         if reserved:
             session.release(reserved)  # the outputs are charged as they are stored, by what they hold
-    return _store_outputs(run, step, result, args, kwargs)
+    if run.plan is not None:
+        run.plan.ran(step, call)
+    return _store_outputs(run, step, result, args, kwargs, index)
 
 
-def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict) -> dict | None:
+def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict,
+                   index: int) -> dict | None:
     """Keep a call's outputs under the step's ids; their metadata is the step's result (unless
     the client named them all and asked to be spared it: ``omit_known_meta`` without ``out_many``)."""
     session = run.session
@@ -191,6 +208,8 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
     store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
+    if run.plan is not None:
+        run.plan.made(index, ids)
     if run.omit_known_meta and not step.out_many:
         return None
     metas = [meta_message(tid, t) for tid, t in zip(ids, outputs)]

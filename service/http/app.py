@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 state_volume.save_all(local, settings)
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request; the
-    # service exports Prometheus metrics instead, so it is off (see service.metrics).
+    # service exports Prometheus metrics instead, so it is off (see service.http.metrics).
     app = FastAPI(title="remote-autograd", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     install_openapi(app)  # the protocol's message schemas in /docs
@@ -81,6 +81,7 @@ def make_backend(settings: Settings):
     In process, each token's sessions run in a worker process of their own when
     ``settings.per_tenant_processes()`` (by default: more than one token); with one token or
     none, in this process (the fast path: no hop between processes)."""
+    settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
     if settings.backend == "inprocess":
         return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":

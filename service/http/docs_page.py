@@ -6,11 +6,11 @@ page serves the Swagger UI files that the ``fastapi-offline`` package ships (rea
 once, kept in memory) and asks for a token in the page itself: it is kept in the
 tab's ``sessionStorage`` and added to every request Swagger UI makes, the OpenAPI
 document included. That field is the page's one token input: Swagger's own Authorize
-button (drawn for the ``bearer`` scheme of ``service.openapi``, which stays in the document
+button (drawn for the ``bearer`` scheme of ``service.http.openapi``, which stays in the document
 for other tools) is hidden, as it could not load the document and would be a second
 place to type the same token.
 
-The page and its assets need no token (``PAGE_PATHS``, public in ``service.auth``):
+The page and its assets need no token (``PAGE_PATHS``, public in ``service.http.auth``):
 they hold nothing of the server's. ``/openapi.json`` and the API keep needing one.
 """
 

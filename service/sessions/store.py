@@ -71,6 +71,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
     programs: OrderedDict = field(default_factory=OrderedDict)
+    plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
@@ -111,6 +112,7 @@ class Session:
         self.closed = True
         self.tensors.clear()
         self.programs.clear()
+        self.plans.clear()
         self.release(self.bytes_held)
 
 
@@ -141,7 +143,7 @@ class SessionStore:
     # -- lifecycle -------------------------------------------------------------------------
 
     def create(self, owner: str | None = None, sid: str | None = None) -> Session:
-        """A new session of ``owner`` (``sid``: the id it had before a restart, ``service.state_volume``)."""
+        """A new session of ``owner`` (``sid``: the id it had before a restart, ``service.backends.state_volume``)."""
         with self._lock:
             self._expire_idle()
             if len(self._sessions) >= self.settings.max_sessions:

@@ -1,4 +1,4 @@
-"""Unit tests of ``service.custom_tensor.CustomTensor``: its boundary rules.
+"""Unit tests of ``service.sessions.custom_tensor.CustomTensor``: its boundary rules.
 
 ``from_torch`` keeps ``detach().clone()`` copies of the value and of a non-None grad; a
 missing grad stays ``None``; ``to_torch`` builds a new leaf with ``requires_grad`` as

@@ -1,0 +1,268 @@
+"""``PlanRun``: a repeated program's calls checked by their pattern, not argument by argument.
+
+The plain path it replaces: before each call, ``meta_check.check_call`` builds its memo's key
+from every argument's layout (shape, strides, offset, dtype, storage and its sharing: a few
+torch calls per tensor), for every call of every program. A training loop sends the same
+program each step with new ids and new values, so those keys come out the same each time.
+
+A session keeps the plans of its last few programs that succeeded (``PLANS_PER_SESSION``,
+least recently used first out), keyed by the program's step kinds and ops. A plan holds, per
+call step, its *pattern* and what its layouts answered. The pattern names every tensor
+argument by its origin instead of its id: ``("p", step, k)`` for the k-th output of an earlier
+call of this program, ``("s", n)`` for the n-th tensor taken from the session (its value, or
+its grad), with every other argument as its type and value (an arithmetic op's floats by
+type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken once, at its first use in
+the program (the plan's ``layouts``).
+
+A call is *planned* (``check_planned``: only the checks that read values run again) when its
+pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
+layout equals the plan's for its origin, or an output of a planned call. Layouts of outputs are
+a function of the op and its arguments' layouts and scalars, so equal patterns of known
+tensors give equal memo keys. Anything else (a changed int or a changed float of an op not
+in that list, a 0-d tensor argument, whose value the memo keys, an op that answered a
+data-dependent bound) runs the plain check; its outputs are then not known, so what uses them
+is checked the plain way too. An in-place call keeps its target's layout, except the few that
+change it, a call with ``out=`` tensors (torch resizes them) and an op of our own: after those,
+every layout is taken afresh at its next use. Steps that are not calls make tensors of their
+own (puts, grads, loads) or change grads: those are taken afresh from the session at their
+next use. A plan changes no answer, error or step: it is one check skipped.
+``tests/service/engine/test_program_plan.py`` runs the training tests' programs with and without it;
+``python -m bench runner`` and ``model`` print its rows beside ``REMOTE_AUTOGRAD_REPLAY=off``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, FreeStep, PutStep, RetainGradStep,
+                                            SetGradStep, SetRequiresGradStep)
+
+from . import meta_check
+
+PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
+_KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep)  # change no layout, no grad
+_CHANGES_GRADS = (BackwardStep, SetGradStep)
+# torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
+_RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",
+                       "resize_as_", "as_strided_", "set_"})
+
+# torch's arithmetic (entries of the op table, by name: ``Tensor.__rtruediv__`` is ``div``) whose
+# Python float arguments (a learning rate, a bias correction, an optimizer's betas) change
+# neither an output's layout nor whether torch accepts the call: their floats are part of a
+# pattern by type only. Any other op's floats are by value (an interpolation's scale factor makes
+# the output's shape; a random fill's bounds can be refused), and so are an op of our own's.
+_FLOATS_BY_TYPE = frozenset({"add", "sub", "mul", "div", "lerp", "addcdiv", "addcmul"})
+_FLOATS_BY_TYPE |= {f"_foreach_{name}" for name in _FLOATS_BY_TYPE}
+
+_relayouts: dict[str, bool] = {}  # a name the table resolved -> whether its calls take every layout afresh
+
+
+class Plan:
+    """What one run of a program recorded: per call step, its pattern and what its layouts answered
+    (``None``: not plannable); per session origin, its layout."""
+
+    __slots__ = ("calls", "layouts")
+
+    def __init__(self) -> None:
+        self.calls: dict[int, tuple[tuple, Any]] = {}
+        self.layouts: list[tuple] = []
+
+
+class PlanRun:
+    """One program's run against the session's plan for it (``start``), recording the next plan."""
+
+    __slots__ = ("plans", "key", "plan", "record", "origins", "known", "grads", "slots", "_made", "_all_known",
+                 "_float_type")
+
+    def __init__(self, plans: OrderedDict, key: tuple) -> None:
+        self.plans, self.key = plans, key
+        self.plan: Plan | None = plans.get(key)
+        if self.plan is not None:
+            plans.move_to_end(key)
+        self.record = Plan()
+        # a tensor's value by its id, its grad by ("g", id) (a str is never equal to a tuple)
+        self.origins: dict[str | tuple, tuple] = {}  # -> origin
+        self.known: set[str | tuple] = set()  # those whose layout the plan vouches for
+        self.grads: set[tuple] = set()  # the ("g", id) in origins
+        self.slots: dict[int, int] = {}  # a session tensor's storage -> its number (which ones share)
+        self._made = self._all_known = self._float_type = False
+
+    @classmethod
+    def start(cls, plans: OrderedDict, steps: list) -> "PlanRun":
+        key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
+        return cls(plans, key)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> int:
+        """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments)."""
+        self._all_known = True
+        entry = call.entry
+        self._float_type = bool(entry.variants) and entry.name in _FLOATS_BY_TYPE
+        planned = self.plan.calls.get(index) if self.plan is not None else None
+        self._made = planned is not None and planned[1] is not None and self._matches(step, args, kwargs, planned[0])
+        if self._made:
+            self.record.calls[index] = planned
+            return meta_check.check_planned(call.entry, args, kwargs, known=planned[1])
+        pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
+                   self._parts(step.args, args),
+                   self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
+        reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
+                                                       grad_enabled=step.grad_enabled, fn=call.fn,
+                                                       writes=call.writes)
+        # a 0-d tensor argument is keyed by its value: such a call is never planned
+        usable = (meta_check.plannable(answer) and not call.entry.data_dependent
+                  and not any(isinstance(t, torch.Tensor) and t.dim() == 0 for t in _flat(args, kwargs)))
+        self.record.calls[index] = (pattern, answer if usable else None)
+        return reserved
+
+    def ran(self, step: CallStep, call) -> None:
+        """Call ``step`` ran, planned or not. An in-place op of torch's keeps its target's layout, except
+        those that exist to change it (and, with them, a shared storage's size); a call writes no other
+        argument's layout, except into its ``out=`` tensors, which torch resizes to fit. After one of
+        those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
+        relayout = _relayouts.get(step.op)
+        if relayout is None:  # a fact of the name (what it resolves to): once per name
+            relayout = _relayouts[step.op] = ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT)
+                                              or not call.entry.variants)
+        if relayout or (step.kwargs and "out" in step.kwargs):
+            self._forget_all()
+
+    def made(self, index: int, ids: list[str]) -> None:
+        """Call ``index`` stored its outputs under ``ids``."""
+        for k, tid in enumerate(ids):
+            self.origins[tid] = ("p", index, k)
+            if self._made:
+                self.known.add(tid)
+            else:
+                self.known.discard(tid)
+
+    # -- other steps -----------------------------------------------------------------------
+
+    def other(self, step) -> None:
+        """A step that is not a call ran: the tensors it made or changed are the session's again.
+        (A free needs nothing: an id it freed is used again only once a put or a call makes it anew.)"""
+        kind = type(step)
+        if kind in _KEEPS_TENSORS:
+            return
+        if kind is PutStep:
+            self._forget(step.id)
+            self._forget(("g", step.id))
+        elif kind in _CHANGES_GRADS:
+            for ref in self.grads:
+                self._forget(ref)
+            self.grads.clear()
+        else:  # grads as outputs, loads into tensors: rare in a loop, and forgetting all is safe
+            self._forget_all()
+
+    def finish(self, succeeded: bool) -> None:
+        """Keep this run's record as the session's plan for the program, when it ran to its end."""
+        if not succeeded:
+            return
+        self.plans[self.key] = self.record
+        self.plans.move_to_end(self.key)
+        while len(self.plans) > PLANS_PER_SESSION:
+            self.plans.popitem(last=False)
+
+    # -- patterns --------------------------------------------------------------------------
+
+    def _matches(self, step: CallStep, args: list, kwargs: dict, pattern: tuple) -> bool:
+        """Whether ``step`` has ``pattern`` with every tensor known: ``_parts`` compared as they are
+        walked, without building them (a replayed call's usual case)."""
+        op, grad_enabled, autocast, out_many, outs, parts, parts_kw = pattern
+        if (op != step.op or grad_enabled != step.grad_enabled or autocast != step.autocast
+                or out_many != step.out_many or outs != len(step.out) or len(parts) != len(step.args)):
+            return False
+        for w, v, r in zip(step.args, args, parts):
+            if not self._same(w, v, r):
+                return False
+        if not step.kwargs:
+            return parts_kw is None
+        if parts_kw is None or len(parts_kw) != len(step.kwargs):
+            return False
+        for (k, w), (name, r) in zip(step.kwargs.items(), parts_kw):
+            if k != name or not self._same(w, kwargs[k], r):
+                return False
+        return True
+
+    def _same(self, wire: Any, value: Any, part: Any) -> bool:
+        """Whether ``_part(wire, value)`` is ``part`` and names only known tensors."""
+        kind = type(wire)
+        if kind is int or kind is str or wire is None:
+            return type(part) is kind and part == wire
+        if kind is dict:
+            return self._part(wire, value) == part and self._all_known
+        if kind is list:
+            return (type(part) is tuple and len(part) == 2 and part[0] == "l" and len(part[1]) == len(wire)
+                    and all(self._same(w, v, r) for w, v, r in zip(wire, value, part[1])))
+        return self._part(wire, value) == part
+
+    def _parts(self, wire: list, values: list) -> tuple:
+        return tuple([self._part(w, v) for w, v in zip(wire, values)])
+
+    def _parts_kw(self, wire: dict, values: dict) -> tuple:
+        return tuple([(k, self._part(w, values[k])) for k, w in wire.items()])
+
+    def _part(self, wire: Any, value: Any) -> Any:
+        kind = type(wire)
+        if kind is dict:
+            ref = wire.get("ref")
+            if ref is None:
+                if "grad_of" not in wire:  # a dtype, a slice, an ellipsis
+                    (tag, payload), = wire.items()
+                    return tag, tuple(payload) if type(payload) is list else payload
+                ref = ("g", wire["grad_of"])
+            origin = self.origins.get(ref)
+            if origin is None:
+                origin = self._first_use(ref, value)
+            if ref not in self.known:
+                self._all_known = False
+            return origin
+        if kind is int or kind is str or wire is None:  # as they are: the usual case
+            return wire
+        if kind is list:
+            return "l", tuple([self._part(w, v) for w, v in zip(wire, value)])
+        if kind is float and self._float_type:
+            return float
+        return kind, wire  # a float or a bool: 1, 1.0 and True are equal, but not as arguments
+
+    def _first_use(self, ref: str | tuple, tensor: torch.Tensor) -> tuple:
+        """A tensor this program did not make: the session's, its layout taken now."""
+        number = len(self.record.layouts)
+        origin = self.origins[ref] = ("s", number)
+        if type(ref) is tuple:
+            self.grads.add(ref)
+        layout = self._layout(tensor)
+        self.record.layouts.append(layout)
+        plan = self.plan
+        if plan is not None and number < len(plan.layouts) and plan.layouts[number] == layout:
+            self.known.add(ref)
+        return origin
+
+    def _layout(self, t: torch.Tensor) -> tuple:
+        storage = t.untyped_storage()
+        slot = self.slots.setdefault(storage._cdata, len(self.slots))
+        return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
+
+    def _forget(self, ref: str | tuple) -> None:
+        self.origins.pop(ref, None)
+        self.known.discard(ref)
+
+    def _forget_all(self) -> None:
+        self.origins.clear()
+        self.known.clear()
+        self.grads.clear()
+
+
+def _flat(args: list, kwargs: dict):
+    """Every argument, lists opened (at any depth)."""
+    stack = [*args, *kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if type(a) is list or type(a) is tuple:
+            stack.extend(a)
+        else:
+            yield a
