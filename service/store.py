@@ -24,6 +24,7 @@ from remote_autograd.proto.messages import Program
 from .custom_tensor import CustomTensor
 from .program_watch import ProgramWatch
 from .settings import Settings
+from .storage_ledger import StorageLedger
 
 
 class Budget:
@@ -38,10 +39,11 @@ class Budget:
         self.limit_name, self.holder = limit_name, holder
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, anyway: bool = False) -> None:
+        """Hold ``nbytes`` more, or 413 when that passes the limit (``anyway``: bytes that exist already)."""
         with self._lock:
             total = self.held + self.elsewhere + nbytes
-            if total > self.limit:
+            if total > self.limit and not anyway:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
                     f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
@@ -59,8 +61,10 @@ class Session:
 
     ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
     programs on the event loop, so one busy session waits there instead of holding
-    every worker. ``bytes_held`` counts values and grads, charged against the session's
-    limit and the ``budgets`` (the store's, then its token's).
+    every worker. ``bytes_held`` counts the storages its values, grads and autograd graph
+    hold (``storages``, by storage, never by view), and the bytes a step reserved before
+    its kernel runs, charged against the session's limit and the ``budgets`` (the
+    store's, then its token's).
     """
 
     id: str
@@ -73,6 +77,7 @@ class Session:
     gate: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
+    storages: StorageLedger = field(default_factory=StorageLedger)
     programs: OrderedDict = field(default_factory=OrderedDict)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
@@ -104,6 +109,13 @@ class Session:
             raise
         self.bytes_held += nbytes
 
+    def charge_anyway(self, nbytes: int) -> None:
+        """Account bytes that exist already (a kernel grew a storage its meta check reserved):
+        never refused, so the count stays what the session holds."""
+        for budget in self.budgets:
+            budget.take(nbytes, anyway=True)
+        self.bytes_held += nbytes
+
     def release(self, nbytes: int) -> None:
         self.bytes_held -= nbytes
         for budget in self.budgets:
@@ -114,6 +126,7 @@ class Session:
         self.closed = True
         self.tensors.clear()
         self.programs.clear()
+        self.storages.close()
         self.release(self.bytes_held)
 
 
