@@ -11,7 +11,8 @@ tensor's storage in the session's ``StorageLedger`` (charged, and 413 against ``
 only when the session does not hold that storage already) and returns a small ``_Saved``
 holding a detached alias; unpack hands the alias back (autograd gives it the saved
 node's graph again, so values, gradients and double backward are torch's own). The
-reference goes when autograd drops the ``_Saved`` (a backward without ``retain_graph``,
+version torch checks at unpack without hooks is checked here (an in-place write to a saved
+tensor is torch's own error at backward). The reference goes when autograd drops the ``_Saved`` (a backward without ``retain_graph``,
 the last id of the graph freed): exactly as long as the graph keeps the bytes.
 Detaching matters: a saved output holding itself (its ``grad_fn`` saves it) would be a
 cycle through C++ that nothing collects.
@@ -29,12 +30,13 @@ if TYPE_CHECKING:
 
 
 class _Saved:
-    """What a graph node keeps instead of the tensor: the alias and the ledger key to give back."""
+    """What a graph node keeps instead of the tensor: the alias, its version when saved, and the
+    ledger key to give back."""
 
-    __slots__ = ("tensor", "key", "unpin")
+    __slots__ = ("tensor", "version", "key", "unpin")
 
     def __init__(self, tensor: torch.Tensor, key: object, unpin) -> None:
-        self.tensor, self.key, self.unpin = tensor, key, unpin
+        self.tensor, self.version, self.key, self.unpin = tensor, tensor._version, key, unpin
 
     def __del__(self) -> None:  # the node freed it: may run on any thread, so it only queues the key
         self.unpin(self.key)
@@ -50,6 +52,15 @@ def counting_saved(session: "Session", limit: int) -> contextlib.AbstractContext
         return _Saved(t.detach(), ledger.pin(session, t, limit), ledger.unpin)
 
     def unpack(saved):
-        return saved.tensor if type(saved) is _Saved else saved
+        if type(saved) is not _Saved:
+            return saved
+        t = saved.tensor
+        if t._version != saved.version:  # with hooks torch leaves this check to them (the alias shares the counter)
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}], is at version {t._version}; expected version {saved.version} "
+                "instead. Hint: the backtrace further above shows the operation that failed to compute its "
+                "gradient. The variable in question was changed in there or anywhere later. Good luck!")
+        return t
 
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
