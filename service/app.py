@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from . import __version__, state_volume
 from .auth import Tokens
 from .docs_page import install as install_docs_page
+from .guards import BodyBytes
 from .local_sessions import LocalSessions
 from .metrics import Metrics
 from .middleware import Gatekeeper
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)  # the protocol's message schemas in /docs
     install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.backend, app.state.metrics = settings, backend, metrics
+    app.state.bodies = BodyBytes(settings.max_body_bytes_in_flight)
     # the Gatekeeper matches routes itself (the program route, and the route of a request it refuses):
     # it gets them flat, as an included router sits in app.router.routes as one opaque entry
     routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]

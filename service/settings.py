@@ -32,6 +32,9 @@ ADVERTISED_LIMITS = (
     "max_header_bytes",
     "header_timeout_seconds",
     "idle_timeout_seconds",
+    # memory outside the tensors (issue 19 item 2): see docs/limits.md
+    "answer_timeout_seconds",
+    "max_body_bytes_in_flight",
 )
 
 
@@ -90,6 +93,8 @@ class Settings:
     max_header_bytes: int = 64 << 10  # a request's line and headers
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
+    answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
+    max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
 
