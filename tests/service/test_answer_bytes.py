@@ -7,7 +7,6 @@ cap counted binary data only); 12 clients that never read a 256 MiB answer pinne
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -16,28 +15,10 @@ from typing import Iterator
 import pytest
 import torch
 
-from ..servers import running
+from ..servers import memory_of, running, session_pids
 from .wire import Wire, checked_client, put_step
 
 MiB = 1 << 20
-
-
-def resident(pids: list[int]) -> int:
-    """VmRSS of ``pids`` together, in bytes."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/status") as status:
-            total += next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-    return total
-
-
-def pids_of(server, wire: Wire, sid: str) -> list[int]:
-    """The server's process, and the token's worker when sessions live in one."""
-    worker = wire.c.get(f"/v1/sessions/{sid}").json()["worker"]
-    pids = [server.proc.pid]
-    if "(pid " in worker:
-        pids.append(int(worker.rsplit("pid ", 1)[1].rstrip(")")))
-    return pids
 
 
 @pytest.fixture(scope="module", params=["off", "on"], ids=["inprocess", "tenants"])
@@ -60,12 +41,12 @@ def test_answers_kept_for_retries_hold_their_cap_for_json_lists_too(server, wire
     wire.ok(sid, [put_step("x", wire.tensor(torch.rand(n)))])
     fetch = [{"kind": "fetch", "id": "x"}]
     wire.program(sid, fetch)  # the first JSON answer's own growth, outside the measure
-    before = resident(pids_of(server, wire, sid))
+    before = memory_of(session_pids(server, wire.c, sid))
     ids = [os.urandom(6).hex() for _ in range(8)]
     for pid in ids:
         status, body = wire.program(sid, fetch, pid)
         assert status == 200 and len(body["results"][0]["tensor"]["value"]["data"]) == n
-    grown = resident(pids_of(server, wire, sid)) - before
+    grown = memory_of(session_pids(server, wire.c, sid)) - before
     assert grown < 48 * MiB, grown  # 8 kept answers would be 128 MiB
     status, body = wire.program(sid, fetch, ids[0])  # a retry: told to fetch again, never run twice
     assert status == 409 and "fetch the tensors again" in body["error"]["message"], body
@@ -93,15 +74,15 @@ def test_an_answer_nobody_reads_is_dropped_after_the_answer_timeout(server, wire
     sids = [mp.session() for _ in range(6)]
     for sid in sids:
         mp.ok(sid, [put_step("x", mp.tensor(torch.rand(8 * MiB)))])
-    pids = pids_of(server, mp, sids[0])
-    before = resident(pids)
+    pids = session_pids(server, mp.c, sids[0])
+    before = memory_of(pids)
     fetch = mp.encode({"id": "f", "steps": [{"kind": "fetch", "id": "x"}]})
     readers = [_raw_request(server, sid, fetch) for sid in sids]
     try:
         time.sleep(1.0)
-        pinned = resident(pids) - before
+        pinned = memory_of(pids) - before
         time.sleep(4.0)  # past the timeout
-        after = resident(pids) - before
+        after = memory_of(pids) - before
         assert after < 24 * MiB, (pinned, after)  # the six answers were 192 MiB
         for sid in sids:  # each session's gate is free again: it answers its next program
             assert mp.ok(sid, [{"kind": "free", "ids": ["x"]}]) == [None]
@@ -116,13 +97,13 @@ def test_slow_bodies_on_many_connections_hold_only_what_they_sent(server, wire: 
     """32 connections each claiming a 64 MiB body and sending 10 bytes: no buffer is mapped ahead
     (2 GB before, for a made-up session id), and a made-up id is answered without a read."""
     sid = wire.session()
-    pids = pids_of(server, wire, sid)
-    before = resident(pids)
+    pids = session_pids(server, wire.c, sid)
+    before = memory_of(pids)
     slow = [_raw_request(server, sid, b'{"id": "x"', declared=64 * MiB, ctype="application/json") for _ in range(32)]
     made_up = [_raw_request(server, "made-up-session", b"0123456789", declared=64 * MiB) for _ in range(32)]
     try:
         time.sleep(1.0)
-        assert resident(pids) - before < 16 * MiB
+        assert memory_of(pids) - before < 16 * MiB
         for s in made_up:
             s.settimeout(10)
             assert s.recv(4096).startswith(b"HTTP/1.1 404"), "a made-up session's body is not read"

@@ -24,7 +24,7 @@ from remote_autograd.service.custom_tensor import CustomTensor
 from remote_autograd.service.saved_tensors import counting_saved
 from remote_autograd.service.store import Budget, Session
 
-from ..servers import running
+from ..servers import memory_of, running, session_pids
 from .wire import Wire, call_step, checked_client, put_step, ref
 
 MiB = 1 << 20
@@ -70,25 +70,15 @@ def sid(wire: Wire) -> Iterator[str]:
     wire.c.delete(f"/v1/sessions/{sid}")
 
 
-def info(wire: Wire, sid: str) -> dict:
+def held(wire: Wire, sid: str) -> int:
     r = wire.c.get(f"/v1/sessions/{sid}")
     assert r.status_code == 200, r.text
-    return r.json()
-
-
-def held(wire: Wire, sid: str) -> int:
-    return info(wire, sid)["bytes"]
+    return r.json()["bytes"]
 
 
 def rss(server, wire: Wire, sid: str) -> int:
     """Resident bytes of the process that holds ``sid``'s tensors (its token's worker, or the server)."""
-    worker = info(wire, sid)["worker"]  # "in-process", or "<token's label> (pid N)"
-    pid = int(worker.rsplit("pid ", 1)[1].rstrip(")")) if "(pid " in worker else server.proc.pid
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    return memory_of(session_pids(server, wire.c, sid)[-1:])
 
 
 def big(wire: Wire, tid: str, n: int = BIG, requires_grad: bool = False) -> dict:
