@@ -122,8 +122,8 @@ class StorageLedger:
 
     def pin(self, session: "Session", t: torch.Tensor, limit: int) -> object:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
-        413 when the storage is new to the session and would pass ``limit``."""
-        self.settle(session)
+        413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
+        this runs for every tensor a graph saves, and the runner settles after every step.)"""
         key, keep, nbytes = storage_of(t)
         if key not in self._entries:
             session.charge(nbytes, limit)
