@@ -84,7 +84,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                     exc.__traceback__ = err.__traceback__ = exc.__context__ = None
                     return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
                 finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
-                    storages.settle(session)
+                    if storages.dead:
+                        storages.settle(session)
                 if observe is not None:
                     observe(_step_op(step), perf_counter() - start)
     finally:

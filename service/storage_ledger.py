@@ -67,11 +67,11 @@ class StorageLedger:
 
     # -- a session's tensors ---------------------------------------------------------------
 
-    def hold(self, session: "Session", cts: Iterable[CustomTensor], limit: int) -> None:
+    def hold(self, session: "Session", cts: list[CustomTensor], limit: int) -> None:
         """Count ``cts`` (new tensors of the session), all or none: 413 when the storages
         they bring that the session does not hold yet would pass ``limit``."""
-        self.settle(session)
-        cts = list(cts)
+        if self.dead:
+            self.settle(session)
         per_ct = [_pieces(ct) for ct in cts]
         new: dict[object, int] = {}
         for pieces in per_ct:
