@@ -230,3 +230,61 @@ def test_counting_what_is_saved_changes_no_value_and_no_gradient():
     del counted
     session.storages.settle(session)
     assert session.bytes_held == 0  # every pin went with its graph
+
+
+def _recount(session: Session) -> int:
+    """The plain count the ledger stands in for: every distinct storage the session's values and grads hold."""
+    storages = {}
+    for ct in session.tensors.values():
+        for t in (ct.value, ct.grad):
+            if t is not None:
+                storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def test_the_ledger_agrees_with_a_full_recount_after_every_step_of_random_programs():
+    """Views, ``as_strided_``, ``set_data``, grads set to other tensors and frees, in random order
+    through the runner: the count after each program is the distinct storages held, never less."""
+    import random
+
+    from remote_autograd.proto import encode_tensor
+    from remote_autograd.proto.messages import validate_program
+    from remote_autograd.service.runner import run_steps
+    from remote_autograd.service.settings import Settings
+    from remote_autograd.service.store import SessionStore
+
+    settings = Settings()
+    session = SessionStore(settings).create()
+    rng = random.Random(19)
+    ids: list[str] = []
+    seen: dict = {}
+    for n in range(400):
+        new = f"t{n}"
+        pick = rng.choice(ids) if ids else None
+        kind = rng.choice(["put", "put", "narrow", "strided", "set_data", "set_grad", "free"]) if ids else "put"
+        if kind == "put":
+            step = {"kind": "put", "id": new, "value": encode_tensor(torch.ones(rng.randint(1, 64)))}
+        elif kind == "narrow":
+            step = call_step("narrow", ref(pick), 0, 0, 1, out=[new])
+        elif kind == "strided":  # the view over its storage's whole length
+            nbytes = session.tensors[pick].value.untyped_storage().nbytes()
+            step = call_step("as_strided_", ref(pick), [nbytes // 4], [1], 0, out=[])
+        elif kind == "set_data":
+            step = call_step("set_data", ref(pick), ref(rng.choice(ids)), out=[])
+        elif kind == "set_grad":
+            other = rng.choice(ids)
+            same = session.tensors[other].shape == session.tensors[pick].shape
+            step = {"kind": "set_grad", "id": pick, "grad": ref(other) if same else None}
+        else:
+            step = {"kind": "free", "ids": [pick]}
+        outcome = run_steps(session, validate_program({"id": str(n), "steps": [step]}), settings)
+        assert outcome.status in (200, 422), outcome.body  # 422: torch refused (a dtype, a size)
+        seen[kind, outcome.status] = seen.get((kind, outcome.status), 0) + 1
+        if outcome.status == 200 and kind in ("put", "narrow"):
+            ids.append(new)
+        if kind == "free" and outcome.status == 200:
+            ids.remove(pick)
+        assert session.bytes_held == _recount(session) >= 0, (n, kind)
+    assert all(seen.get((kind, 200)) for kind in ("put", "narrow", "strided", "set_data", "set_grad", "free")), seen
+    session.clear()
+    assert session.bytes_held == 0
