@@ -166,7 +166,7 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
     reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
                           fn=call.fn, writes=call.writes)
     if reserved:
-        session.charge(reserved, run.settings.max_session_bytes)
+        session.storages.reserve(session, reserved, run.settings.max_session_bytes)
     try:
         if call.inplace:  # torch's autocast leaves in-place ops alone
             try:
@@ -181,7 +181,7 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
     finally:
         if reserved:
-            session.release(reserved)  # the outputs are charged as they are stored, by what they hold
+            session.storages.unreserve(session)  # the outputs are charged as they are stored, by what they hold
     return _store_outputs(run, step, result, args, kwargs)
 
 

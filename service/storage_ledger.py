@@ -57,6 +57,7 @@ class StorageLedger:
         self._entries: dict[object, list] = {}
         self.dead: deque = deque()  # keys whose saved-tensor pin went away (appended from anywhere)
         self.closed = False
+        self.pool = 0  # bytes the running step reserved for its outputs, not yet taken by a pin (``reserve``)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -126,8 +127,24 @@ class StorageLedger:
         this runs for every tensor a graph saves, and the runner settles after every step.)"""
         key, keep, nbytes = storage_of(t)
         if key not in self._entries:
-            session.charge(nbytes, limit)
+            # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
+            from_pool = min(self.pool, nbytes)
+            if nbytes > from_pool:
+                session.charge(nbytes - from_pool, limit)
+            self.pool -= from_pool
         return self._add(key, keep, nbytes)
+
+    def reserve(self, session: "Session", nbytes: int, limit: int) -> None:
+        """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
+        ``unreserve`` after it. What the graph pins meanwhile comes out of it first."""
+        session.charge(nbytes, limit)
+        self.pool = nbytes
+
+    def unreserve(self, session: "Session") -> None:
+        """Give back what the step reserved and no pin took (its outputs are charged as they are stored)."""
+        left, self.pool = self.pool, 0
+        if left:
+            session.release(left)
 
     def unpin(self, key: object) -> None:
         """The node that saved it is gone; counted off at the next ``settle`` (this may run on any thread)."""

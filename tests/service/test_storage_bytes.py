@@ -181,6 +181,16 @@ def test_a_saved_output_counts_until_backward_frees_the_graph(wire: Wire, sid: s
     assert held(wire, sid) == 0
 
 
+def test_an_op_that_saves_its_own_output_is_charged_it_once(wire: Wire, sid: str):
+    """``exp`` saves its output: reserved before the kernel and pinned by the graph, it is one storage,
+    so an output that fits the limit exactly runs."""
+    wire.ok(sid, [big(wire, "x", requires_grad=True), big(wire, "y"), big(wire, "z")])
+    wire.ok(sid, [call_step("exp", ref("x"), out=["e"])])
+    assert held(wire, sid) == SESSION_LIMIT
+    refused(wire, sid, [call_step("exp", ref("e"), out=["f"])])
+    assert held(wire, sid) == SESSION_LIMIT  # the refused op's reservation and pins went back
+
+
 def _session(limit: int) -> Session:
     return Session(id="s", owner=None, device=torch.device("cpu"), generator=torch.Generator(),
                    budgets=(Budget(limit),))
