@@ -32,6 +32,9 @@ ADVERTISED_LIMITS = (
     "max_header_bytes",
     "header_timeout_seconds",
     "idle_timeout_seconds",
+    # memory outside the tensors (issue 19 item 2): see docs/limits.md
+    "answer_timeout_seconds",
+    "max_body_bytes_in_flight",
 )
 
 
@@ -39,7 +42,8 @@ ADVERTISED_LIMITS = (
 class Settings:
     """Everything configurable. Sizes are bytes or elements; times are seconds.
 
-    ``max_session_bytes`` counts values and grads a session holds; ``max_total_bytes`` the
+    ``max_session_bytes`` counts the storages a session's values, grads and autograd graphs
+    hold (``storage_ledger``, ``saved_tensors``); ``max_total_bytes`` the
     same across all sessions (of one worker, with the Ray backend); ``max_bytes_per_token`` and
     ``max_sessions_per_token`` bound one token across all of them (cluster-wide with Ray).
     ``sweep_interval_seconds`` is how often idle sessions are
@@ -91,6 +95,8 @@ class Settings:
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
     replay: str = "on"  # "off": a repeated program is checked call by call again (service/engine/program_plan.py)
+    answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
+    max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
 

@@ -171,3 +171,23 @@ def read_answer(raw: socket.socket) -> str:
     while len(body) < length and (piece := raw.recv(65536)):
         body += piece
     return (head + b"\r\n\r\n" + body).decode()
+
+
+def session_pids(server: Server, c: httpx.Client, sid: str) -> list[int]:
+    """The processes that hold session ``sid``'s memory: the server's, and its token's worker
+    process when sessions live in one (``GET /v1/sessions/{sid}`` names it "<label> (pid N)")."""
+    worker = c.get(f"/v1/sessions/{sid}").json()["worker"]
+    pids = [server.proc.pid]
+    if "(pid " in worker:
+        pids.append(int(worker.rsplit("pid ", 1)[1].rstrip(")")))
+    return pids
+
+
+def memory_of(pids: list[int], field: str = "VmRSS") -> int:
+    """``field`` of ``/proc/<pid>/status`` (``VmRSS`` resident now, ``VmHWM`` its high-water mark)
+    summed over ``pids``, in bytes."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as status:
+            total += next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+    return total

@@ -78,7 +78,7 @@ class GrantedBudget(Budget):
         self._ask, self._give_back = ask, give_back
         self._asking = threading.Lock()  # one ask at a time: a second thread short of bytes waits, then retries
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, anyway: bool = False) -> None:
         try:
             return super().take(nbytes)
         except ProtocolError:
@@ -93,6 +93,8 @@ class GrantedBudget(Budget):
         try:
             return super().take(nbytes)
         except ProtocolError:
+            if anyway:  # bytes that exist already (a grown storage): counted past the grant, never lost
+                return super().take(nbytes, anyway=True)
             raise ProtocolError(ErrorCode.TOO_LARGE, f"the server would hold more than its limit "
                                 f"max_total_bytes={self.total} across every tenant's sessions") from None
 

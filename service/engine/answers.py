@@ -49,19 +49,23 @@ def _encoded(t, as_json: bool, views: bool) -> dict:
 
 
 _KEEP_FETCHED_BYTES = 1 << 20
+# A JSON answer's values are a list of Python numbers: a float object and the list's pointer to it
+_LIST_VALUE_BYTES = 32
 
 
 def keepable(outcome: Outcome, program_id: str) -> Outcome:
     """What the retry cache may hold: fetched values are copied out of the live tensors,
     and an answer with more than 1 MiB of them is replaced by a 409 (fetch again).
 
-    Binary data is a view (copied here) or, for small tensors, bytes already; both count.
+    Binary data is a view (copied here) or, for small tensors, bytes already; JSON data is a
+    list of numbers (counted as the memory it takes here) or base64 text; all of it counts.
     """
     results = outcome.body.get("results", [])
     data = fetched_data(outcome.body)
-    if not data:
+    kept = sum(_kept_bytes(d) for d in _fetched_json(outcome.body))
+    if not data and not kept:
         return outcome
-    if sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
+    if kept + sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
         err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
                             "fetched data to keep for a retry: fetch the tensors again")
         return Outcome(err.status, err.answer(program_id=program_id), outcome.seconds)
@@ -98,6 +102,18 @@ def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
         messages.append(body)
     return [m[k]["data"] for m in messages for k in ("value", "grad")
             if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (bytes, bytearray, memoryview))]
+
+
+def _fetched_json(body: dict) -> list:
+    """The JSON ``data`` (lists of numbers, base64 text) of every value and grad a program's answer carries."""
+    messages = [r["tensor"] for r in body.get("results", ()) if r and r.get("tensor")]
+    return [m[k]["data"] for m in messages for k in ("value", "grad")
+            if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (list, str))]
+
+
+def _kept_bytes(data: list | str) -> int:
+    """What ``data`` (a flat list of numbers, or base64 text) holds in memory."""
+    return len(data) * _LIST_VALUE_BYTES if isinstance(data, list) else len(data)
 
 
 def copy_views(value: Any) -> Any:

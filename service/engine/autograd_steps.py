@@ -98,12 +98,13 @@ def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
         session.release(reserved)
         raise
     owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]  # first: any later name for a grad is a reference
-    used = 0
+    changed = []
     for ct, g, own in zip(targets, grads, owned):
         if g is not None:
-            used += data_bytes(ct) if ct.grad is None else 0
             _accumulate(ct, g, step.create_graph, own)
-    session.release(reserved - used)
+            changed.append(ct)
+    session.storages.remeasure(session, changed)  # the grads by storage (an owned grad may share one)
+    session.release(reserved)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
     return _backward_result(run, missing)

@@ -18,9 +18,47 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from ..settings import Settings
 
 
-async def read_body(receive: Callable, declared: str | None, limit: int, timeout: float) -> bytes | bytearray | memoryview:
+class BodyBytes:
+    """The bytes of request bodies the server holds, all connections together (``max_body_bytes_in_flight``).
+
+    Counted as they arrive (the buffer a declared length reserves is mapped only as it fills:
+    a claim costs nothing), and held until the request is answered: a body waiting in the
+    program queue is memory too. Each request's part is a ``BodyHold``. Used on the event
+    loop only: no lock.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def hold(self) -> "BodyHold":
+        return BodyHold(self)
+
+
+class BodyHold:
+    """One request's bytes in ``BodyBytes``; ``release`` gives them back (the route calls it when
+    the request is done, whatever happened)."""
+
+    def __init__(self, bodies: BodyBytes) -> None:
+        self.bodies, self.held = bodies, 0
+
+    def take(self, nbytes: int) -> None:
+        bodies = self.bodies
+        if bodies.held + nbytes > bodies.limit:
+            raise ProtocolError(ErrorCode.TOO_MANY, f"the server is receiving {bodies.held} bytes of request bodies: "
+                                f"limit max_body_bytes_in_flight={bodies.limit}; send again later")
+        bodies.held += nbytes
+        self.held += nbytes
+
+    def release(self) -> None:
+        self.bodies.held -= self.held
+        self.held = 0
+
+
+async def read_body(receive: Callable, declared: str | None, limit: int, timeout: float,
+                    hold: BodyHold | None = None) -> bytes | bytearray | memoryview:
     """The request body from ASGI ``receive``; 413 as soon as it passes ``limit`` bytes (or its
-    Content-Length ``declared`` does), 400 if it stalls for ``timeout`` s.
+    Content-Length ``declared`` does), 400 if it stalls for ``timeout`` s, 429 when its bytes
+    would pass what the server holds of all bodies (``hold``'s ``BodyBytes``).
 
     The timeout is on silence, not on the whole body: a big upload over a slow link
     may take as long as it needs while bytes keep coming, and a client that stops
@@ -41,6 +79,8 @@ async def read_body(receive: Callable, declared: str | None, limit: int, timeout
                 end = size + len(chunk)
                 if end > limit:
                     raise ProtocolError(ErrorCode.TOO_LARGE, f"body over the limit max_body_bytes={limit}")
+                if hold is not None and chunk:
+                    hold.take(len(chunk))
                 if buf is None:
                     if not more and (expected is None or end == expected):
                         return chunk  # the whole body in one message (every small one): no copy

@@ -43,7 +43,8 @@ from .meta_check import check_call
 from .program_plan import PlanRun
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
-from .values import (check_new_ids, grad_bytes, meta_message, resolve_args, resolve_kwargs, resolve_value, store_made,
+from .saved_tensors import counting_saved
+from .values import (check_new_ids, meta_message, resolve_args, resolve_kwargs, resolve_value, step_refs, store_made,
                      store_tensors)
 
 log = logging.getLogger("remote_autograd.service.engine.runner")
@@ -67,25 +68,33 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     views_from = _views_from(program.steps)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()
+    storages = session.storages
     try:
-        for index, step in enumerate(program.steps):
-            if index == views_from:
-                run.views = True
-            start = perf_counter()
-            try:
-                if watch is not None:
-                    watch.check()
-                if type(step) is CallStep:
-                    results.append(_call(run, step, index))
-                else:
-                    results.append(_HANDLERS[type(step)](run, step))
-                    if plan is not None:
-                        plan.other(step)
-            except Exception as exc:  # every failure becomes data: see _as_protocol_error
-                err = _as_protocol_error(exc, index, _step_op(step))
-                return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
-            if observe is not None:
-                observe(_step_op(step), perf_counter() - start)
+        with counting_saved(session, settings.max_session_bytes):  # what the graph saves counts too
+            for index, step in enumerate(program.steps):
+                if index == views_from:
+                    run.views = True
+                start = perf_counter()
+                try:
+                    if watch is not None:
+                        watch.check()
+                    if type(step) is CallStep:
+                        results.append(_call(run, step, index))
+                    else:
+                        results.append(_HANDLERS[type(step)](run, step))
+                        if plan is not None:
+                            plan.other(step)
+                except Exception as exc:  # every failure becomes data: see _as_protocol_error
+                    err = _as_protocol_error(exc, index, _step_op(step))
+                    # the traceback holds this frame, which holds err: a cycle only the garbage collector
+                    # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
+                    exc.__traceback__ = err.__traceback__ = exc.__context__ = None
+                    return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
+                finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
+                    if storages.dead:
+                        storages.settle(session)
+                if observe is not None:
+                    observe(_step_op(step), perf_counter() - start)
     finally:
         reset(token)
     if plan is not None:
@@ -169,10 +178,13 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     else:  # the same check, skipped where the session's plan for this program vouches for it
         reserved = run.plan.check_call(index, step, call, args, kwargs)
     if reserved:
-        session.charge(reserved, run.settings.max_session_bytes)
+        session.storages.reserve(session, reserved, run.settings.max_session_bytes)
     try:
         if call.inplace:  # torch's autocast leaves in-place ops alone
-            _run_inplace(call, step, args, kwargs)
+            try:
+                _run_inplace(call, step, args, kwargs)
+            finally:  # a kernel that failed midway may have changed a storage too
+                _remeasure(session, step)
             if run.plan is not None:
                 run.plan.ran(step, call)
             return None if run.omit_known_meta else {"tensors": []}
@@ -183,10 +195,20 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
     finally:
         if reserved:
-            session.release(reserved)  # the outputs are charged as they are stored, by what they hold
+            session.storages.unreserve(session)  # the outputs are charged as they are stored, by what they hold
     if run.plan is not None:
         run.plan.ran(step, call)
     return _store_outputs(run, step, result, args, kwargs, index)
+
+
+def _remeasure(session: Session, step: CallStep) -> None:
+    """Count again the tensors an in-place step named: ``resize_`` may have grown a storage,
+    ``set_data`` or ``as_strided_`` pointed a tensor at another (``storage_ledger``)."""
+    tids = step_refs(step.args, set())
+    if step.kwargs:
+        step_refs(step.kwargs.values(), tids)
+    tensors = session.tensors
+    session.storages.remeasure(session, [tensors[t] for t in tids if t in tensors])
 
 
 def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict,
@@ -329,9 +351,8 @@ def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different size")
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
-    # Counted as its own bytes even when it aliases another tensor: the bound stays safe.
-    session.charge(grad_bytes(grad) - grad_bytes(ct.grad), run.settings.max_session_bytes)
-    ct.grad = grad  # aliasing, as `p.grad = g` does in torch
+    ct.grad = grad  # aliasing, as `p.grad = g` does in torch: a session tensor's storage, counted already
+    session.storages.remeasure(session, [ct])
     return None
 
 
@@ -354,7 +375,8 @@ def _free(run: ProgramRun, step: FreeStep) -> None:
     tensors = run.session.tensors
     freed = [ct for ct in (tensors.pop(tid, None) for tid in step.ids) if ct is not None]
     if freed:
-        run.session.release(sum(ct.nbytes for ct in freed))  # one release: it takes the store's lock
+        # a storage another id, a view or the autograd graph still holds stays counted
+        run.session.storages.drop(run.session, freed)
     return None
 
 

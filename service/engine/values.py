@@ -88,7 +88,8 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
             f"session would hold {len(session.tensors) + len(pairs)} tensors: "
             f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
-    session.charge(sum(ct.nbytes for _, ct in pairs), settings.max_session_bytes)
+    # by storage: an output that is a view of a tensor the session holds brings no new bytes
+    session.storages.hold(session, [ct for _, ct in pairs], settings.max_session_bytes)
     session.tensors.update(pairs)
 
 
@@ -110,8 +111,18 @@ def data_bytes(ct: CustomTensor) -> int:
     return ct.value.nbytes
 
 
-def grad_bytes(grad: torch.Tensor | None) -> int:
-    return 0 if grad is None else grad.nbytes
+def step_refs(values, found: set[str]) -> set[str]:
+    """The ids ``values`` (a step's resolved-before args or kwargs' values) name by ``ref`` or
+    ``grad_of``: the tensors an in-place step may have changed. Its nesting was checked by
+    ``resolve_value`` before the step ran."""
+    for value in values:
+        if isinstance(value, dict) and len(value) == 1:
+            (tag, payload), = value.items()
+            if tag in ("ref", "grad_of") and isinstance(payload, str):
+                found.add(payload)
+        elif isinstance(value, list):
+            step_refs(value, found)
+    return found
 
 
 def check_new_ids(session: Session, ids: list[str]) -> None:

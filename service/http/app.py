@@ -19,6 +19,7 @@ from .. import __version__
 from ..backends import state_volume
 from ..backends.local_sessions import LocalSessions
 from ..backends.tenant_processes import TenantProcesses
+from ..engine.guards import BodyBytes
 from ..ops import load_configured_ops
 from ..settings import Settings
 from .auth import Tokens
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)  # the protocol's message schemas in /docs
     install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.backend, app.state.metrics = settings, backend, metrics
+    app.state.bodies = BodyBytes(settings.max_body_bytes_in_flight)
     # the Gatekeeper matches routes itself (the program route, and the route of a request it refuses):
     # it gets them flat, as an included router sits in app.router.routes as one opaque entry
     routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]

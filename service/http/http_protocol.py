@@ -14,7 +14,12 @@ is patched, and other servers in the process are untouched) adds:
   ``408 request_timeout`` and the connection closes (total time, not silence: a header
   trickled a byte at a time does not hold a connection forever);
 - ``max_header_bytes``: the request line and headers, else ``431 headers_too_large`` and the
-  connection closes, counted as bytes arrive, before httptools has gathered more.
+  connection closes, counted as bytes arrive, before httptools has gathered more;
+- ``answer_timeout_seconds``: an answer the client stops reading (the transport's buffer full,
+  its writes paused) for that long is dropped and the connection aborted. An answer waiting
+  for its reader pins its bytes (a 256 MiB fetch, encoded) and its session's gate; 12 clients
+  that never read pinned 3.4 GB. Silence, not total time, as for bodies: a slow link that
+  keeps reading gets the whole answer.
 
 Their answers carry the protocol's error body in JSON (no request was parsed: its
 ``Accept`` is not known). The body's own limits are the program route's (``guards.read_body``).
@@ -35,7 +40,8 @@ def guarded_http_protocol(settings: Settings) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.run(http=...)`` with ``settings``' header limits (uvicorn's
     own ``timeout_keep_alive`` is the idle timeout: pass ``settings.idle_timeout_seconds``)."""
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {
-        "max_header_bytes": settings.max_header_bytes, "header_timeout_seconds": settings.header_timeout_seconds})
+        "max_header_bytes": settings.max_header_bytes, "header_timeout_seconds": settings.header_timeout_seconds,
+        "answer_timeout_seconds": settings.answer_timeout_seconds})
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -43,6 +49,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     max_header_bytes = Settings.max_header_bytes
     header_timeout_seconds = Settings.header_timeout_seconds
+    answer_timeout_seconds = Settings.answer_timeout_seconds
     LINGER_SECONDS = 1.0
 
     def __init__(self, *args, **kwargs) -> None:
@@ -51,6 +58,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer = None
         self._refused = False  # answered 408 or 431: what else comes is dropped
+        self._stall_timer = None  # armed while the client takes none of the answer (writes paused)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -59,7 +67,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
+        self._end_stall()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.answer_timeout_seconds, self._answer_stalled)
+
+    def resume_writing(self) -> None:
+        self._end_stall()
+        super().resume_writing()
+
+    def _end_stall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _answer_stalled(self) -> None:
+        """Nothing of the answer taken for ``answer_timeout_seconds``: drop it. ``abort``, not ``close``
+        (which would keep the buffer until the client reads it); uvicorn then marks the request
+        disconnected, its remaining sends do nothing, and the answer's memory and the session go free."""
+        self._stall_timer = None
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # answered and closing (see _refuse): the rest is dropped unread

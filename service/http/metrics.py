@@ -114,7 +114,8 @@ class _StoreCollector(Collector):
             return
         yield GaugeMetricFamily("remote_autograd_sessions", "live sessions", value=totals["sessions"])
         yield GaugeMetricFamily("remote_autograd_tensors", "tensors held by all sessions", value=totals["tensors"])
-        yield GaugeMetricFamily("remote_autograd_bytes_held", "bytes of values and grads held by all sessions",
+        yield GaugeMetricFamily("remote_autograd_bytes_held",
+                                "bytes held by all sessions (the storages of their values, grads and saved graphs)",
                                 value=totals["bytes"])
         yield GaugeMetricFamily("remote_autograd_max_total_bytes", "limit max_total_bytes", value=totals["limit"])
         yield GaugeMetricFamily("remote_autograd_device_memory_allocated_bytes",

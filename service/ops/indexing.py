@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .bounds import getitem_bound
 from ._registry import op
 from ._samples import S, T
+from .bounds import getitem_bound
 
 
 def _key(key, device) -> tuple:

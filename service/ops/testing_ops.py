@@ -16,6 +16,7 @@ import torch
 from . import OP_TABLE, op
 from ._context import current
 
+
 def _nothing_to_check(*args, **kwargs) -> None:
     """The test ops' contract: they call no kernel with their arguments, and must not run on meta
     (a sleep or an injected failure would happen twice)."""

@@ -15,12 +15,13 @@ class CustomTensor:
     step handlers use ``value`` and ``grad`` themselves: that is how ops see the graph.
     """
 
-    __slots__ = ("value", "grad", "retains_grad")
+    __slots__ = ("value", "grad", "retains_grad", "held")
 
     def __init__(self, value: torch.Tensor, grad: torch.Tensor | None = None) -> None:
         self.value = value
         self.grad = grad
         self.retains_grad = False
+        self.held: tuple = ()  # the storage keys its session counts it under (``storage_ledger``)
 
     @classmethod
     def from_torch(
@@ -67,10 +68,6 @@ class CustomTensor:
     @property
     def shape(self) -> torch.Size:
         return self.value.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.value.nbytes + (0 if self.grad is None else self.grad.nbytes)
 
     def __repr__(self) -> str:
         return f"CustomTensor(shape={list(self.shape)}, dtype={self.dtype}, requires_grad={self.requires_grad})"

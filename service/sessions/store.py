@@ -21,6 +21,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..settings import Settings
 from .custom_tensor import CustomTensor
+from .storage_ledger import StorageLedger
 
 
 class Budget:
@@ -35,10 +36,11 @@ class Budget:
         self.limit_name, self.holder = limit_name, holder
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, anyway: bool = False) -> None:
+        """Hold ``nbytes`` more, or 413 when that passes the limit (``anyway``: bytes that exist already)."""
         with self._lock:
             total = self.held + self.elsewhere + nbytes
-            if total > self.limit:
+            if total > self.limit and not anyway:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
                     f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
@@ -56,8 +58,10 @@ class Session:
 
     ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
     programs on the event loop, so one busy session waits there instead of holding
-    every worker. ``bytes_held`` counts values and grads, charged against the session's
-    limit and the ``budgets`` (the store's, then its token's).
+    every worker. ``bytes_held`` counts the storages its values, grads and autograd graph
+    hold (``storages``, by storage, never by view), and the bytes a step reserved before
+    its kernel runs, charged against the session's limit and the ``budgets`` (the
+    store's, then its token's).
     """
 
     id: str
@@ -70,6 +74,7 @@ class Session:
     gate: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     bytes_held: int = 0
+    storages: StorageLedger = field(default_factory=StorageLedger)
     programs: OrderedDict = field(default_factory=OrderedDict)
     plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
@@ -102,6 +107,13 @@ class Session:
             raise
         self.bytes_held += nbytes
 
+    def charge_anyway(self, nbytes: int) -> None:
+        """Account bytes that exist already (a kernel grew a storage its meta check reserved):
+        never refused, so the count stays what the session holds."""
+        for budget in self.budgets:
+            budget.take(nbytes, anyway=True)
+        self.bytes_held += nbytes
+
     def release(self, nbytes: int) -> None:
         self.bytes_held -= nbytes
         for budget in self.budgets:
@@ -113,6 +125,7 @@ class Session:
         self.tensors.clear()
         self.programs.clear()
         self.plans.clear()
+        self.storages.close()
         self.release(self.bytes_held)
 
 

@@ -69,6 +69,15 @@ def test_in_process_and_socket_give_the_same_answers(plain_server_url: str):
         assert _same(a, b), (a, b)
 
 
+def _without_test_ops(answer):
+    """The op table is this process's: an app made earlier in the test run with the test-only ops
+    (``Settings.test_ops``) registered them here for good. They are not what this test compares."""
+    status, body, *rest = answer
+    if isinstance(body, dict) and "ops" in body:
+        body = {**body, "ops": [op for op in body["ops"] if not op["name"].startswith("_test_")]}
+    return (status, body, *rest)
+
+
 def test_raw_answers_match_including_errors(plain_server_url: str):
     """Status and decoded body, request by request: a listing, unknown sessions, a wrong method, health."""
     requests = [("GET", "/v1/ops", None), ("GET", "/v1/sessions/nope", None),
@@ -80,7 +89,7 @@ def test_raw_answers_match_including_errors(plain_server_url: str):
         statuses = []
         for method, path, body in requests:
             answer = socket_side.request(method, path, body)
-            assert answer == in_process.request(method, path, body), path
+            assert _without_test_ops(answer) == _without_test_ops(in_process.request(method, path, body)), path
             statuses.append(answer[0])
     finally:
         socket_side.close()

@@ -37,16 +37,20 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     declared = header_text(headers.get(b"content-length"))
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
     await backend.check_session(sid, owner, declared_length(declared))
-    body = await read_body(receive, declared, settings.max_body_bytes, settings.body_timeout_seconds)
-    watch = ProgramWatch(settings.max_program_seconds)
-    disconnects = _DisconnectListener(receive, watch)
+    hold = state.bodies.hold()  # the body's bytes count among all bodies the server holds until answered
     try:
-        async with backend.answer_program(sid, owner, body, header_text(headers.get(b"content-type")),
-                                          header_text(headers.get(b"accept")), watch) as answer:
+        body = await read_body(receive, declared, settings.max_body_bytes, settings.body_timeout_seconds, hold)
+        watch = ProgramWatch(settings.max_program_seconds)
+        disconnects = _DisconnectListener(receive, watch)
+        try:
+            async with backend.answer_program(sid, owner, body, header_text(headers.get(b"content-type")),
+                                              header_text(headers.get(b"accept")), watch) as answer:
+                disconnects.stop()
+                await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
+        finally:
             disconnects.stop()
-            await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
     finally:
-        disconnects.stop()
+        hold.release()
 
 
 class _DisconnectListener:

@@ -20,7 +20,7 @@ from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
 from remote_autograd.service.engine import meta_check
 from remote_autograd.service.ops import OP_TABLE
 
-from ...servers import running
+from ...servers import memory_of, running, session_pids
 from ..wire import MSGPACK, Wire, call_step, checked_client, decode, new_id, put_step, ref
 
 TOKEN_A, TOKEN_B = "attacker-token", "victim-token"
@@ -39,15 +39,6 @@ def server():
 @pytest.fixture(scope="module")
 def url(server) -> str:
     return server.url
-
-
-def _peak_rss(server) -> int:
-    """The server process's resident high-water mark, in bytes (Linux ``VmHWM``)."""
-    with open(f"/proc/{server.proc.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
 
 
 def _client(url: str, token: str) -> httpx.Client:
@@ -356,9 +347,27 @@ _BOMBS = {
 }
 
 
+@pytest.fixture(scope="module", params=["off", "on"], ids=["inprocess", "tenants"])
+def bomb_server(request):
+    """Both backends: the process whose memory a bomb would grow is the server, or the token's worker."""
+    with running(REMOTE_AUTOGRAD_TOKENS=TOKEN_A, REMOTE_AUTOGRAD_MAX_SESSION_BYTES=str(SESSION_LIMIT),
+                 REMOTE_AUTOGRAD_TENANT_PROCESSES=request.param) as s:
+        yield s
+
+
+@pytest.fixture
+def bomber(bomb_server) -> Iterator[tuple[Wire, str, list[int]]]:
+    """A session on ``bomb_server``, and the processes that hold its memory."""
+    with _client(bomb_server.url, TOKEN_A) as c:
+        wire = Wire(c, "msgpack")
+        sid = wire.session()
+        yield wire, sid, session_pids(bomb_server, c, sid)
+        c.delete(f"/v1/sessions/{sid}")
+
+
 @pytest.mark.parametrize("op", _BOMBS)
-def test_a_huge_output_is_refused_before_anything_is_allocated(server, attacker, op):
-    wire, sid = attacker
+def test_a_huge_output_is_refused_before_anything_is_allocated(bomber, op):
+    wire, sid, pids = bomber
     puts = []
 
     def vector(n: int, shape=None) -> str:
@@ -368,21 +377,21 @@ def test_a_huge_output_is_refused_before_anything_is_allocated(server, attacker,
 
     step = _BOMBS[op](vector)
     wire.ok(sid, puts)
-    before = _peak_rss(server)
+    before = memory_of(pids, "VmHWM")
     status, body = wire.program(sid, [step])
     assert status == 413, body
     assert "max_session_bytes" in body["error"]["message"]
-    assert _peak_rss(server) - before < 256 << 20  # nothing near 4 GiB was ever resident
+    assert memory_of(pids, "VmHWM") - before < 256 << 20  # nothing near 4 GiB was ever resident
 
 
-def test_a_data_dependent_output_is_bounded_by_its_values_before_the_kernel(server, attacker):
+def test_a_data_dependent_output_is_bounded_by_its_values_before_the_kernel(bomber):
     """one_hot's width is its input's largest value: 2^30 classes for one element is 8 GiB."""
-    wire, sid = attacker
+    wire, sid, pids = bomber
     wire.ok(sid, [put_step("i", wire.tensor(torch.tensor([1 << 30])))])
-    before = _peak_rss(server)
+    before = memory_of(pids, "VmHWM")
     status, body = wire.program(sid, [{**call_step("one_hot", ref("i"), out=["o"]), "out_many": True}])
     assert status == 413, body
-    assert _peak_rss(server) - before < 256 << 20
+    assert memory_of(pids, "VmHWM") - before < 256 << 20
 
 
 def _each_sample():

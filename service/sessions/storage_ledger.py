@@ -1,0 +1,191 @@
+"""``StorageLedger``: a session's bytes counted by storage, not by view.
+
+A session holds memory through storages: a value, a grad, a view of a freed base, a
+tensor the autograd graph saved (``saved_tensors``) all keep a storage alive, and two
+views of one base keep it alive once. So the ledger keeps, per storage (keyed by its
+``StorageImpl``, ``untyped_storage()._cdata``), its byte size and how many references
+the session holds to it; a storage is charged when its first reference comes and
+given back when its last goes. Counting by view (``value.nbytes``) let a client drive
+the count down and negative: ``getitem`` one element, ``as_strided_`` that view to N
+elements, free it (N elements given back for one charged); or ``x.data = y`` then free y.
+
+Each ``CustomTensor`` records the keys it was counted under (``held``); a drop gives back
+exactly those, so no op can make a drop give back more than was charged. Work is
+O(tensors changed): a step calls ``hold`` for what it stores, ``drop`` for what it
+frees and ``remeasure`` for what it changed in place (``resize_`` grows a storage,
+``set_data`` and ``as_strided_`` point a tensor elsewhere); nothing rescans the session.
+
+The entry keeps the storage object itself, so its address cannot be reused by another
+storage while the entry is counted. Every call is made under the session's lock; the
+one exception is ``unpin`` (an autograd node freed its saved tensors: that may happen
+wherever the graph's last reference goes), which only queues the key for ``settle``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+from .custom_tensor import CustomTensor
+
+if TYPE_CHECKING:
+    from .store import Session
+
+
+def storage_of(t: torch.Tensor) -> tuple[object, object, int]:
+    """(key, what keeps the key unique while counted, bytes) of the memory ``t`` holds."""
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no plain storage (sparse): counted as its dense size
+        return ("tensor", id(t)), t, t.numel() * t.element_size()
+    return storage._cdata, storage, storage.nbytes()
+
+
+def _pieces(ct: CustomTensor) -> list[tuple[object, object, int]]:
+    pieces = [storage_of(ct.value)]
+    if ct.grad is not None:
+        pieces.append(storage_of(ct.grad))
+    return pieces
+
+
+class StorageLedger:
+    """Per storage key: ``[storage, nbytes, references]``; the bytes go through ``Session.charge/release``."""
+
+    def __init__(self) -> None:
+        self._entries: dict[object, list] = {}
+        self.dead: deque = deque()  # keys whose saved-tensor pin went away (appended from anywhere)
+        self.closed = False
+        self.pool = 0  # bytes the running step reserved for its outputs, not yet taken by a pin (``reserve``)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def counted(self) -> int:
+        """The bytes of every storage counted (``Session.bytes_held`` less reservations in flight)."""
+        return sum(entry[1] for entry in self._entries.values())
+
+    # -- a session's tensors ---------------------------------------------------------------
+
+    def hold(self, session: "Session", cts: list[CustomTensor], limit: int) -> None:
+        """Count ``cts`` (new tensors of the session), all or none: 413 when the storages
+        they bring that the session does not hold yet would pass ``limit``."""
+        if self.dead:
+            self.settle(session)
+        per_ct = [_pieces(ct) for ct in cts]
+        new: dict[object, int] = {}
+        for pieces in per_ct:
+            for key, _, nbytes in pieces:
+                if key not in self._entries:
+                    new[key] = nbytes
+        session.charge(sum(new.values()), limit)
+        for ct, pieces in zip(cts, per_ct):
+            ct.held = tuple(self._add(key, keep, nbytes) for key, keep, nbytes in pieces)
+
+    def drop(self, session: "Session", cts: Iterable[CustomTensor]) -> None:
+        """``cts`` left the session: each reference they were counted under goes."""
+        freed = 0
+        for ct in cts:
+            for key in ct.held:
+                freed += self._remove(key)
+            ct.held = ()
+        freed += self._settled()
+        if freed:
+            session.release(freed)
+
+    def remeasure(self, session: "Session", cts: Iterable[CustomTensor]) -> None:
+        """Count ``cts`` again after a step changed them in place or gave them a new grad.
+
+        Never refuses: the bytes exist already (the step's meta check charged a growth before
+        the kernel ran, ``meta_check``), and an honest count is what later charges compare with.
+        """
+        delta = -self._settled()
+        for ct in cts:
+            pieces = _pieces(ct)
+            for key, keep, nbytes in pieces:  # new references first: a storage kept stays counted
+                entry = self._entries.get(key)
+                if entry is None:
+                    delta += nbytes
+                elif entry[1] != nbytes:  # resize_ grew it
+                    delta += nbytes - entry[1]
+                    entry[1] = nbytes
+                self._add(key, keep, nbytes)
+            for key in ct.held:
+                delta -= self._remove(key)
+            ct.held = tuple(key for key, _, _ in pieces)
+        if delta > 0:
+            session.charge_anyway(delta)
+        elif delta < 0:
+            session.release(-delta)
+
+    # -- what the autograd graph saved (``saved_tensors``) ----------------------------------
+
+    def pin(self, session: "Session", t: torch.Tensor, limit: int) -> object:
+        """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
+        413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
+        this runs for every tensor a graph saves, and the runner settles after every step.)"""
+        key, keep, nbytes = storage_of(t)
+        if key not in self._entries:
+            # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
+            from_pool = min(self.pool, nbytes)
+            if nbytes > from_pool:
+                session.charge(nbytes - from_pool, limit)
+            self.pool -= from_pool
+        return self._add(key, keep, nbytes)
+
+    def reserve(self, session: "Session", nbytes: int, limit: int) -> None:
+        """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
+        ``unreserve`` after it. What the graph pins meanwhile comes out of it first."""
+        session.charge(nbytes, limit)
+        self.pool = nbytes
+
+    def unreserve(self, session: "Session") -> None:
+        """Give back what the step reserved and no pin took (its outputs are charged as they are stored)."""
+        left, self.pool = self.pool, 0
+        if left:
+            session.release(left)
+
+    def unpin(self, key: object) -> None:
+        """The node that saved it is gone; counted off at the next ``settle`` (this may run on any thread)."""
+        if not self.closed:
+            self.dead.append(key)
+
+    def settle(self, session: "Session") -> None:
+        """Give back what the pins that went away held."""
+        freed = self._settled()
+        if freed:
+            session.release(freed)
+
+    def close(self) -> None:
+        """The session is gone (``Session.clear`` gives back every byte at once)."""
+        self.closed = True
+        self._entries.clear()
+        self.dead.clear()
+
+    # -- the counts -------------------------------------------------------------------------
+
+    def _settled(self) -> int:
+        freed = 0
+        while self.dead:
+            freed += self._remove(self.dead.popleft())
+        return freed
+
+    def _add(self, key: object, keep: object, nbytes: int) -> object:
+        entry = self._entries.get(key)
+        if entry is None:
+            self._entries[key] = [keep, nbytes, 1]
+        else:
+            entry[2] += 1
+        return key
+
+    def _remove(self, key: object) -> int:
+        """One reference fewer; the storage's bytes when it was the last, else 0."""
+        if self.closed:
+            return 0
+        entry = self._entries[key]
+        entry[2] -= 1
+        if entry[2]:
+            return 0
+        del self._entries[key]
+        return entry[1]
