@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import httpx
 
-from remote_autograd.client._http import TunedTransport
+from remote_autograd.client.transport._http import TunedTransport
 from remote_autograd.proto import decode_body, encode_body
 from remote_autograd.proto.frames import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program

@@ -38,13 +38,13 @@ import httpx
 import torch
 
 from . import _autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed, _tensor
-from ._embedded import embedded_url
-from ._errors import RemoteError, SessionLost
+from .transport._embedded import embedded_url
+from .transport._errors import RemoteError, SessionLost
 from ._handler_table import merge
-from ._inprocess import IN_PROCESS_URL, InProcessTransport
+from .transport._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
 from ._tensor import RemoteTensor
-from ._transport import Transport
+from .transport._transport import Transport
 
 _tensor.wire(local_handlers=merge(_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS,
                                   _composites.HANDLERS, _copies.HANDLERS),

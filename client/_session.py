@@ -17,7 +17,7 @@ from ._dispatch import call_named
 from ._ops import OpsNamespace
 from ._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
-from ._transport import Transport
+from .transport._transport import Transport
 from ._weights import load_weights
 
 

@@ -24,10 +24,10 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 from . import _caller_memo
 from ._banner import announce
 from ._device import claim_index, release_index
-from ._errors import RemoteError
-from ._protocol_advice import explain
+from .transport._errors import RemoteError
+from .transport._protocol_advice import explain
 from ._routes import RouteTable
-from ._transport import Transport, error_from
+from .transport._transport import Transport, error_from
 
 if TYPE_CHECKING:
     from ._tensor import RemoteTensor

@@ -13,7 +13,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 from remote_autograd import client
-from remote_autograd.client._embedded import service_app
+from remote_autograd.client.transport._embedded import service_app
 
 from ..conftest import PROTOCOL_HEADERS
 from ..servers import _free_port

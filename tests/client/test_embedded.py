@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from remote_autograd.client import _embedded
+from remote_autograd.client.transport import _embedded
 
 from ..servers import ROOT
 
 _SCRIPT = textwrap.dedent("""
     import os, sys, time, torch
     from remote_autograd import client
-    from remote_autograd.client import _embedded
+    from remote_autograd.client.transport import _embedded
 
     first, second = client.connect(), client.connect(pipeline=False)
     server = _embedded.embedded_server()

@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from remote_autograd import client
-from remote_autograd.client import _banner, _progress
+from remote_autograd.client import _banner
+from remote_autograd.client.transport import _progress
 
 
 def server_speaking(protocol: str) -> client.InProcessTransport:

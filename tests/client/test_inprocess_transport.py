@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from remote_autograd import client
-from remote_autograd.client._embedded import service_app
-from remote_autograd.client._transport import Transport
+from remote_autograd.client.transport._embedded import service_app
+from remote_autograd.client.transport._transport import Transport
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from ..conftest import start_server
@@ -74,7 +74,7 @@ def test_raw_answers_match_including_errors(plain_server_url: str):
     requests = [("GET", "/v1/ops", None), ("GET", "/v1/sessions/nope", None),
                 ("POST", "/v1/sessions/nope/programs", {"id": "p", "steps": []}),
                 ("DELETE", "/v1/ops", None), ("GET", "/healthz", None)]
-    socket_side, in_process = Transport(plain_server_url), Transport(client._inprocess.IN_PROCESS_URL,
+    socket_side, in_process = Transport(plain_server_url), Transport(client.transport._inprocess.IN_PROCESS_URL,
                                                                       transport=client.InProcessTransport())
     try:
         statuses = []

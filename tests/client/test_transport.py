@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpcore
 
-from remote_autograd.client import _http
-from remote_autograd.client._http import TunedTransport, _TunedStream
-from remote_autograd.client._errors import RemoteError
-from remote_autograd.client._transport import Transport
+from remote_autograd.client.transport import _http
+from remote_autograd.client.transport._http import TunedTransport, _TunedStream
+from remote_autograd.client.transport._errors import RemoteError
+from remote_autograd.client.transport._transport import Transport
 
 
 class _Recorder(httpcore.NetworkStream):

@@ -116,7 +116,8 @@ def _launch(port: int) -> EmbeddedServer:
     fd, name = tempfile.mkstemp(prefix="remote-autograd-embedded-", suffix=".log")
     with os.fdopen(fd, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "remote_autograd.client._embedded", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "remote_autograd.client.transport._embedded", "--host", "127.0.0.1",
+             "--port", str(port)],
             stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return EmbeddedServer(f"http://127.0.0.1:{port}", process, Path(name))
 
