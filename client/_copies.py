@@ -25,7 +25,7 @@ import re
 
 import torch
 
-from ._device import DEVICE_TYPE, session_for
+from .device._device import DEVICE_TYPE, session_for
 from ._handler_table import HandlerTable
 from ._tensor import HANDLE_FIELDS
 from ._unsupported import not_in_table

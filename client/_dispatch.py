@@ -20,12 +20,13 @@ from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
 
-from . import _autocast, _caller_memo, _meta_memo, _views
+from .device import _autocast
+from . import _caller_memo, _meta_memo, _views
 from ._callsite import refuse_custom_function, where
 from ._routes import Route
 from ._session_core import SessionCore, _Origin, meta_from_result
 from ._tensor import RemoteTensor
-from ._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
+from .device._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
 from ._unsupported import not_in_table, refuse_local_leaf
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._device import session_for
+from .device._device import session_for
 from ._factory_outputs import MADE
 from ._moves import upload_move
 

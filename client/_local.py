@@ -13,7 +13,7 @@ import torch
 from torch import _tensor_str
 
 from . import _views
-from ._device import DEVICE_TYPE
+from .device._device import DEVICE_TYPE
 from ._handler_table import HandlerTable
 from ._tensor import RemoteTensor
 

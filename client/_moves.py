@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ._callsite import where
-from ._device import DEVICE_TYPE
+from .device._device import DEVICE_TYPE
 from ._dispatch import call_torch
 from ._handler_table import HandlerTable
 from ._session_core import SessionCore, _Origin

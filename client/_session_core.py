@@ -23,7 +23,7 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from . import _caller_memo
 from ._banner import announce
-from ._device import claim_index, release_index
+from .device._device import claim_index, release_index
 from .transport._errors import RemoteError
 from .transport._protocol_advice import explain
 from ._routes import RouteTable

@@ -19,7 +19,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from .._session import Session
 
 DEVICE_TYPE = "remote"
 
