@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from . import _views
-from ._callsite import where
+from .session._callsite import where
 from ._dispatch import Encoder
 from ._handler_table import HandlerTable
-from ._session_core import _Origin, meta_from_result
+from .session._session_core import _Origin, meta_from_result
 from ._tensor import RemoteTensor
 
 T = torch.Tensor

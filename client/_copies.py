@@ -28,7 +28,7 @@ import torch
 from .device._device import DEVICE_TYPE, session_for
 from ._handler_table import HandlerTable
 from ._tensor import HANDLE_FIELDS
-from ._unsupported import not_in_table
+from .session._unsupported import not_in_table
 from ._views import contiguous_strides
 
 T = torch.Tensor

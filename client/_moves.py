@@ -23,11 +23,11 @@ import weakref
 import torch
 from torch import nn
 
-from ._callsite import where
+from .session._callsite import where
 from .device._device import DEVICE_TYPE
 from ._dispatch import call_torch
 from ._handler_table import HandlerTable
-from ._session_core import SessionCore, _Origin
+from .session._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
 
 T = torch.Tensor

@@ -12,10 +12,10 @@ import torch
 
 from remote_autograd.proto import decode_tensor
 
-from ._callsite import where
+from .session._callsite import where
 from ._dispatch import call_named
 from ._ops import OpsNamespace
-from ._session_core import SessionCore, _Origin
+from .session._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
 from .transport._transport import Transport
 from ._weights import load_weights

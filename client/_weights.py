@@ -24,8 +24,8 @@ import torch
 
 from remote_autograd.proto.dtypes import DTYPES
 
-from ._callsite import where
-from ._session_core import SessionCore, _Origin
+from .session._callsite import where
+from .session._session_core import SessionCore, _Origin
 from ._tensor import RemoteTensor
 
 

@@ -10,7 +10,7 @@ import torch
 
 from bench import _hot
 from remote_autograd import client
-from remote_autograd.client import _caller_memo
+from remote_autograd.client.session import _caller_memo
 
 TORCH_FILE = torch.__file__  # code compiled under torch's name: what the walk skips as torch's
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from remote_autograd import client
-from remote_autograd.client import _banner
+from remote_autograd.client.session import _banner
 from remote_autograd.client.transport import _progress
 
 

@@ -138,12 +138,12 @@ def test_the_checker_catches_upward_sideways_late_and_in_function_imports(tmp_pa
                      "from ._tensor import RemoteTensor\n"  # up: _views is a leaf
                      "if TYPE_CHECKING:\n    from ._session import Session\n"  # exempt
                      "def f():\n    from . import _dispatch\n"  # in a function
-                     "from remote_autograd.client import _routes\n")  # down, but at the bottom
+                     "from remote_autograd.client.session import _routes\n")  # down, but at the bottom
     problems = layer_violations(layers, "_views", imports_of(wrong))
     assert len(problems) == 3, problems
     assert f"imports _tensor (layer {layers['_tensor']}) from layer 0" in problems[0]
     assert "`remote_autograd.client._dispatch` imported inside a function" in problems[1]
-    assert "`remote_autograd.client._routes` imported inside a function or class, or below one" in problems[2]
+    assert "`remote_autograd.client.session._routes` imported inside a function or class, or below one" in problems[2]
     sideways = tmp_path / "_moves.py"
     sideways.write_text("from . import _local\nfrom remote_autograd.client import _tensor, connect\n")
     assert [p.split(": ", 1)[1] for p in layer_violations(layers, "_moves", imports_of(sideways))] == [

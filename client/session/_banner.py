@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .transport import _progress
+from ..transport import _progress
 
 
 def summary(info: dict[str, Any], url: str) -> str:

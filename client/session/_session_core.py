@@ -23,14 +23,14 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from . import _caller_memo
 from ._banner import announce
-from .device._device import claim_index, release_index
-from .transport._errors import RemoteError
-from .transport._protocol_advice import explain
+from ..device._device import claim_index, release_index
+from ..transport._errors import RemoteError
+from ..transport._protocol_advice import explain
 from ._routes import RouteTable
-from .transport._transport import Transport, error_from
+from ..transport._transport import Transport, error_from
 
 if TYPE_CHECKING:
-    from ._tensor import RemoteTensor
+    from .._tensor import RemoteTensor
 
 _ROUTE_TABLES: dict[str, RouteTable] = {}
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-_CLIENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # client/, not client/session/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 _FWD_GRAD_ENABLED = torch._C._is_fwd_grad_enabled
