@@ -13,12 +13,12 @@ import torch
 from remote_autograd.proto import decode_tensor
 
 from .session._callsite import where
-from ._dispatch import call_named
+from .dispatch._dispatch import call_named
 from ._ops import OpsNamespace
 from .session._session_core import SessionCore, _Origin
-from ._tensor import RemoteTensor
+from .tensor._tensor import RemoteTensor
 from .transport._transport import Transport
-from ._weights import load_weights
+from .handlers._weights import load_weights
 
 
 class Session(SessionCore):

@@ -30,7 +30,7 @@ from ._routes import RouteTable
 from ..transport._transport import Transport, error_from
 
 if TYPE_CHECKING:
-    from .._tensor import RemoteTensor
+    from ..tensor._tensor import RemoteTensor
 
 _ROUTE_TABLES: dict[str, RouteTable] = {}
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client import _tensor
+from remote_autograd.client.tensor import _tensor
 
 from .test_device import recorded  # noqa: F401  (a fixture: a session whose programs are recorded)
 

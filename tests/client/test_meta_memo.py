@@ -14,8 +14,8 @@ import torch
 
 from bench import _hot
 from remote_autograd import client
-from remote_autograd.client import _meta_memo
-from remote_autograd.client._meta_memo import MEMO
+from remote_autograd.client.dispatch import _meta_memo
+from remote_autograd.client.dispatch._meta_memo import MEMO
 from tests.e2e.test_training import OPTIMIZERS, _data, _mlp, _train
 from tests.models import char_lstm, dcgan, gpt, resnet, sine_lstm, transformer_classifier, vae
 

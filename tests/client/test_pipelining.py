@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from remote_autograd import client
-from remote_autograd.client import _infer
+from remote_autograd.client.dispatch import _infer
 
 from ..conftest import start_server
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from remote_autograd import client
-from remote_autograd.client._views import UNKNOWN
+from remote_autograd.client.tensor._views import UNKNOWN
 from remote_autograd.service.ops import OP_TABLE
 
 C = torch.arange(12.0).reshape(3, 4) / 7  # a fixed weight so gradients are not all ones

@@ -23,16 +23,16 @@ import weakref
 import torch
 from torch import nn
 
-from .session._callsite import where
-from .device._device import DEVICE_TYPE
-from ._dispatch import call_torch
+from ..session._callsite import where
+from ..device._device import DEVICE_TYPE
+from ..dispatch._dispatch import call_torch
 from ._handler_table import HandlerTable
-from .session._session_core import SessionCore, _Origin
-from ._tensor import RemoteTensor
+from ..session._session_core import SessionCore, _Origin
+from ..tensor._tensor import RemoteTensor
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
-_local = HANDLERS.on
+_answers = HANDLERS.on
 
 _APPLY_CODE = nn.Module._apply.__code__
 
@@ -135,12 +135,12 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dty
     return device, dtype
 
 
-@_local(T.cpu)
+@_answers(T.cpu)
 def _cpu(t, memory_format=None):
     return _download(t, torch.device("cpu"), None, "Tensor.cpu()")
 
 
-@_local(T.to)
+@_answers(T.to)
 def _to(t, *args, **kwargs):
     """``.to(dtype)`` is a server op; ``.to('cpu')`` a download; ``.to(t.device)`` is t; other devices refuse."""
     device, dtype = _parse_to(args, kwargs)
@@ -161,7 +161,7 @@ def _to(t, *args, **kwargs):
     return call_torch(t._session, T.to, (t, dtype or t._dtype), {"copy": True} if copy else {})
 
 
-@_local(T.type)
+@_answers(T.type)
 def _type(t, dtype=None, non_blocking=False, **kwargs):
     """``x.type()``: the type's name, as torch names a CUDA tensor's (``torch.remote.FloatTensor``); ``x.type(T)``: a
     dtype keeps the device, a type name says the device too (``"torch.DoubleTensor"`` is a CPU one: a download)."""
@@ -176,13 +176,13 @@ def _type(t, dtype=None, non_blocking=False, **kwargs):
     return t.to(device="cpu" if prefix == "torch" else t._session.device, dtype=tensor_type.dtype)
 
 
-@_local(T.type_as)
+@_answers(T.type_as)
 def _type_as(t, other):
     """torch's ``self.type(other.type())``: ``other``'s dtype and device (a local ``other``: a download)."""
     return t.to(device=other.device, dtype=other.dtype)
 
 
-@_local(T.cuda)
+@_answers(T.cuda)
 def _cuda(t, *args, **kwargs):
     raise RuntimeError(
         f"Tensor.cuda(): this tensor lives in a remote-autograd session, on {t._session.device}; the server's GPU is "
@@ -191,7 +191,7 @@ def _cuda(t, *args, **kwargs):
     )
 
 
-@_local(torch._has_compatible_shallow_copy_type)
+@_answers(torch._has_compatible_shallow_copy_type)
 def _compatible(t, other) -> bool:
     # Module._apply asks this before `param.data = new`; a handle and itself are compatible
     # (the in-place moves above hand back the same object), two handles of one session too.
@@ -200,13 +200,13 @@ def _compatible(t, other) -> bool:
 
 # Below autograd (inside __torch_dispatch__: the set_(storage) torch.load runs), torch asks the aten op itself
 # when a handle takes another wrapper's metadata (_views.set_layout): what C++ answers for two of our wrappers.
-_local(torch.ops.aten._has_compatible_shallow_copy_type.default)(lambda t, other: type(t) is type(other))
+_answers(torch.ops.aten._has_compatible_shallow_copy_type.default)(lambda t, other: type(t) is type(other))
 
 
 # -- Tensor.data -----------------------------------------------------------------------------
 
 
-@_local(T.data.__get__)
+@_answers(T.data.__get__)
 def _data_get(t):
     """A new handle on the same server storage, cut from the graph, with its own version counter (so,
     unlike ``detach()``, not joined to ``t``'s storage here), laid out as ``t``. Queued: no round trip."""
@@ -218,7 +218,7 @@ def _data_get(t):
     return out
 
 
-@_local(T.data.__set__)
+@_answers(T.data.__set__)
 def _data_set(t, value):
     if value is t:
         return
@@ -252,13 +252,13 @@ def _new_factory(factory, *, with_fill: bool = False):
     return handler
 
 
-_local(T.new_zeros)(_new_factory(torch.zeros))
-_local(T.new_ones)(_new_factory(torch.ones))
-_local(T.new_empty)(_new_factory(torch.empty))
-_local(T.new_full)(_new_factory(torch.full, with_fill=True))
+_answers(T.new_zeros)(_new_factory(torch.zeros))
+_answers(T.new_ones)(_new_factory(torch.ones))
+_answers(T.new_empty)(_new_factory(torch.empty))
+_answers(T.new_full)(_new_factory(torch.full, with_fill=True))
 
 
-@_local(T.new)
+@_answers(T.new)
 def _new(t, *args, device=None):
     """torch's legacy ``x.new(...)``: ``t``'s dtype and device; sizes give an uninitialised tensor (zeros here,
     never another session's memory), a sequence gives its values, another tensor of the same kind itself."""
@@ -277,7 +277,7 @@ def _new(t, *args, device=None):
     return torch.empty(tuple(size), dtype=t._dtype, device=t._session.device)
 
 
-@_local(T.new_tensor)
+@_answers(T.new_tensor)
 def _new_tensor(t, data, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
     dtype, device = dtype or t._dtype, device or t._session.device
     if isinstance(data, torch.Tensor):  # torch: a copy, cut from the graph

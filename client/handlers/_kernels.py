@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from .device._device import session_for
-from ._factory_outputs import MADE
+from ..device._device import session_for
+from ..tensor._factory_outputs import MADE
 from ._moves import upload_move
 
 KERNELS: dict[str, Callable] = {}  # aten overload name -> our kernel for it on the PrivateUse1 key

@@ -24,9 +24,9 @@ import torch
 
 from remote_autograd.proto.dtypes import DTYPES
 
-from .session._callsite import where
-from .session._session_core import SessionCore, _Origin
-from ._tensor import RemoteTensor
+from ..session._callsite import where
+from ..session._session_core import SessionCore, _Origin
+from ..tensor._tensor import RemoteTensor
 
 
 def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, strict: bool = True):

@@ -38,7 +38,7 @@ import torch
 
 from . import _outputs
 from ._outputs import Answer
-from ._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor
 
 CAP = 4096
 

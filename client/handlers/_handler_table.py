@@ -1,9 +1,10 @@
 """``HandlerTable``: the torch callables one module answers itself, and the function that answers each.
 
-Each handler module (``_local``, ``_autograd``, ``_moves``, ``_packed``, ``_composites``)
-fills a table of its own as it is imported; the package's wiring (``client/__init__``)
-merges them into the one ``RemoteTensor.__torch_function__`` consults, and refuses a
-callable claimed twice (which table won would otherwise depend on import order).
+Each handler module (``_metadata``, ``_autograd``, ``_moves``, ``_packed``, ``_composites``,
+``_copies``) fills a table of its own as it is imported; ``handlers.LOCAL_HANDLERS`` merges them
+into the one ``RemoteTensor.__torch_function__`` consults (the package's wiring fills the tensor's
+slot with it), and refuses a callable claimed twice (which table won would otherwise depend on
+import order).
 """
 
 from __future__ import annotations

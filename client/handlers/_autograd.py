@@ -12,24 +12,24 @@ from typing import Any
 
 import torch
 
-from . import _views
-from .session._callsite import where
-from ._dispatch import Encoder
+from ..tensor import _views
+from ..session._callsite import where
+from ..dispatch._dispatch import Encoder
 from ._handler_table import HandlerTable
-from .session._session_core import _Origin, meta_from_result
-from ._tensor import RemoteTensor
+from ..session._session_core import _Origin, meta_from_result
+from ..tensor._tensor import RemoteTensor
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
-_local = HANDLERS.on
+_answers = HANDLERS.on
 
 
-@_local(T.requires_grad.__set__)
+@_answers(T.requires_grad.__set__)
 def _set_requires_grad(t, value):
     _requires_grad_(t, bool(value))
 
 
-@_local(T.requires_grad_)
+@_answers(T.requires_grad_)
 def _requires_grad_(t, requires_grad=True):
     requires_grad = bool(requires_grad)
     if t._grad_owner is not None:
@@ -56,7 +56,7 @@ def _requires_grad_(t, requires_grad=True):
     return t
 
 
-@_local(T.detach)
+@_answers(T.detach)
 def _detach(t):
     t._check_usable()
     tid = t._session.new_id()
@@ -68,7 +68,7 @@ def _detach(t):
     return out
 
 
-@_local(T.retain_grad)
+@_answers(T.retain_grad)
 def _retain_grad(t):
     if not t._rg:
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
@@ -80,17 +80,17 @@ def _retain_grad(t):
     t._session._grad_tracked[t._id] = t
 
 
-@_local(T.retains_grad.__get__)
+@_answers(T.retains_grad.__get__)
 def _retains_grad(t):
     return t._retains
 
 
-@_local(T.grad.__get__, T._grad.__get__)
+@_answers(T.grad.__get__, T._grad.__get__)
 def _grad_get(t):
     return t._grad_handle() if t._has_grad else None
 
 
-@_local(T.grad.__set__, T._grad.__set__)
+@_answers(T.grad.__set__, T._grad.__set__)
 def _grad_set(t, value):
     if value is None:
         ref = None
@@ -107,17 +107,17 @@ def _grad_set(t, value):
     t._grad_cache = None
 
 
-@_local(T.grad.__delete__)
+@_answers(T.grad.__delete__)
 def _grad_del(t):
     _grad_set(t, None)
 
 
-@_local(T.backward)
+@_answers(T.backward)
 def _backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     queue_backward([t], [gradient], retain_graph, create_graph, inputs)
 
 
-@_local(torch.autograd.backward)
+@_answers(torch.autograd.backward)
 def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None,
                        inputs=None):
     tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
@@ -185,7 +185,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
     session.enqueue(step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes)
 
 
-@_local(torch.autograd.grad)
+@_answers(torch.autograd.grad)
 def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
                    allow_unused=None, is_grads_batched=False, materialize_grads=False):
     single_input = isinstance(inputs, torch.Tensor)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from ._dispatch import call_torch
+from ..dispatch._dispatch import call_torch
 from ._handler_table import HandlerTable
-from ._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor
 
 HANDLERS = HandlerTable()
-_local = HANDLERS.on
+_answers = HANDLERS.on
 
 
 def _local_copy(t):
@@ -29,7 +29,7 @@ def _server_half(func, args: tuple, kwargs: dict):
     return call_torch(args[0]._session, func, args, kwargs)[0]
 
 
-@_local(torch._pack_padded_sequence)
+@_answers(torch._pack_padded_sequence)
 def _pack_padded_sequence(input, lengths, batch_first):
     lengths = _local_copy(lengths)
     width = torch.zeros(*input.shape[:2], 1)  # torch refuses to pack an empty tensor
@@ -37,7 +37,7 @@ def _pack_padded_sequence(input, lengths, batch_first):
     return _server_half(torch._pack_padded_sequence, (input, lengths, batch_first), {}), batch_sizes
 
 
-@_local(torch._pad_packed_sequence)
+@_answers(torch._pad_packed_sequence)
 def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length):
     batch_sizes = _local_copy(batch_sizes)
     _, lengths = torch._pad_packed_sequence(torch.zeros(data.shape[0], 1), batch_sizes, batch_first, padding_value,

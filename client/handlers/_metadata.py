@@ -12,39 +12,39 @@ import numbers
 import torch
 from torch import _tensor_str
 
-from . import _views
-from .device._device import DEVICE_TYPE
+from ..tensor import _views
+from ..device._device import DEVICE_TYPE
 from ._handler_table import HandlerTable
-from ._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
-_local = HANDLERS.on
+_answers = HANDLERS.on
 
 
 # -- metadata ---------------------------------------------------------------------------------
 
-_local(T.shape.__get__)(lambda t: torch.Size(t._shape))
-_local(T.dtype.__get__)(lambda t: t._dtype)
-_local(T.device.__get__)(lambda t: t._session.device)
-_local(T.ndim.__get__, T.dim, T.ndimension)(lambda t: len(t._shape))
-_local(T.is_leaf.__get__)(lambda t: t._is_leaf or not t._rg)
-_local(T.requires_grad.__get__)(lambda t: t._rg)
+_answers(T.shape.__get__)(lambda t: torch.Size(t._shape))
+_answers(T.dtype.__get__)(lambda t: t._dtype)
+_answers(T.device.__get__)(lambda t: t._session.device)
+_answers(T.ndim.__get__, T.dim, T.ndimension)(lambda t: len(t._shape))
+_answers(T.is_leaf.__get__)(lambda t: t._is_leaf or not t._rg)
+_answers(T.requires_grad.__get__)(lambda t: t._rg)
 # A remote tensor is on a non-CPU device of its own: every "is it on device X" answer is
 # False, locally (``is_remote``, which torch generates for the renamed backend, reads .device).
-_local(*(getattr(T, f"is_{kind}").__get__ for kind in (
+_answers(*(getattr(T, f"is_{kind}").__get__ for kind in (
     "cpu", "cuda", "xpu", "mps", "meta", "mtia", "ipu", "xla", "maia", "vulkan", "mkldnn", "sparse", "sparse_csr",
     "quantized", "nested")), T.is_inference, T.is_pinned, T.is_shared, T.is_conj, T.is_neg)(lambda t, *a: False)
-_local(getattr(T, f"is_{DEVICE_TYPE}").__get__)(lambda t: True)  # generated when the backend was named
-_local(T.is_signed)(lambda t: t._dtype.is_signed)
-_local(T.layout.__get__)(lambda t: torch.strided)
-_local(T.is_floating_point, torch.is_floating_point)(lambda t: t._dtype.is_floating_point)
-_local(T.is_complex, torch.is_complex)(lambda t: t._dtype.is_complex)
-_local(T.element_size)(lambda t: t._dtype.itemsize)
-_local(T.numel, T.nelement)(lambda t: _numel(t._shape))
-_local(T.is_contiguous)(lambda t, memory_format=torch.contiguous_format: t._meta().is_contiguous(memory_format=memory_format))
-_local(T.__hash__)(lambda t: id(t))
-_local(T._version.__get__)(lambda t: _views.version(t))
+_answers(getattr(T, f"is_{DEVICE_TYPE}").__get__)(lambda t: True)  # generated when the backend was named
+_answers(T.is_signed)(lambda t: t._dtype.is_signed)
+_answers(T.layout.__get__)(lambda t: torch.strided)
+_answers(T.is_floating_point, torch.is_floating_point)(lambda t: t._dtype.is_floating_point)
+_answers(T.is_complex, torch.is_complex)(lambda t: t._dtype.is_complex)
+_answers(T.element_size)(lambda t: t._dtype.itemsize)
+_answers(T.numel, T.nelement)(lambda t: _numel(t._shape))
+_answers(T.is_contiguous)(lambda t, memory_format=torch.contiguous_format: t._meta().is_contiguous(memory_format=memory_format))
+_answers(T.__hash__)(lambda t: id(t))
+_answers(T._version.__get__)(lambda t: _views.version(t))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -54,34 +54,34 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-@_local(T.size)
+@_answers(T.size)
 def _size(t, dim=None):
     if dim is None:
         return torch.Size(t._shape)
     return t._shape[dim]
 
 
-@_local(T.stride)
+@_answers(T.stride)
 def _stride(t, dim=None):
     strides = _views.strides(t)
     return strides if dim is None else strides[dim]
 
 
-@_local(T.__len__)
+@_answers(T.__len__)
 def _len(t):
     if not t._shape:
         raise TypeError("len() of a 0-d tensor")
     return t._shape[0]
 
 
-@_local(T.__iter__)
+@_answers(T.__iter__)
 def _iter(t):
     if not t._shape:
         raise TypeError("iteration over a 0-d tensor")
     return iter(t.unbind(0))
 
 
-@_local(T.grad_fn.__get__)
+@_answers(T.grad_fn.__get__)
 def _grad_fn(t):
     return None if (t._is_leaf or not t._rg) else _RemoteNode(t)
 
@@ -102,36 +102,36 @@ class _RemoteNode:
 # -- values: these flush --------------------------------------------------------------------
 
 
-@_local(T.item)
+@_answers(T.item)
 def _item(t):
     return t._value().item()
 
 
-@_local(T.tolist)
+@_answers(T.tolist)
 def _tolist(t):
     return t._value().tolist()
 
 
-@_local(T.numpy)
+@_answers(T.numpy)
 def _numpy(t, *, force=False):
     if t._rg and not force:
         raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
     return t._value().numpy()
 
 
-@_local(T.__array__)
+@_answers(T.__array__)
 def _array(t, dtype=None, copy=None):
     value = _numpy(t)
     return value if dtype is None else value.astype(dtype)
 
 
-_local(T.__bool__)(lambda t: bool(t._value()))
-_local(T.__float__)(lambda t: float(t._value()))
-_local(T.__int__)(lambda t: int(t._value()))
-_local(T.__index__)(lambda t: t._value().__index__())
+_answers(T.__bool__)(lambda t: bool(t._value()))
+_answers(T.__float__)(lambda t: float(t._value()))
+_answers(T.__int__)(lambda t: int(t._value()))
+_answers(T.__index__)(lambda t: t._value().__index__())
 
 
-@_local(T.__repr__, T.__str__)
+@_answers(T.__repr__, T.__str__)
 def _repr(t, *, tensor_contents=None):
     """What torch prints for a tensor of a non-default device (a CUDA one): torch's own formatting of the
     values, then ``device='remote:k'``, the dtype or size where torch shows them, and the grad suffix."""
@@ -167,19 +167,19 @@ def _tensor_text(value: torch.Tensor, device: torch.device, contents: str | None
                                      force_newline=False)
 
 
-@_local(T.__format__)
+@_answers(T.__format__)
 def _format(t, spec):
     if not t._shape:
         return t._value().item().__format__(spec)
     return _repr(t) if not spec else object.__format__(t, spec)
 
 
-@_local(torch.equal)
+@_answers(torch.equal)
 def _equal(a, b):
     return torch.equal(_local_value(a), _local_value(b))
 
 
-@_local(torch.allclose, T.allclose)
+@_answers(torch.allclose, T.allclose)
 def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return torch.allclose(_local_value(a), _local_value(b), rtol=rtol, atol=atol, equal_nan=equal_nan)
 
@@ -188,7 +188,7 @@ def _local_value(x):
     return x._value() if isinstance(x, RemoteTensor) else x
 
 
-@_local(T.__contains__)
+@_answers(T.__contains__)
 def _contains(t, element) -> bool:
     """``element in t``, as torch answers it: ``(element == t).any()`` (one round trip)."""
     if isinstance(element, (torch.Tensor, numbers.Number, torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -198,12 +198,12 @@ def _contains(t, element) -> bool:
 
 # -- calls that read only another tensor's shape: torch never asks which device it is on -----------
 
-_local(T.view_as)(lambda t, other: t.view(other.shape))
-_local(T.reshape_as)(lambda t, other: t.reshape(other.shape))
-_local(T.expand_as)(lambda t, other: t.expand(other.shape))
+_answers(T.view_as)(lambda t, other: t.view(other.shape))
+_answers(T.reshape_as)(lambda t, other: t.reshape(other.shape))
+_answers(T.expand_as)(lambda t, other: t.expand(other.shape))
 
 
-@_local(T.__reduce_ex__)
+@_answers(T.__reduce_ex__)
 def _reduce_ex(t, protocol):
     # Pickle (and torch.save) store the values as a plain tensor, never the handle.
     return t.to_torch().detach().requires_grad_(t._rg).__reduce_ex__(protocol)

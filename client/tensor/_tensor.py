@@ -17,13 +17,13 @@ from remote_autograd.proto import decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
 from . import _views
-from .session._callsite import refuse_custom_function, where
+from ..session._callsite import refuse_custom_function, where
 from ._factory_outputs import MADE, settle_requires_grad
-from .session._session_core import _Origin
-from .session._unsupported import not_in_table
+from ..session._session_core import _Origin
+from ..session._unsupported import not_in_table
 
 if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
-    from ._session import Session
+    from .._session import Session
 
 SEND_NOW_BYTES = 64 << 20  # an upload this big is sent at once, straight from the caller's memory
 

@@ -25,22 +25,22 @@ import re
 
 import torch
 
-from .device._device import DEVICE_TYPE, session_for
+from ..device._device import DEVICE_TYPE, session_for
 from ._handler_table import HandlerTable
-from ._tensor import HANDLE_FIELDS
-from .session._unsupported import not_in_table
-from ._views import contiguous_strides
+from ..tensor._tensor import HANDLE_FIELDS
+from ..session._unsupported import not_in_table
+from ..tensor._views import contiguous_strides
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
-_local = HANDLERS.on
+_answers = HANDLERS.on
 
 _LEAVES_ONLY = ("Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
                 "moment.  If you were attempting to deepcopy a module, this may be because of a "
                 "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001")
 
 
-@_local(T.__deepcopy__)
+@_answers(T.__deepcopy__)
 def _deepcopy(t, memo):
     if id(t) in memo:
         return memo[id(t)]
@@ -99,7 +99,7 @@ def _restore(storage: torch.UntypedStorage, location: str):
 torch.serialization.register_package(15, lambda storage: None, _restore)
 
 
-@_local(torch.ops.aten.set_.source_Storage_storage_offset, torch.ops.aten.set_.source_Storage)
+@_answers(torch.ops.aten.set_.source_Storage_storage_offset, torch.ops.aten.set_.source_Storage)
 def _set_(t, source, storage_offset=0, size=None, stride=None):
     """``empty.set_(storage, offset, size, stride)`` as torch.load builds each tensor (torch's binding of
     ``set_(Storage)`` skips ``__torch_function__``: it reaches ``__torch_dispatch__``)."""
@@ -119,11 +119,11 @@ def _set_(t, source, storage_offset=0, size=None, stride=None):
     return t
 
 
-@_local(T._backward_hooks.__set__)
+@_answers(T._backward_hooks.__set__)
 def _set_backward_hooks(t, hooks) -> None:
     """What torch.load sets on every tensor it rebuilds: no hooks (torch never saves them); a hook cannot run here."""
     if hooks:
         raise not_in_table(T.register_hook)
 
 
-_local(T._backward_hooks.__get__)(lambda t: None)  # torch's answer for a tensor without hooks
+_answers(T._backward_hooks.__get__)(lambda t: None)  # torch's answer for a tensor without hooks
