@@ -49,7 +49,7 @@ from .transport._errors import RemoteError, SessionLost
 from .transport._inprocess import IN_PROCESS_URL, InProcessTransport
 from .transport._transport import Transport
 
-_tensor.wire(local_handlers=LOCAL_HANDLERS, apply_route=_dispatch.apply_route)
+_tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]

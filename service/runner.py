@@ -159,7 +159,7 @@ def _call(run: ProgramRun, step: CallStep) -> dict | None:
     if reserved:
         session.charge(reserved, run.settings.max_session_bytes)
     try:
-        if call.inplace:  # torch's autocast leaves in-place ops alone
+        if call.inplace:  # never under autocast: the op contract's autocast_applies
             _run_inplace(call, step, args, kwargs)
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:

@@ -1,8 +1,10 @@
-"""Turning a torch call on RemoteTensors into a queued step.
+"""The SDK's one verb for an op, ``call_op``, and the one builder of its step.
 
-``apply_route`` encodes the arguments (RemoteTensors become refs, Python values
-pass through), infers the outputs' metadata locally, gives them ids and queues the
-step. Nothing waits unless metadata depends on values.
+``call_op`` takes a torch callable (from ``RemoteTensor.__torch_function__`` and the handlers)
+or an op name of the server's table (factories, session ops, ``sess.ops.X``), encodes the
+arguments (RemoteTensors become refs, Python values pass through), infers the outputs'
+metadata locally, gives them ids and queues the step. Nothing waits unless metadata depends on
+values (or only the server knows it: autocast's dtypes, a named op without a cheap rule).
 
 Local tensors follow torch's device rule (``_device_rule``): a 0-d CPU tensor is a constant
 (uploaded in the same program), any other raises torch's error at the user's line, except
@@ -19,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
+from remote_autograd.proto.op_contract import FACTORIES, autocast_applies, is_shape_inplace
 
 from ..device import _autocast
 from ..session import _caller_memo
@@ -35,13 +38,7 @@ _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", 
 _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
-_SHAPE_INPLACE = _views.SHAPE_INPLACE
-
-# Factories have no tensor argument; their metadata comes from the torch factory on meta.
-_FACTORIES: dict[str, Callable] = {
-    "zeros": torch.zeros, "ones": torch.ones, "full": torch.full, "empty": torch.empty, "arange": torch.arange,
-    "linspace": torch.linspace, "eye": torch.eye, "rand": torch.rand, "randn": torch.randn, "randint": torch.randint,
-}
+_ANY_AUTOCAST = torch._C._is_any_autocast_enabled  # no autocast anywhere (most ops): no call into _autocast
 
 
 class Encoder:
@@ -119,30 +116,33 @@ def _value_dependent_index(idx: Any) -> bool:
     return False
 
 
-def call_torch(session: SessionCore, func: Callable, args: tuple, kwargs: dict) -> Any:
-    """``func(*args, **kwargs)`` on the server through the op table; NotImplementedError naming
-    ``func`` when the table has no entry for it."""
-    route = session._routes.lookup(func)
+def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs: dict, *,
+            route: Route | None = None, n_out: int | None = None) -> Any:
+    """Queue ``op(*args, **kwargs)`` as a step of the server's op; returns what torch would return.
+
+    ``op``: a torch callable (``route``: its route, when the caller has looked it up already;
+    NotImplementedError naming it when the table has none) or an op name of the server's table
+    (factories: metadata from the torch factory on meta; ``n_out=0``: a session op that makes
+    nothing, ``manual_seed``)."""
     if route is None:
-        raise not_in_table(func)
-    return apply_route(session, func, route, args, kwargs)
-
-
-def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple, kwargs: dict) -> Any:
-    """Queue ``func(*args, **kwargs)`` as a call of ``route``'s op; returns the result handle(s)."""
+        route = session._routes.named(op) if isinstance(op, str) else _route_of(session, op)
+    func = None if route.by_name else op
+    args = tuple(args)
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
     origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
-    if not grad_on:
+    if not grad_on and func is not None:
         refuse_custom_function(func)
     inplace = route.inplace
-    if kwargs:
+    if kwargs and func is not None:
         if kwargs.get("inplace") is True:
             inplace = True
         if kwargs.get("device") is not None:
             _check_same_device(session, route.torch_name, kwargs["device"])
         kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS and k != "inplace"}
+    elif kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
     if func is _COPY and not isinstance(args[0], RemoteTensor):  # local.copy_(remote): a download into it
         return args[0].copy_(args[1].cpu())  # load_state_dict(remote state) into a local model
     wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
@@ -152,20 +152,35 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
         wire_args = [enc.value(wire_args_src[0]), enc.index(wire_args_src[1]),
                      *(enc.value(a, any_device=basic) for a in wire_args_src[2:])]
     else:
-        cpu_at = CPU_ARGUMENTS.get(func, ())
-        wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
+        cpu_at = CPU_ARGUMENTS.get(func)
+        if cpu_at is None:  # a loop, not a comprehension: no frame of its own per op
+            wire_args = []
+            for a in wire_args_src:
+                wire_args.append(enc.value(a))
+        else:
+            wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
     step: dict[str, Any] = {"kind": "call", "op": route.wire_name, "args": wire_args}
     if kwargs:
         step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
-    if not grad_on:
+    if not grad_on or (route.by_name and inplace and not route.op.differentiable):  # set_data: never recorded
         step["grad_enabled"] = False
-    autocast = None if inplace else _autocast.server_dtype()  # torch's autocast leaves in-place ops alone
+    factory = FACTORIES.get(route.wire_name) if route.by_name else None
+    autocast = _autocast.server_dtype() if _ANY_AUTOCAST() and autocast_applies(inplace) and factory is None else None
     if autocast is not None:
         step["autocast"] = dtype_name(autocast)
     grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)
-    rg = grad_on and route.op.differentiable and any(t._rg for t in grad_inputs)
+    rg = False
+    if grad_on and route.op.differentiable:
+        for t in grad_inputs:  # a loop, not any(genexpr): no generator frame per op
+            if t._rg:
+                rg = True
+                break
     leaves = _union_leaves(grad_inputs) if rg else frozenset()
 
+    if n_out == 0:  # a session op: nothing made, nothing written
+        step["out"] = []
+        session.enqueue(step, _Origin(route.wire_name, origin_where), enc.nbytes)
+        return None
     if inplace:
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
@@ -174,16 +189,23 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
         _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
+        if route.by_name and route.wire_name == "set_data":  # the one in-place op that may change shape and dtype
+            target._adopt_metadata(args[1])
         return None if func is _SETITEM else target
 
-    rule = route.op.shape_rule
-    if func in _INDEXING:
-        if _value_dependent_index(args[1]):
-            rule = "none"
-        args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-    metas, container, views = _meta_memo.answer(rule, func, args, kwargs)
-    if autocast is not None and not _views.is_view_call(views):
-        metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
+    if factory is not None:
+        metas, container, views = _meta_memo.answer("meta", factory, args, {**kwargs, "device": "meta"})
+    else:
+        rule = route.op.shape_rule
+        if route.by_name and rule != "elementwise":
+            rule = "none"  # no torch callable to run on meta: the server says
+        if func in _INDEXING:
+            if _value_dependent_index(args[1]):
+                rule = "none"
+            args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
+        metas, container, views = _meta_memo.answer(rule, func, args, kwargs)
+        if autocast is not None and not _views.is_view_call(views):
+            metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
         result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
         if func is _INDEXING[0]:
@@ -192,9 +214,17 @@ def apply_route(session: SessionCore, func: Callable, route: Route, args: tuple,
             _views.settle(_as_list(result), enc.inputs, [], route.op.name, route.op.differentiable)
         return result
     result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
-                            new_leaves=kwargs.get("requires_grad") is True)
-    _views.settle(_as_list(result), enc.inputs, views, route.op.name, route.op.differentiable)
+                            new_leaves=bool(kwargs.get("requires_grad")))
+    _views.settle(result if type(result) is list else list(result) if isinstance(result, tuple) else [result],
+                  enc.inputs, views, route.op.name, route.op.differentiable)
     return result
+
+
+def _route_of(session: SessionCore, func: Callable) -> Route:
+    route = session._routes.lookup(func)
+    if route is None:
+        raise not_in_table(func)
+    return route
 
 
 def _as_list(result) -> list:
@@ -216,8 +246,7 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
     if rg and target._storage is not None:  # only memory shared with another handle can be uncertain
         _views.check_inplace(target, op, rg, leaves)
     # the wire names torch's spelling (``Tensor.t_``): the op is known by its last part
-    shape_op = op.rpartition(".")[2] in _SHAPE_INPLACE
-    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if shape_op else None
+    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if is_shape_inplace(op) else None
     step["out"] = []
     session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:
@@ -236,7 +265,7 @@ def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, k
                                          for t in tree_leaves((args, kwargs))):
         raise RuntimeError(f"{route.torch_name}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
-    result = apply_route(session, func, route, args, kwargs)
+    result = call_op(session, func, args, kwargs, route=route)
     outs, results = (out, result) if isinstance(out, (tuple, list)) else ((out,), (result,))
     for o, r in zip(outs, results):
         if tuple(o.shape) != tuple(r.shape):
@@ -270,18 +299,20 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
 
     ``new_leaves``: the op makes leaves that require grad (``zeros_like(x, requires_grad=True)``).
     """
-    ids = [session.new_id() for _ in metas]
+    ids, outs, refs = [], [], []
+    for shape, dtype in metas:  # one loop, not three comprehensions: no frame per comprehension per op
+        tid = session.new_id()
+        o = RemoteTensor._new(session, tid, shape, dtype) if not rg else RemoteTensor._new(
+            session, tid, shape, dtype, requires_grad=dtype.is_floating_point or dtype.is_complex, leaves=leaves,
+            is_leaf=False)
+        if new_leaves:
+            o._rg, o._is_leaf, o._leaves = True, True, frozenset({tid})
+            session._grad_tracked[tid] = o
+        ids.append(tid)
+        outs.append(o)
+        refs.append(weakref.ref(o))
     step["out"] = ids
-    if not rg:
-        outs = [RemoteTensor._new(session, tid, shape, dtype) for tid, (shape, dtype) in zip(ids, metas)]
-    else:
-        outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=_differentiable_dtype(dtype), leaves=leaves,
-                                  is_leaf=False) for tid, (shape, dtype) in zip(ids, metas)]
-    if new_leaves:
-        for o in outs:
-            o._rg, o._is_leaf, o._leaves = True, True, frozenset({o._id})
-            session._grad_tracked[o._id] = o
-    session.enqueue(step, _Origin(step["op"], origin_where, [weakref.ref(o) for o in outs]), nbytes)
+    session.enqueue(step, _Origin(step["op"], origin_where, refs), nbytes)
     return outs[0] if container is None else container(outs)
 
 
@@ -323,48 +354,3 @@ def _union_leaves(inputs: list) -> frozenset:
         if t._rg and t._leaves:
             leaves = t._leaves if not leaves else leaves | t._leaves
     return leaves
-
-
-def _differentiable_dtype(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point or dtype.is_complex
-
-
-def call_named(session: SessionCore, name: str, args: list, kwargs: dict, *, n_out: int | None = None) -> Any:
-    """Call a table op by name (``sess.ops.name(...)``, factories); metadata as its shape rule allows."""
-    spec = session._routes.ops.get(name)
-    if spec is None and name != "manual_seed":
-        raise NotImplementedError(f"the server's op table has no op {name!r} (GET /v1/ops lists the table)")
-    origin_where = where()
-    grad_on = torch.is_grad_enabled()
-    enc = Encoder(session)
-    step: dict[str, Any] = {"kind": "call", "op": name, "args": [enc.value(a) for a in args]}
-    if kwargs:
-        step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items() if k not in _DROPPED_KWARGS}
-    inplace = name.endswith("_") or (spec is not None and spec.inplace)
-    if not grad_on or (inplace and spec is not None and not spec.differentiable):  # set_data: never recorded
-        step["grad_enabled"] = False
-    rg = grad_on and spec is not None and spec.differentiable and any(t._rg for t in enc.inputs)
-    leaves = _union_leaves(enc.inputs) if rg else frozenset()
-    if n_out == 0 or inplace:  # nothing new: a session op, or an in-place op returning its target
-        if n_out != 0 and args and isinstance(args[0], RemoteTensor):
-            _queue_inplace(session, step, origin_where, args[0], rg, leaves, enc.nbytes, tuple(args[1:]), kwargs)
-            if name == "set_data":  # the one in-place op that may change shape and dtype
-                args[0]._adopt_metadata(args[1])
-            return args[0]
-        step["out"] = []
-        session.enqueue(step, _Origin(name, origin_where), enc.nbytes)
-        return None
-    factory = _FACTORIES.get(name)
-    if factory is not None:
-        metas, container, _ = _meta_memo.answer("meta", factory, tuple(args), {**kwargs, "device": "meta"})
-    else:
-        autocast = _autocast.server_dtype()
-        if autocast is not None:  # the server's autocast rules decide the dtypes: ask it
-            step["autocast"] = dtype_name(autocast)
-        rule = "elementwise" if spec is not None and spec.shape_rule == "elementwise" and autocast is None else "none"
-        metas, container, _ = _meta_memo.answer(rule, None, tuple(args), kwargs)
-    if metas is None:
-        return _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
-    return _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
-                          new_leaves=factory is not None and bool(kwargs.get("requires_grad")))
-

@@ -88,7 +88,10 @@ def with_sources(found: Answer, tensors: list) -> Answer:
     metas, container, views = found
     if not views:
         return found
-    return metas, container, tuple((None if pos is None else tensors[pos], layout) for pos, layout in views)
+    sourced = []
+    for pos, layout in views:  # a loop, not tuple(genexpr): no generator frame per op
+        sourced.append((None if pos is None else tensors[pos], layout))
+    return metas, container, tuple(sourced)
 
 
 def _position(t, tensors: list) -> int:

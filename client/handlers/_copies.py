@@ -26,10 +26,11 @@ import re
 import torch
 
 from ..device._device import DEVICE_TYPE, session_for
-from ._handler_table import HandlerTable
-from ..tensor._tensor import HANDLE_FIELDS
+from ..dispatch._dispatch import call_op
 from ..session._unsupported import not_in_table
+from ..tensor._tensor import HANDLE_FIELDS
 from ..tensor._views import contiguous_strides
+from ._handler_table import HandlerTable
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -112,9 +113,9 @@ def _set_(t, source, storage_offset=0, size=None, stride=None):
     stride = contiguous_strides(size) if stride is None else tuple(stride)
     # Queued as the session's ops themselves: below __torch_function__, torch calls on t would not reach us.
     with torch.no_grad():
-        session._call_op("set_data", [t, flat], {})  # t now holds the storage's memory on the server
+        call_op(session, "set_data", [t, flat], {})  # t now holds the storage's memory on the server
         if (size, stride, storage_offset) != (tuple(flat.shape), (1,), 0):
-            session._call_op("as_strided_", [t, list(size), list(stride), storage_offset], {})
+            call_op(session, "as_strided_", [t, list(size), list(stride), storage_offset], {})
     t._ver = 1  # what torch's set_ leaves: one write (the steps above are one set_ to the user)
     return t
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..device._device import session_for
+from ..dispatch._dispatch import call_op
 from ..tensor._factory_outputs import MADE
 from ._moves import upload_move
 
@@ -48,7 +49,7 @@ def _factory_call(op: str, args: list, kwargs: dict) -> Any:
     if layout not in (None, torch.strided):
         raise RuntimeError(f"{what}: only the strided layout exists on the remote device, not {layout}")
     options = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
-    out = session._call_op(op, args, options)
+    out = call_op(session, op, args, options)
     MADE.refs.append(weakref.ref(out))
     return out
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..session._callsite import where
 from ..device._device import DEVICE_TYPE
-from ..dispatch._dispatch import call_torch
+from ..dispatch._dispatch import call_op
 from ._handler_table import HandlerTable
 from ..session._session_core import SessionCore, _Origin
 from ..tensor._tensor import RemoteTensor
@@ -158,7 +158,7 @@ def _to(t, *args, **kwargs):
     copy = kwargs.get("copy", bools[1] if len(bools) > 1 else False)
     if (dtype is None or dtype == t._dtype) and not copy:
         return t
-    return call_torch(t._session, T.to, (t, dtype or t._dtype), {"copy": True} if copy else {})
+    return call_op(t._session, T.to, (t, dtype or t._dtype), {"copy": True} if copy else {})
 
 
 @_answers(T.type)
@@ -233,7 +233,7 @@ def _data_set(t, value):
         t._grad_owner.grad = value
         return
     with torch.no_grad():
-        t._session._call_op("set_data", [t, value], {})  # the handle adopts value's metadata as it is queued
+        call_op(t._session, "set_data", [t, value], {})  # the handle adopts value's metadata as it is queued
 
 
 # -- x.new_*: factories on x's device with x's dtype --------------------------------------------

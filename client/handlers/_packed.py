@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch._dispatch import call_torch
+from ..dispatch._dispatch import call_op
 from ._handler_table import HandlerTable
 from ..tensor._tensor import RemoteTensor
 
@@ -26,7 +26,7 @@ def _local_copy(t):
 
 def _server_half(func, args: tuple, kwargs: dict):
     """``func(*args)`` run on the server: the first output (the data) of its two."""
-    return call_torch(args[0]._session, func, args, kwargs)[0]
+    return call_op(args[0]._session, func, args, kwargs)[0]
 
 
 @_answers(torch._pack_padded_sequence)

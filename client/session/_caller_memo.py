@@ -21,7 +21,7 @@ import inspect
 import sys
 from typing import Iterator
 
-from ._callsite import TORCHS, USER, frame_kind, user_line
+from ._callsite import _KIND_OF_CODE, TORCHS, USER, frame_kind, user_line
 
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 _last: tuple = (None, None)  # (torch's frame that called the last op, the user's line above it)
@@ -34,7 +34,8 @@ def where() -> str | None:
     f = sys._getframe(2)
     while f is not None:
         code = f.f_code
-        kind = frame_kind(code)
+        known = _KIND_OF_CODE.get(id(code))  # frame_kind's own cache, read here: no call per frame
+        kind = known[1] if known is not None else frame_kind(code)
         if kind == USER:  # the op's caller is the user's own code: nothing above it to walk
             return f"{code.co_filename}:{f.f_lineno}"
         if f is _last[0]:

@@ -6,7 +6,8 @@ it (as ``torch.overrides.resolve_name`` spells them). An entry that is torch's o
 ``Tensor.__rsub__``, ``nn.functional.relu``): the server runs exactly that callable, with
 the arguments as the user gave them. For our own entries a name of the form
 ``Tensor.__rX__`` swaps its first two arguments, and ``Tensor.X_``, ``torch.X_`` and
-``Tensor.__iX__`` are the in-place forms of ``X``.
+``Tensor.__iX__`` are the in-place forms of ``X`` (``proto/op_contract.is_inplace_name``).
+An op called by its name (factories, session ops, ``sess.ops.X``) has a route too (``named``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 from torch.overrides import resolve_name
+
+from remote_autograd.proto.op_contract import is_inplace_name
 
 _REFLECTED = {"__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rdiv__", "__rpow__", "__rmatmul__",
               "__rfloordiv__", "__rmod__", "__rand__", "__ror__", "__rxor__"}
@@ -41,6 +44,7 @@ class Route:
     reflected: bool
     inplace: bool
     torch_name: str
+    by_name: bool = False  # called by the server's op name: no torch callable to run on meta
 
 
 class RouteTable:
@@ -64,6 +68,19 @@ class RouteTable:
         for wire, spec in spelled.items():  # sess.ops.fill_, the SDK's factories' fills: by the server's names
             self.ops.setdefault(wire, spec)
         self._by_func: dict[Callable, Route | None] = {}
+        self._named: dict[str, Route] = {}
+
+    def named(self, name: str) -> Route:
+        """The route of the op the server's table calls ``name``; NotImplementedError when it has none."""
+        route = self._named.get(name)
+        if route is None:
+            spec = self.ops.get(name)
+            if spec is None:
+                if name != "manual_seed":  # older servers list no session ops
+                    raise NotImplementedError(f"the server's op table has no op {name!r} (GET /v1/ops lists the table)")
+                spec = OpSpec(name, "none", False)
+            route = self._named[name] = Route(spec, name, False, spec.inplace or is_inplace_name(name), name, True)
+        return route
 
     def lookup(self, func: Callable) -> Route | None:
         try:
@@ -90,22 +107,15 @@ def _name_of(func: Callable) -> str:
 def _route_for(spec: OpSpec, tname: str) -> Route:
     short = tname.rsplit(".", 1)[-1]
     reflected = short in _REFLECTED
-    inplace = spec.inplace or _inplace_operator(short) or (
-        short.endswith("_") and not short.endswith("__"))
+    inplace = spec.inplace or is_inplace_name(short)
     wire = spec.name + "_" if inplace and not (spec.inplace or spec.name.endswith("_")) else spec.name
     return Route(spec, wire, reflected, inplace, tname)
-
-
-def _inplace_operator(short: str) -> bool:
-    """``__iadd__`` (``x += y``), not ``__invert__`` (``~x``) or ``__index__``."""
-    return short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}")
 
 
 def _spelled_route(spec: OpSpec, tname: str) -> Route:
     """A spelling of torch's own op: called by its own name, arguments as given."""
     short = tname.rsplit(".", 1)[-1]
-    inplace = spec.inplace or (short.endswith("_") and not short.endswith("__")) or _inplace_operator(short) \
-        or short == "__setitem__"
+    inplace = spec.inplace or is_inplace_name(short) or short == "__setitem__"
     return Route(spec, tname.removeprefix("torch."), False, inplace, tname)
 
 

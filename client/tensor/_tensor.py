@@ -38,14 +38,14 @@ def _not_wired(*args, **kwargs):
 # Slots the package's wiring (client/__init__.py) fills once: what fills them (the handler
 # modules, dispatch) imports this module, so this module cannot import them.
 LOCAL_HANDLERS: dict[Callable, Callable] = {}  # torch calls a handle answers itself (metadata, autograd, moves)
-_apply_route: Callable = _not_wired  # _dispatch.apply_route: a torch call queued as a step of the server's op
+_call_op: Callable = _not_wired  # dispatch's call_op: a torch call queued as a step of the server's op
 
 
-def wire(*, local_handlers: dict[Callable, Callable], apply_route: Callable) -> None:
+def wire(*, local_handlers: dict[Callable, Callable], call_op: Callable) -> None:
     """Fill the slots above (the package's wiring calls this once, as it is imported)."""
-    global _apply_route
+    global _call_op
     LOCAL_HANDLERS.update(local_handlers)
-    _apply_route = apply_route
+    _call_op = call_op
 
 
 class RemoteTensor(torch.Tensor):
@@ -201,13 +201,13 @@ class RemoteTensor(torch.Tensor):
         local = LOCAL_HANDLERS.get(func)
         if local is not None:
             return local(*args, **kwargs)
-        session = _session_of(args, kwargs)
+        session = args[0]._session if args and type(args[0]) is RemoteTensor else _session_of(args, kwargs)
         route = session._routes.lookup(func)
         if route is None:
             if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
                 refuse_custom_function(func)
             raise not_in_table(func)
-        return _apply_route(session, func, route, args, kwargs)
+        return _call_op(session, func, args, kwargs, route=route)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -215,7 +215,7 @@ class RemoteTensor(torch.Tensor):
             return args[0]
         fill = _DISPATCHED_FILLS.get(func)
         if fill is not None:  # torch.zeros_like(local, device=remote): torch's kernel fills what our empty made
-            return args[0]._session._call_op(fill, list(args), kwargs or {})
+            return _call_op(args[0]._session, fill, args, kwargs or {})
         local = LOCAL_HANDLERS.get(func)
         if local is not None:  # an aten call torch's Python binding sends past __torch_function__ (set_(storage))
             return local(*args, **(kwargs or {}))
@@ -240,8 +240,8 @@ _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", 
 
 
 def _session_of(args: tuple, kwargs: dict) -> Session:
-    if args and type(args[0]) is RemoteTensor:  # most calls: a method of a handle
-        return args[0]._session
+    """The session of the first RemoteTensor among the arguments (``__torch_function__`` reads the
+    common case, a method of a handle, itself)."""
     for v in (*args, *kwargs.values()):
         if isinstance(v, RemoteTensor):
             return v._session

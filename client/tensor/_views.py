@@ -21,25 +21,17 @@ as in torch. The client mirrors what torch would answer locally without a round 
 from __future__ import annotations
 
 import weakref
-from typing import Callable
-
 import torch
 from torch._C import DisableTorchFunctionSubclass
+
+from remote_autograd.proto.op_contract import SHAPE_INPLACE
 
 UNKNOWN = "unknown"  # a ``_strides`` value: the server's layout of this tensor is not known here
 _META = torch.device("meta")
 
 # Ops that give a view or a copy depending on the input's strides (or that return the input itself).
 MAYBE_VIEWS = frozenset({"reshape", "flatten", "reshape_as", "contiguous", "ravel"})
-
-# In-place ops that change the target's shape or strides: their torch functions, run on a meta
-# stand-in to learn the new layout (by the last part of the server's op name: ``Tensor.t_`` or ``t_``).
 T = torch.Tensor
-SHAPE_INPLACE: dict[str, Callable] = {
-    "squeeze_": T.squeeze_, "unsqueeze_": T.unsqueeze_, "t_": T.t_, "transpose_": T.transpose_,
-    "swapaxes_": T.swapaxes_, "swapdims_": T.swapdims_, "resize_": T.resize_, "resize_as_": T.resize_as_,
-    "as_strided_": T.as_strided_,
-}
 
 
 class Storage:
@@ -144,10 +136,12 @@ def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: 
     RemoteTensor arguments.
     """
     if not views:  # elementwise and friends: a contiguous result from contiguous inputs (TensorIterator)
-        if any(t._strides is not None for t in inputs):
-            for o in outs:
-                if o is not None:
-                    o._strides = UNKNOWN
+        for t in inputs:  # a loop, not any(genexpr): no generator frame per op
+            if t._strides is not None:
+                for o in outs:
+                    if o is not None:
+                        o._strides = UNKNOWN
+                break
         return
     maybe = op_name in MAYBE_VIEWS
     for out, (src, layout) in zip(outs, views):
@@ -156,7 +150,11 @@ def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: 
         if src is None and maybe and inputs and inputs[0]._strides is UNKNOWN:
             src = inputs[0]  # torch on meta saw contiguous strides; the server's may differ
         if src is None:
-            known = all(t._strides is None for t in inputs)
+            known = True
+            for t in inputs:  # a loop, not all(genexpr): no generator frame per op
+                if t._strides is not None:
+                    known = False
+                    break
             out._strides = layout if known and layout is None else UNKNOWN
             continue
         out._strides = UNKNOWN if src._strides is UNKNOWN else layout
@@ -218,7 +216,7 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The target's new layout after a shape-changing in-place op, or None (not such an op, or one torch
     refuses: the server then answers with torch's own error, which meta kernels do not always spell alike)."""
-    func = SHAPE_INPLACE.get(op_name.rsplit(".", 1)[-1])
+    func = SHAPE_INPLACE.get(op_name.rpartition(".")[2])
     if func is None:
         return None
     stand_in = meta_of(target)

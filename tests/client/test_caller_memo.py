@@ -1,4 +1,4 @@
-"""``client/_caller_memo.py`` (the user's line of an op torch's code called, remembered per calling frame)
+"""``client/session/_caller_memo.py`` (the user's line of an op torch's code called, remembered per calling frame)
 against the walk it stands in for (``_callsite.where``): optimizer steps, clipping, a generator resumed
 from two lines, and a tensor held only by the remembered frame, freed in the program that follows."""
 

@@ -1,6 +1,6 @@
 """Every error a user can cause on connect says what to do next: no server at the URL, a URL
 without its scheme, something else listening there, a missing or a wrong token; and a session
-the server lost says what was lost and how to go on (client/_transport.py, client/_errors.py,
+the server lost says what was lost and how to go on (client/transport/_transport.py, client/transport/_errors.py,
 service/auth.py). A protocol mismatch has its own tests (test_feedback.py)."""
 
 from __future__ import annotations

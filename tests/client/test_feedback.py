@@ -1,4 +1,4 @@
-"""What the SDK tells its user about the connection (client/_protocol_advice.py, _banner.py, _progress.py): one clear
+"""What the SDK tells its user about the connection (client/transport/_protocol_advice.py, _banner.py, _progress.py): one clear
 error on a protocol mismatch, a one-line summary on connect in notebooks only, and
 progress bars for big transfers only where someone watches.
 """

@@ -223,7 +223,7 @@ def test_the_wiring_filled_the_tensors_slots_from_every_handler_table():
     tables = [m.HANDLERS for m in HANDLER_MODULES]
     assert all(tables), "every handler module answers something"
     assert _tensor.LOCAL_HANDLERS == merge(*tables)
-    assert _tensor._apply_route is _dispatch.apply_route
+    assert _tensor._call_op is _dispatch.call_op
     assert _kernels._LIB is not None and _kernels.KERNELS
 
 
@@ -233,3 +233,9 @@ def test_a_callable_claimed_by_two_handler_tables_is_refused():
     second.on(len, abs)(lambda t: 2)
     with pytest.raises(RuntimeError, match="two handlers"):
         merge(first, second)
+
+
+def test_architecture_names_every_client_module():
+    text = (CLIENT.parent / "ARCHITECTURE.md").read_text()
+    unnamed = [m for m in modules() if f"`client/{m.replace('.', '/')}.py`" not in text]
+    assert not unnamed, f"ARCHITECTURE.md's map of client/ leaves out {unnamed}"
