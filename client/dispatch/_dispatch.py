@@ -24,15 +24,15 @@ from remote_autograd.proto import dtype_name
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies, is_shape_inplace
 
 from ..device import _autocast
+from ..device._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
 from ..session import _caller_memo
-from . import _meta_memo
-from ..tensor import _views
 from ..session._callsite import refuse_custom_function, where
 from ..session._routes import Route
 from ..session._session_core import SessionCore, _Origin, meta_from_result
-from ..tensor._tensor import RemoteTensor
-from ..device._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
 from ..session._unsupported import not_in_table, refuse_local_leaf
+from ..tensor import _views
+from ..tensor._tensor import RemoteTensor
+from . import _meta_memo
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
 _SETITEM = torch.Tensor.__setitem__

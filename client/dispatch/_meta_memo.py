@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..tensor._tensor import RemoteTensor
 from . import _outputs
 from ._outputs import Answer
-from ..tensor._tensor import RemoteTensor
 
 CAP = 4096
 

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import _infer
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
+from . import _infer
 
 # (metas, container type or None, views): metas are (shape, dtype) pairs; views one
 # (source position or None, layout) per meta output, empty when a cheap rule answered

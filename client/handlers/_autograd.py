@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from ..tensor import _views
-from ..session._callsite import where
 from ..dispatch._dispatch import Encoder
-from ._handler_table import HandlerTable
+from ..session._callsite import where
 from ..session._session_core import _Origin, meta_from_result
+from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
+from ._handler_table import HandlerTable
 
 T = torch.Tensor
 HANDLERS = HandlerTable()

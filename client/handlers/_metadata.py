@@ -12,10 +12,10 @@ import numbers
 import torch
 from torch import _tensor_str
 
-from ..tensor import _views
 from ..device._device import DEVICE_TYPE
-from ._handler_table import HandlerTable
+from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
+from ._handler_table import HandlerTable
 
 T = torch.Tensor
 HANDLERS = HandlerTable()

@@ -23,12 +23,12 @@ import weakref
 import torch
 from torch import nn
 
-from ..session._callsite import where
 from ..device._device import DEVICE_TYPE
 from ..dispatch._dispatch import call_op
-from ._handler_table import HandlerTable
+from ..session._callsite import where
 from ..session._session_core import SessionCore, _Origin
 from ..tensor._tensor import RemoteTensor
+from ._handler_table import HandlerTable
 
 T = torch.Tensor
 HANDLERS = HandlerTable()

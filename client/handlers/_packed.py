@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..dispatch._dispatch import call_op
-from ._handler_table import HandlerTable
 from ..tensor._tensor import RemoteTensor
+from ._handler_table import HandlerTable
 
 HANDLERS = HandlerTable()
 _answers = HANDLERS.on

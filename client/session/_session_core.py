@@ -21,13 +21,13 @@ import torch
 from remote_autograd.proto import decode_tensor, dtype_from_name
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from . import _caller_memo
-from ._banner import announce
 from ..device._device import claim_index, release_index
 from ..transport._errors import RemoteError
 from ..transport._protocol_advice import explain
-from ._routes import RouteTable
 from ..transport._transport import Transport, error_from
+from . import _caller_memo
+from ._banner import announce
+from ._routes import RouteTable
 
 if TYPE_CHECKING:
     from ..tensor._tensor import RemoteTensor

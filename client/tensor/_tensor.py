@@ -16,11 +16,11 @@ import torch
 from remote_autograd.proto import decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from . import _views
 from ..session._callsite import refuse_custom_function, where
-from ._factory_outputs import MADE, settle_requires_grad
 from ..session._session_core import _Origin
 from ..session._unsupported import not_in_table
+from . import _views
+from ._factory_outputs import MADE, settle_requires_grad
 
 if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
     from .._session import Session

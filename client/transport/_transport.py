@@ -22,9 +22,9 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames
 
 from ._answer_body import read_body
 from ._backoff import BusyWait
-from ._progress import UploadStream, shows_bar
-from ._http import TunedTransport
 from ._errors import RemoteError, SessionLost
+from ._http import TunedTransport
+from ._progress import UploadStream, shows_bar
 
 
 class Transport:

@@ -1,5 +1,5 @@
-"""What the SDK tells its user about the connection (client/transport/_protocol_advice.py, _banner.py, _progress.py): one clear
-error on a protocol mismatch, a one-line summary on connect in notebooks only, and
+"""What the SDK tells its user about the connection (client/transport/_protocol_advice.py,
+client/session/_banner.py, client/transport/_progress.py): one clear error on a protocol mismatch, a one-line summary on connect in notebooks only, and
 progress bars for big transfers only where someone watches.
 """
 

@@ -1,4 +1,5 @@
-"""The meta memo (``client/dispatch/_meta_memo.py``) against the plain path it stands in for (``client/dispatch/_outputs.py``).
+"""The meta memo (``client/dispatch/_meta_memo.py``) against the plain path it stands in for
+(``client/dispatch/_outputs.py``).
 
 Every op of the training tests' loops (the models of ``tests/models`` and the optimizers of
 ``tests/e2e/test_training.py``) runs twice: with the memo verifying (each hit is also worked

@@ -37,7 +37,8 @@ def test_the_sdk_has_a_factory_method_for_each_and_infers_their_metadata_from_th
 
 
 def test_the_shape_changing_in_place_ops_the_generator_probed_are_the_contracts():
-    probed = {path.rpartition(".")[2] for spec in surface.load()["ops"].values() for path in spec.get("layout_inplace", ())}
+    probed = {path.rpartition(".")[2] for spec in surface.load()["ops"].values()
+              for path in spec.get("layout_inplace", ())}
     assert probed <= set(op_contract.SHAPE_INPLACE), probed - set(op_contract.SHAPE_INPLACE)
     # every one the table serves runs on the stored tensor itself (a copy written back could not change
     # its shape), the probe's or not (its samples of as_strided_ and resize_as_ keep the layout)
