@@ -26,7 +26,7 @@ def _random_on_noncontiguous(entry, sample) -> bool:
 
 def _moves_to_a_device(entry, sample) -> bool:
     """``.to("cpu")``, ``.type("torch.DoubleTensor")`` (a CPU type): a move off the server, which gives a local
-    tensor (tests/client/test_device.py and test_device_module.py cover moves)."""
+    tensor (tests/client/device/test_device.py and test_device_module.py cover moves)."""
     return entry.name in ("to", "type") and any(isinstance(a, str) for a in (*sample.args, *sample.kwargs.values()))
 
 

@@ -15,8 +15,8 @@ from starlette.routing import Route
 from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
 
-from ..conftest import PROTOCOL_HEADERS
-from ..servers import _free_port
+from ...conftest import PROTOCOL_HEADERS
+from ...servers import _free_port
 
 
 def test_no_server_at_the_url_says_start_one_or_check_the_url():

@@ -49,7 +49,7 @@ def test_a_protocol_mismatch_says_which_side_to_upgrade(theirs, advice):
 
 def test_other_errors_on_connect_are_unchanged():
     """Only a protocol mismatch is rewritten: a wrong token still reads as the server said."""
-    from ..conftest import start_server
+    from ...conftest import start_server
 
     with start_server(REMOTE_AUTOGRAD_TOKENS="sesame") as url:
         with pytest.raises(client.RemoteError) as info:

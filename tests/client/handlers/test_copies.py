@@ -14,7 +14,7 @@ from torch import nn
 from remote_autograd import client
 from remote_autograd.client.tensor import _tensor
 
-from .test_device import recorded  # noqa: F401  (a fixture: a session whose programs are recorded)
+from ..device.test_device import recorded  # noqa: F401  (a fixture: a session whose programs are recorded)
 
 
 def _same(remote: torch.Tensor, local: torch.Tensor, what: str) -> None:

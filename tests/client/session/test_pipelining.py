@@ -11,7 +11,7 @@ import torch
 from remote_autograd import client
 from remote_autograd.client.dispatch import _infer
 
-from ..conftest import start_server
+from ...conftest import start_server
 
 pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")  # layout-free: the same on either backend
 

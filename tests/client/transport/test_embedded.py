@@ -16,7 +16,7 @@ import pytest
 
 from remote_autograd.client.transport import _embedded
 
-from ..servers import ROOT
+from ...servers import ROOT
 
 _SCRIPT = textwrap.dedent("""
     import os, sys, time, torch

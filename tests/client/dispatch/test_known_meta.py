@@ -12,7 +12,7 @@ import torch
 
 from remote_autograd import client
 
-from .test_device import ProgramRecorder
+from ..device.test_device import ProgramRecorder
 
 
 @pytest.fixture(params=["pipelined", "eager"])

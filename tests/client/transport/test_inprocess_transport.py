@@ -20,7 +20,7 @@ from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.client.transport._transport import Transport
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 
-from ..conftest import start_server
+from ...conftest import start_server
 
 
 @pytest.fixture(scope="module")
