@@ -165,7 +165,9 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     if not grad_on or (route.by_name and inplace and not route.op.differentiable):  # set_data: never recorded
         step["grad_enabled"] = False
     factory = FACTORIES.get(route.wire_name) if route.by_name else None
-    autocast = _autocast.server_dtype() if _ANY_AUTOCAST() and autocast_applies(inplace) and factory is None else None
+    # factories and session ops (n_out=0) make no floating result of other tensors: autocast has no say
+    casts = _ANY_AUTOCAST() and autocast_applies(inplace) and factory is None and n_out != 0
+    autocast = _autocast.server_dtype() if casts else None
     if autocast is not None:
         step["autocast"] = dtype_name(autocast)
     grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)

@@ -65,5 +65,9 @@ def test_autocast_leaves_in_place_ops_alone_on_the_wire():
             x.add_(1.0)
             queued = sess._queue[-1]
             y = x @ x  # waits: the server's autocast rules give its dtype
+            sess.manual_seed(0)  # a session op and a factory: nothing for autocast to cast
+            z = sess.randn(2)
+            seeded, made = sess._queue[-2:]
         assert queued["op"].endswith("add_") and "autocast" not in queued
+        assert "autocast" not in seeded and "autocast" not in made and z.dtype == torch.float32
         assert y.dtype == torch.bfloat16 and x.dtype == torch.float32
