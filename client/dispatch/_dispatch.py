@@ -170,7 +170,8 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     autocast = _autocast.server_dtype() if casts else None
     if autocast is not None:
         step["autocast"] = dtype_name(autocast)
-    grad_inputs = enc.inputs if not route.op.no_grad_args else _grad_inputs(wire_args_src, kwargs, route.op.no_grad_args)
+    skip = route.op.no_grad_args
+    grad_inputs = enc.inputs if not skip else _grad_inputs(wire_args_src, kwargs, skip)
     rg = False
     if grad_on and route.op.differentiable:
         for t in grad_inputs:  # a loop, not any(genexpr): no generator frame per op
@@ -217,8 +218,9 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return result
     result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                             new_leaves=bool(kwargs.get("requires_grad")))
-    _views.settle(result if type(result) is list else list(result) if isinstance(result, tuple) else [result],
-                  enc.inputs, views, route.op.name, route.op.differentiable)
+    # _as_list(result), inline: no call per op
+    outs = result if type(result) is list else list(result) if isinstance(result, tuple) else [result]
+    _views.settle(outs, enc.inputs, views, route.op.name, route.op.differentiable)
     return result
 
 
