@@ -16,12 +16,13 @@ from typing import Callable, Iterator
 
 import httpx
 
-from remote_autograd.client._http import TunedTransport
+from remote_autograd.client.transport._http import TunedTransport
 from remote_autograd.proto import decode_body, encode_body
 from remote_autograd.proto.frames import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program
-from remote_autograd.service.settings import Settings
+from remote_autograd.service.engine.programs import run_program
 from remote_autograd.service.sessions.store import SessionStore
+from remote_autograd.service.settings import Settings
 
 from ._util import measure
 
@@ -110,13 +111,14 @@ def _replayed(tap: Tap, fn: Callable[[], object], repeat: int) -> list[float]:
 def server_alone(programs: list[dict], last: int, settings: Settings | None = None) -> list[float]:
     """Seconds to validate and run each of the ``last`` programs, replaying all of them in order on a
     store in this process (the same work the program route gives its worker thread)."""
-    store = SessionStore(settings or Settings())
+    settings = settings or Settings()
+    store = SessionStore(settings)
     session = store.create()
     times = []
     for body in programs:
         key = encode_body(body, True)
         start = time.perf_counter()
-        outcome = store.run_or_replay(session, validate_program(body), key, False)
+        outcome = run_program(session, validate_program(body), key, False, settings)
         times.append(time.perf_counter() - start)
         if outcome.status != 200:
             raise RuntimeError(f"replaying program {body['id']}: {outcome.body.get('error')}")

@@ -7,8 +7,8 @@ import time
 import torch
 
 from remote_autograd import client
-from remote_autograd.client import _embedded as embedded
-from remote_autograd.client._transport import Transport
+from remote_autograd.client.transport import _embedded as embedded
+from remote_autograd.client.transport._transport import Transport
 
 from . import _hot
 from ._util import measure, row, serve

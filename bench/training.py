@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client import _meta_memo
+from remote_autograd.client.dispatch import _meta_memo
 
 from . import _hot
 from ._util import measure, requests_per_step, row

@@ -4,30 +4,32 @@
         w = sess.tensor(torch.randn(4, 2), requires_grad=True)
         loss = (x @ w).relu().sum(); loss.backward(); w.grad.to_torch()
 
-The package's modules are layered, lowest first; each imports only from layers below its
-own, at the top of the file (an ``if TYPE_CHECKING:`` import, for annotations only, may
-point anywhere). ``tests/client/test_layers.py`` reads this list and checks every import:
+The package's rooms are layered, lowest first: each subpackage (and each module at the top)
+imports only from rooms below its own, at the top of the file (an ``if TYPE_CHECKING:`` import,
+for annotations only, may point anywhere); inside a room, modules import each other without
+circles. ``tests/client/test_layers.py`` reads this list and checks every import:
 
-    leaves:     _errors _routes _infer _views _http _progress _device _embedded
-                _callsite _factory_outputs _handler_table _ops _backoff _device_rule
-    on leaves:  _answer_body _banner _protocol_advice _unsupported _inprocess _autocast _caller_memo
-    transport:  _transport
-    queue:      _session_core
-    tensor:     _tensor
-    outputs:    _outputs
-    memo:       _meta_memo
-    dispatch:   _dispatch
-    handlers:   _local _autograd _moves _packed _composites _copies _weights
-    kernels:    _kernels
-    session:    _session
+    wire:       transport/
+    device:     device/
+    queue:      session/
+    handle:     tensor/
+    steps:      dispatch/
+    handlers:   handlers/
+    by name:    _ops
+    public:     _session
     wiring:     __init__
+
+``transport/`` speaks HTTP to a server; ``device/`` is torch's ``remote`` device and its rules;
+``session/`` the server session's queue of steps and op routes; ``tensor/`` the ``RemoteTensor``
+handle and its shared-memory bookkeeping; ``dispatch/`` the one builder of steps (``call_op``);
+``handlers/`` what a handle answers itself and the device's factory kernels; ``_session`` the
+public ``Session`` (uploads, factories, ops by name) and ``_ops`` its ``sess.ops`` namespace.
 
 ``RemoteTensor.__torch_function__`` needs the handlers and dispatch, which sit above it
 (they make and read RemoteTensors). So the tensor holds slots, and this file, the one
 place that wires, fills them as the package is imported: Python runs a package's
 ``__init__`` before any of its modules can be used, so no one meets a half-wired tensor,
-whichever module they import. It also merges the handler modules' tables (refusing a
-callable claimed twice) and registers the device kernels with torch's dispatcher.
+whichever module they import. It also registers the device kernels with torch's dispatcher.
 """
 
 from __future__ import annotations
@@ -37,18 +39,17 @@ import os
 import httpx
 import torch
 
-from . import _autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed, _tensor
-from ._embedded import embedded_url
-from ._errors import RemoteError, SessionLost
-from ._handler_table import merge
-from ._inprocess import IN_PROCESS_URL, InProcessTransport
 from ._session import Session
-from ._tensor import RemoteTensor
-from ._transport import Transport
+from .dispatch import _dispatch
+from .handlers import LOCAL_HANDLERS, _kernels
+from .tensor import _tensor
+from .tensor._tensor import RemoteTensor
+from .transport._embedded import embedded_url
+from .transport._errors import RemoteError, SessionLost
+from .transport._inprocess import IN_PROCESS_URL, InProcessTransport
+from .transport._transport import Transport
 
-_tensor.wire(local_handlers=merge(_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS,
-                                  _composites.HANDLERS, _copies.HANDLERS),
-             apply_route=_dispatch.apply_route)
+_tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]

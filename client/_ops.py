@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .dispatch._dispatch import call_op
+
 if TYPE_CHECKING:
     from ._session import Session
 
@@ -22,7 +24,7 @@ class OpsNamespace:
             raise AttributeError(f"the server's op table has no op {name!r} (see dir(sess.ops) or GET /v1/ops)")
 
         def call(*args: Any, **kwargs: Any):
-            return session._call_op(name, list(args), kwargs)
+            return call_op(session, name, args, kwargs)
 
         call.__name__ = name
         return call

@@ -1,7 +1,8 @@
 """``Session``: the public session, with uploads, factories and ops by name.
 
-It builds on ``SessionCore`` (``_session_core``: the server session and its queue of
-steps), adding what makes tensors, which the core below the tensor type cannot do.
+It builds on ``SessionCore`` (``session/_session_core``: the server session and its queue of
+steps), adding what makes tensors, which the core below the tensor type cannot do. Its
+factories are the op contract's (``proto/op_contract.FACTORIES``), one method each.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from typing import Any
 import torch
 
 from remote_autograd.proto import decode_tensor
+from remote_autograd.proto.op_contract import FACTORIES, RANDOM_FACTORIES
 
-from ._callsite import where
-from ._dispatch import call_named
 from ._ops import OpsNamespace
-from ._session_core import SessionCore, _Origin
-from ._tensor import RemoteTensor
-from ._transport import Transport
-from ._weights import load_weights
+from .dispatch._dispatch import call_op
+from .handlers._weights import load_weights
+from .session._callsite import where
+from .session._session_core import SessionCore, _Origin
+from .tensor._tensor import RemoteTensor
+from .transport._transport import Transport
 
 
 class Session(SessionCore):
@@ -44,10 +46,6 @@ class Session(SessionCore):
         """``module.to(sess.device)``: moved in place (the same Parameter objects), one upload program."""
         return module.to(self.device)
 
-    def optimizer(self, optimizer: "torch.optim.Optimizer") -> "torch.optim.Optimizer":
-        """Kept for old code: ``optimizer.load_state_dict`` now moves state to ``param.device`` as torch does."""
-        return optimizer
-
     def models(self) -> list[str]:
         """The safetensors files of the server's model directory that ``load_weights`` can name."""
         return [m["name"] for m in self._transport.call("GET", "/v1/models")["models"]]
@@ -59,7 +57,7 @@ class Session(SessionCore):
 
     def manual_seed(self, seed: int) -> None:
         """Seed this session's own generator (dropout and random factories draw from it)."""
-        self._call_op("manual_seed", [int(seed)], {}, n_out=0)
+        call_op(self, "manual_seed", [int(seed)], {}, n_out=0)
 
     def rng_state(self) -> torch.Tensor:
         """The session generator's state as a uint8 CPU tensor (``torch.remote.get_rng_state``): one round trip."""
@@ -75,28 +73,20 @@ class Session(SessionCore):
         if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
             raise TypeError(f"set_rng_state: expected a torch.ByteTensor, but got {type(state).__name__}"
                             + (f" of dtype {state.dtype}" if isinstance(state, torch.Tensor) else ""))
-        self._call_op("set_rng_state", [self.tensor(state.detach().cpu())], {}, n_out=0)
+        call_op(self, "set_rng_state", [self.tensor(state.detach().cpu())], {}, n_out=0)
 
-    # -- ops by name (factories, custom ops) ---------------------------------------------
 
-    def _call_op(self, name: str, args: list, kwargs: dict, n_out: int | None = None):
-        return call_named(self, name, args, kwargs, n_out=n_out)
+def _factory(name: str):
+    def factory(self: Session, *args, **kwargs) -> RemoteTensor:
+        return call_op(self, name, args, kwargs)
 
-    def _factory(name: str, doc: str):  # noqa: N805  (builds methods below)
-        def factory(self, *args, **kwargs):
-            return self._call_op(name, list(args), kwargs)
+    notes = {"empty": ", zeroed (never another session's memory)"}
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = f"``torch.{name}`` on the server{notes.get(name, '')}" + (
+        ", from the session's generator." if name in RANDOM_FACTORIES else ".")
+    return factory
 
-        factory.__name__, factory.__doc__ = name, doc
-        return factory
 
-    zeros = _factory("zeros", "torch.zeros on the server.")
-    ones = _factory("ones", "torch.ones on the server.")
-    full = _factory("full", "torch.full on the server.")
-    empty = _factory("empty", "torch.empty on the server, zeroed (never another session's memory).")
-    arange = _factory("arange", "torch.arange on the server.")
-    linspace = _factory("linspace", "torch.linspace on the server.")
-    eye = _factory("eye", "torch.eye on the server.")
-    rand = _factory("rand", "torch.rand on the server, from the session's generator.")
-    randn = _factory("randn", "torch.randn on the server, from the session's generator.")
-    randint = _factory("randint", "torch.randint on the server, from the session's generator.")
-    del _factory
+for _name in FACTORIES:  # sess.zeros(2, 3), sess.randn(4): the contract's factories, by name
+    setattr(Session, _name, _factory(_name))
+del _name

@@ -180,7 +180,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     if reserved:
         session.storages.reserve(session, reserved, run.settings.max_session_bytes)
     try:
-        if call.inplace:  # torch's autocast leaves in-place ops alone
+        if call.inplace:  # never under autocast: the op contract's autocast_applies
             try:
                 _run_inplace(call, step, args, kwargs)
             finally:  # a kernel that failed midway may have changed a storage too

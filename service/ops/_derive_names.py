@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import torch
 
+from remote_autograd.proto.op_contract import is_inplace_name
+
 from . import _derive_facts
 from ._derive_record import Call, Record, spelling
 
@@ -32,12 +34,6 @@ def walk(name: str) -> Any:
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)
     return obj
-
-
-def is_inplace(name: str) -> bool:
-    short = name.rsplit(".", 1)[-1]
-    return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
-        short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
 
 
 def _exists(name: str) -> bool:
@@ -231,11 +227,11 @@ def _entry_name(names: list[str], opinfos: set[str]) -> str:
     named = sorted((o for o in opinfos if o in bases and not o.startswith("__")), key=lambda o: (len(o), o))
     if named:
         return named[0]
-    return base_name(sorted(names, key=lambda n: (is_inplace(n), n.startswith("torch.Tensor."), len(n), n))[0])
+    return base_name(sorted(names, key=lambda n: (is_inplace_name(n), n.startswith("torch.Tensor."), len(n), n))[0])
 
 
 def _primary(entry: str, names: list[str]) -> str:
     for candidate in (f"torch.{entry}", f"torch.Tensor.{entry}"):
         if candidate in names:
             return candidate
-    return sorted(names, key=lambda n: (is_inplace(n), n.startswith("torch.Tensor."), len(n), n))[0]
+    return sorted(names, key=lambda n: (is_inplace_name(n), n.startswith("torch.Tensor."), len(n), n))[0]

@@ -19,17 +19,12 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
+from remote_autograd.proto.op_contract import SHAPE_RULES, is_inplace_name
+
 from ._samples import Sample
 
 # How the client infers result metadata without asking the server:
-#   elementwise:       broadcast shapes, torch's type promotion
-#   elementwise_float: the same, but integer results become the default float dtype (sqrt, exp, ...)
-#   like_input:        the first argument's shape and dtype (normalisations, softmax without dtype=)
-#   linear:            input[..., in] x weight[out, in] -> [..., out] (meta for anything unusual)
-#   loss:              a 0-d tensor of the input's dtype unless reduction='none' (then meta)
-#   meta:              run the torch function on the meta device
-#   none:              ask the server (the client flushes and waits)
-SHAPE_RULES = ("elementwise", "elementwise_float", "like_input", "linear", "loss", "meta", "none")
+# SHAPE_RULES (proto/op_contract.py): how the client may infer an op's outputs itself
 
 # function: our own autograd.Function (custom or hand-written gradient);
 # native: torch's own op with torch's own derivative (surface.py)
@@ -110,13 +105,6 @@ def _signature(name: str, fn: Callable[..., Any]) -> str:
         first = (getattr(fn, "__doc__", None) or "").strip().split("\n", 1)[0]
         start, end = first.find("("), first.rfind(")")
         return f"{name}{first[start:end + 1] if 0 <= start < end else '(*args, **kwargs)'}"
-
-
-def is_inplace_name(name: str) -> bool:
-    """``Tensor.add_``, ``torch._foreach_add_``, ``Tensor.__iadd__``: the spelling writes its first argument."""
-    short = name.rsplit(".", 1)[-1]
-    return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
-        short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
 
 
 class Resolved(NamedTuple):

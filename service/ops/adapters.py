@@ -1,7 +1,7 @@
 """Calls the server adapts before torch's own op runs: what torch asks that the wire cannot give.
 
 torch wants a packed sequence's ``batch_sizes`` (and ``pack_padded_sequence``'s ``lengths``) on the
-CPU, as the SDK keeps them (client/_packed.py); uploaded to a GPU server, they arrive on the GPU.
+CPU, as the SDK keeps them (client/handlers/_packed.py); uploaded to a GPU server, they arrive on the GPU.
 ``ADAPTERS`` (entry name -> wrapper of a spelling's torch callable) moves them back; on a CPU
 server the wrapper changes nothing.
 """

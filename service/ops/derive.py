@@ -89,7 +89,7 @@ def _probe(group: _derive_names.Group) -> dict[str, Any]:
         facts["uninitialised"] = True
     if _derive_facts.index_args(calls):
         facts["index_args"] = True
-    layout = [n for n in group.names if _derive_names.is_inplace(n) and
+    layout = [n for n in group.names if _derive_names.is_inplace_name(n) and
               _derive_facts.changes_layout(_derive_names.walk(n), calls)]
     if layout:
         facts["layout_inplace"] = layout

@@ -1,6 +1,6 @@
 """Factories: new tensors on the session's device, random ones from the session's generator.
 
-``torch.zeros(...)`` has no tensor argument, so the SDK's device kernels (client/_kernels.py) call
+``torch.zeros(...)`` has no tensor argument, so the SDK's device kernels (client/handlers/_kernels.py) call
 these by op name (no torch names); the ``*_like`` family reaches ``__torch_function__`` and is
 torch's own from the surface (``surface.json``). ``device`` arguments are accepted and ignored: the
 session's device is the only one. ``empty`` memory is zeroed: a session never sees stale data.
@@ -13,6 +13,7 @@ import functools
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.op_contract import FACTORIES
 
 from ._context import current
 from ._registry import op
@@ -21,7 +22,10 @@ from ._samples import S
 
 def _factory(name: str, samples, reference):
     """Register a factory whose output size is checked against the session's limit before
-    anything is allocated (the same torch factory on the meta device says the size)."""
+    anything is allocated (the same torch factory on the meta device says the size). The names are
+    the op contract's (``FACTORIES``), which the SDK's device kernels call."""
+    if name not in FACTORIES:
+        raise ValueError(f"factory {name!r} is not in proto/op_contract.py's FACTORIES: the SDK would not call it")
     register = op(name, torch_names=(), samples=samples, reference=reference, differentiable=False,
                   shape_rule="meta")
 

@@ -29,9 +29,11 @@ from typing import Any, Callable
 
 import torch
 
+from remote_autograd.proto.op_contract import is_inplace_name, is_shape_inplace
+
 from . import adapters, arg_checks, bounds
 from ._native import session_rng
-from ._registry import OP_TABLE, OpEntry, OpTable, is_inplace_name
+from ._registry import OP_TABLE, OpEntry, OpTable
 
 SURFACE_FILE = Path(__file__).with_name("surface.json")
 
@@ -89,7 +91,7 @@ def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
     variants = {wire_name(p): _callable(name, p, spec) for p in names}
     primary = variants[wire_name(names[0])]
     variants.setdefault(name, primary)  # the entry's own name calls its primary spelling
-    layout = {wire_name(p) for p in spec.get("layout_inplace", ())}
+    layout = {w for w in variants if is_shape_inplace(w)}  # the probe's layout_inplace, checked to agree
     copy_inplace = frozenset(w for w in variants if spec.get("index_args") and is_inplace_name(w) and w not in layout)
     data_dependent = spec["meta"] == "data_dependent" or name in bounds.BOUNDS  # meta may not say: a bound
     return OpEntry(

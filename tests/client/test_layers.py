@@ -1,10 +1,13 @@
-"""The client package's import direction: every module imports only from layers below its own.
+"""The client package's import direction: every room imports only from rooms below its own.
 
-The layer list is read from ``client/__init__.py``'s docstring (the one place it is written),
-and every ``client/*.py`` is parsed with ``ast``: an import of another client module must sit
-at the top of the file (not in a function, not at the bottom after the code that needs it)
-and point to a lower layer. A circle needs at least one import that points up or sideways,
-so a new circle fails here. ``if TYPE_CHECKING:`` imports never run and are exempt.
+A room is one of the SDK's subpackages (``client/transport/``, ``client/dispatch/``, ...) or a
+module at the package's top (``client/_session.py``). The layer list of rooms is read from
+``client/__init__.py``'s docstring (the one place it is written), and every ``client/**/*.py`` is
+parsed with ``ast``: an import of another client module must sit at the top of the file (not in a
+function, not at the bottom after the code that needs it) and point to a lower room. Inside one
+room the modules may import each other, but never in a circle. A circle between rooms needs at
+least one import that points up or sideways, so a new circle fails here. ``if TYPE_CHECKING:``
+imports never run and are exempt.
 """
 
 from __future__ import annotations
@@ -15,24 +18,27 @@ from pathlib import Path
 
 import pytest
 
-from remote_autograd.client import (_autograd, _composites, _copies, _dispatch, _kernels, _local, _moves, _packed,
-                                    _tensor)
-from remote_autograd.client._handler_table import HandlerTable, merge
+from remote_autograd import client
+from remote_autograd.client.dispatch import _dispatch
+from remote_autograd.client.handlers import HANDLER_MODULES, _kernels
+from remote_autograd.client.handlers._handler_table import HandlerTable, merge
+from remote_autograd.client.tensor import _tensor
 
-CLIENT = Path(_tensor.__file__).parent
+CLIENT = Path(client.__file__).parent
 PACKAGE = "remote_autograd.client"
 
 # Imports inside functions that stay there, each for its reason (anything else is at the top).
 IN_FUNCTION_ALLOWED = {
-    ("_embedded", "remote_autograd.service"): "the embedded server: the SDK's one meeting point with the service",
-    ("_progress", "tqdm"): "an optional dependency, loaded only when a bar is shown",
+    ("transport._embedded", "remote_autograd.service"):
+        "the embedded server: the SDK's one meeting point with the service",
+    ("transport._progress", "tqdm"): "an optional dependency, loaded only when a bar is shown",
 }
 
 
 def declared_layers() -> dict[str, int]:
-    """module name -> its layer's position (0 lowest), from client/__init__'s docstring."""
+    """room name -> its layer's position (0 lowest), from client/__init__'s docstring."""
     doc = ast.get_docstring(ast.parse((CLIENT / "__init__.py").read_text()))
-    lines = doc.split("The package's modules are layered", 1)[1].splitlines()
+    lines = doc.split("The package's rooms are layered", 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if re.match(r"    \S[^:]*:\s", line))
     layers: list[list[str]] = []
     for line in lines[start:]:
@@ -42,10 +48,25 @@ def declared_layers() -> dict[str, int]:
         if named:  # a new layer; an indented line without a name continues the one above
             layers.append([])
         layers[-1].extend((named.group(1) if named else line).split())
-    return {module: depth for depth, modules in enumerate(layers) for module in modules}
+    return {room.rstrip("/"): depth for depth, rooms in enumerate(layers) for room in rooms}
 
 
-def imports_of(path: Path) -> list[tuple[str, int, bool, bool]]:
+def rooms() -> list[str]:
+    """The rooms on disk: each subpackage, and each module at the top (``__init__`` among them)."""
+    return sorted([p.stem for p in CLIENT.glob("*.py")] + [p.parent.name for p in CLIENT.glob("*/__init__.py")])
+
+
+def modules() -> list[str]:
+    """Every client module, as its dotted name below the package: ``transport._http``, ``_session``."""
+    return sorted(".".join(p.relative_to(CLIENT).with_suffix("").parts) for p in CLIENT.rglob("*.py"))
+
+
+def room_of(module: str) -> str:
+    """``transport`` for ``transport._http``, ``transport`` for ``transport.__init__``, ``_session`` for itself."""
+    return module.split(".")[0]
+
+
+def imports_of(path: Path, module: str) -> list[tuple[str, int, bool, bool]]:
     """(imported module, line, at the top of the file, under ``if TYPE_CHECKING:``) for each import.
     At the top: at module level, before the first function or class (not at the bottom of the file)."""
     tree = ast.parse(path.read_text())
@@ -60,7 +81,7 @@ def imports_of(path: Path) -> list[tuple[str, int, bool, bool]]:
                 found.extend((alias.name, child.lineno, at_top, type_checking) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
                 at_top = top and child.lineno < first_def
-                found.extend((name, child.lineno, at_top, type_checking) for name in _from_targets(child))
+                found.extend((name, child.lineno, at_top, type_checking) for name in _from_targets(child, module))
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
                 visit(child, False, type_checking)
             elif isinstance(child, ast.If) and _is_type_checking(child.test):
@@ -72,16 +93,20 @@ def imports_of(path: Path) -> list[tuple[str, int, bool, bool]]:
     return found
 
 
-def _from_targets(node: ast.ImportFrom) -> list[str]:
-    """The modules a ``from`` import reaches, absolute: ``from . import _x`` -> remote_autograd.client._x."""
+def _from_targets(node: ast.ImportFrom, module: str) -> list[str]:
+    """The modules a ``from`` import reaches, absolute: in ``transport/_http.py``, ``from . import _x``
+    -> remote_autograd.client.transport._x and ``from .._session import S`` -> remote_autograd.client._session."""
     if node.level == 0:
         base = node.module or ""
-    elif node.level == 1:
-        base = PACKAGE + (f".{node.module}" if node.module else "")
     else:
-        base = "remote_autograd" + (f".{node.module}" if node.module else "")
-    if base == PACKAGE:  # `from . import _a` or `from remote_autograd.client import _a, connect`
-        return [f"{base}.{alias.name}" if (CLIENT / f"{alias.name}.py").exists() else base for alias in node.names]
+        parts = [PACKAGE, *module.split(".")[:-1]]  # the package the file is in (``__init__`` is in its own)
+        if node.level > 1:
+            parts = parts[:-(node.level - 1)]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    if base.startswith(PACKAGE):  # `from . import _a` or `from remote_autograd.client import _a, connect`
+        folder = CLIENT.joinpath(*base.split(".")[2:])
+        return [f"{base}.{alias.name}" if (folder / f"{alias.name}.py").exists()
+                or (folder / alias.name / "__init__.py").exists() else base for alias in node.names]
     return [base]
 
 
@@ -91,20 +116,26 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def client_module(name: str) -> str | None:
-    """``_tensor`` for remote_autograd.client._tensor (or its members); None outside the client package."""
+    """``transport._http`` for remote_autograd.client.transport._http (or its members), ``__init__`` for the
+    package itself, ``transport.__init__`` for a subpackage; None outside the client package."""
     if name == PACKAGE:
         return "__init__"
-    if name.startswith(PACKAGE + "."):
-        return name[len(PACKAGE) + 1:].split(".")[0]
-    return None
+    if not name.startswith(PACKAGE + "."):
+        return None
+    parts = name[len(PACKAGE) + 1:].split(".")
+    if (CLIENT / parts[0] / "__init__.py").exists():
+        return f"{parts[0]}.{parts[1]}" if len(parts) > 1 and (CLIENT / parts[0] / f"{parts[1]}.py").exists() \
+            else f"{parts[0]}.__init__"
+    return parts[0]
 
 
 def layer_violations(layers: dict[str, int], module: str, imports: list[tuple[str, int, bool, bool]]) -> list[str]:
     """What is wrong with one module's imports, as lines a reader can act on (empty: nothing)."""
     problems = []
+    room = room_of(module)
     for name, line, top, type_checking in imports:
         target = client_module(name)
-        where = f"client/{module}.py:{line}"
+        where = f"client/{module.replace('.', '/')}.py:{line}"
         if not top:
             reason = next((why for (m, prefix), why in IN_FUNCTION_ALLOWED.items()
                            if m == module and (name == prefix or name.startswith(prefix + "."))), None)
@@ -112,51 +143,87 @@ def layer_violations(layers: dict[str, int], module: str, imports: list[tuple[st
                 problems.append(f"{where}: `{name}` imported inside a function or class, or below one; "
                                 "import it at the top")
             continue
-        if target is None or type_checking or target == module:
+        if target is None or type_checking:
             continue
-        if target not in layers:
-            problems.append(f"{where}: imports client/{target}.py, which has no layer in client/__init__'s list")
-        elif layers[target] >= layers[module]:
-            problems.append(f"{where}: imports {target} (layer {layers[target]}) from layer {layers[module]}: "
-                            "imports point down only")
+        target_room = room_of(target)
+        if target_room == room:
+            continue  # inside one room: checked for circles below
+        if target_room not in layers:
+            problems.append(f"{where}: imports client/{target_room}, which has no layer in client/__init__'s list")
+        elif layers[target_room] >= layers[room]:
+            problems.append(f"{where}: imports {target_room} (layer {layers[target_room]}) from {room} "
+                            f"(layer {layers[room]}): imports point down only")
     return problems
 
 
-def test_every_client_module_has_a_layer_and_imports_only_downward():
+def circles_inside_rooms(imports: dict[str, list[tuple[str, int, bool, bool]]]) -> list[list[str]]:
+    """Circles among the modules of one room (top-level imports that run, within the room)."""
+    graph = {m: {client_module(n) for n, _, top, tc in found if top and not tc} for m, found in imports.items()}
+    graph = {m: {t for t in targets if t and t != m and room_of(t) == room_of(m) and not t.endswith("__init__")}
+             for m, targets in graph.items()}
+    circles, done = [], set()
+
+    def walk(m: str, path: list[str]) -> None:
+        for t in sorted(graph.get(m, ())):
+            if t in path:
+                circles.append(path[path.index(t):] + [t])
+            elif t not in done:
+                walk(t, path + [t])
+        done.add(m)
+
+    for m in sorted(graph):
+        if m not in done:
+            walk(m, [m])
+    return circles
+
+
+def _all_imports() -> dict[str, list[tuple[str, int, bool, bool]]]:
+    return {m: imports_of(CLIENT.joinpath(*m.split(".")).with_suffix(".py"), m) for m in modules()}
+
+
+def test_every_room_has_a_layer_and_imports_only_downward():
     layers = declared_layers()
-    modules = sorted(p.stem for p in CLIENT.glob("*.py"))
-    assert sorted(layers) == modules, "each client/*.py is named once in client/__init__'s layer list"
-    problems = [p for m in modules for p in layer_violations(layers, m, imports_of(CLIENT / f"{m}.py"))]
+    assert sorted(layers) == rooms(), "each client subpackage and top module is named once in client/__init__'s list"
+    imports = _all_imports()
+    problems = [p for m, found in imports.items() for p in layer_violations(layers, m, found)]
     assert not problems, "\n".join(problems)
+    assert not circles_inside_rooms(imports)
 
 
-def test_the_checker_catches_upward_sideways_late_and_in_function_imports(tmp_path):
+def test_the_checker_catches_upward_sideways_late_in_function_and_circular_imports(tmp_path):
     # The check above passes on the tree as it is; here it must fail on each kind of wrong import.
     layers = declared_layers()
     wrong = tmp_path / "_views.py"
     wrong.write_text("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
-                     "from ._tensor import RemoteTensor\n"  # up: _views is a leaf
-                     "if TYPE_CHECKING:\n    from ._session import Session\n"  # exempt
-                     "def f():\n    from . import _dispatch\n"  # in a function
-                     "from remote_autograd.client import _routes\n")  # down, but at the bottom
-    problems = layer_violations(layers, "_views", imports_of(wrong))
+                     "from ..dispatch._dispatch import Encoder\n"  # up: tensor is below dispatch
+                     "if TYPE_CHECKING:\n    from .._session import Session\n"  # exempt
+                     "def f():\n    from ..dispatch import _dispatch\n"  # in a function
+                     "from remote_autograd.client.session import _routes\n")  # down, but at the bottom
+    problems = layer_violations(layers, "tensor._views", imports_of(wrong, "tensor._views"))
     assert len(problems) == 3, problems
-    assert f"imports _tensor (layer {layers['_tensor']}) from layer 0" in problems[0]
-    assert "`remote_autograd.client._dispatch` imported inside a function" in problems[1]
-    assert "`remote_autograd.client._routes` imported inside a function or class, or below one" in problems[2]
+    assert f"imports dispatch (layer {layers['dispatch']}) from tensor (layer {layers['tensor']})" in problems[0]
+    assert "`remote_autograd.client.dispatch._dispatch` imported inside a function" in problems[1]
+    assert "`remote_autograd.client.session._routes` imported inside a function or class, or below one" in problems[2]
     sideways = tmp_path / "_moves.py"
-    sideways.write_text("from . import _local\nfrom remote_autograd.client import _tensor, connect\n")
-    assert [p.split(": ", 1)[1] for p in layer_violations(layers, "_moves", imports_of(sideways))] == [
-        f"imports _local (layer {layers['_local']}) from layer {layers['_moves']}: imports point down only",
-        f"imports __init__ (layer {layers['__init__']}) from layer {layers['_moves']}: imports point down only"]
+    sideways.write_text("from .._session import Session\nfrom remote_autograd.client import _session, connect\n")
+    assert [p.split(": ", 1)[1] for p in layer_violations(layers, "handlers._moves",
+                                                          imports_of(sideways, "handlers._moves"))] == [
+        f"imports _session (layer {layers['_session']}) from handlers (layer {layers['handlers']}): "
+        "imports point down only",
+        f"imports _session (layer {layers['_session']}) from handlers (layer {layers['handlers']}): "
+        "imports point down only",
+        f"imports __init__ (layer {layers['__init__']}) from handlers (layer {layers['handlers']}): "
+        "imports point down only"]
+    # two modules of one room importing each other at the top: a circle
+    assert circles_inside_rooms({"tensor._views": [("remote_autograd.client.tensor._tensor", 1, True, False)],
+                                 "tensor._tensor": [("remote_autograd.client.tensor._views", 1, True, False)]})
 
 
 def test_the_wiring_filled_the_tensors_slots_from_every_handler_table():
-    tables = (_local.HANDLERS, _autograd.HANDLERS, _moves.HANDLERS, _packed.HANDLERS, _composites.HANDLERS,
-              _copies.HANDLERS)
+    tables = [m.HANDLERS for m in HANDLER_MODULES]
     assert all(tables), "every handler module answers something"
     assert _tensor.LOCAL_HANDLERS == merge(*tables)
-    assert _tensor._apply_route is _dispatch.apply_route
+    assert _tensor._call_op is _dispatch.call_op
     assert _kernels._LIB is not None and _kernels.KERNELS
 
 
@@ -166,3 +233,9 @@ def test_a_callable_claimed_by_two_handler_tables_is_refused():
     second.on(len, abs)(lambda t: 2)
     with pytest.raises(RuntimeError, match="two handlers"):
         merge(first, second)
+
+
+def test_architecture_names_every_client_module():
+    text = (CLIENT.parent / "ARCHITECTURE.md").read_text()
+    unnamed = [m for m in modules() if f"`client/{m.replace('.', '/')}.py`" not in text]
+    assert not unnamed, f"ARCHITECTURE.md's map of client/ leaves out {unnamed}"

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client._unsupported import user_name
+from remote_autograd.client.session._unsupported import user_name
 
 
 def _here(offset: int = 0) -> str:

@@ -65,7 +65,8 @@ def test_architecture_cites_only_files_that_exist():
 def test_architecture_walk_names_each_stage():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     walk = text[text.index("## The walk of one op"):]
-    stages = ["__torch_function__", "client/_dispatch.py", "client/_session_core.py", "client/_transport.py",
+    stages = ["__torch_function__", "client/dispatch/_dispatch.py", "client/session/_session_core.py",
+              "client/transport/_transport.py",
               "service/http/raw_route.py", "service/http/routes/programs.py", "service/backends/local_sessions.py",
               "service/engine/admission.py", "service/engine/programs.py", "service/engine/runner.py", "service/ops/"]
     positions = [walk.index(stage) for stage in stages]
@@ -120,8 +121,9 @@ def test_architecture_import_rules_hold():
     each other (but the embedded server); service/ops nothing of service outside ops."""
     for path, names in _package_imports("proto").items():
         assert not [n for n in names if n.split(".")[0] in ("client", "service")], (path, names)
-    for path, names in _package_imports("client").items():
-        if path != "client/_embedded.py":
+    client = _package_imports("client")
+    for path, names in client.items():
+        if path != "client/transport/_embedded.py":
             assert not [n for n in names if n.startswith("service")], (path, names)
     for path, names in _package_imports("service").items():
         assert not [n for n in names if n.startswith("client")], (path, names)
@@ -129,7 +131,7 @@ def test_architecture_import_rules_hold():
     assert ops
     for path, names in ops.items():
         assert not [n for n in names if n.startswith("service.") and not n.startswith("service.ops")], (path, names)
-    assert "service.http.app" in _package_imports("client")["client/_embedded.py"]
+    assert "service.http.app" in client["client/transport/_embedded.py"]
 
 
 def test_architecture_names_every_module():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from remote_autograd import client
-from remote_autograd.client._transport import Transport
+from remote_autograd.client.transport._transport import Transport
 
 from ..servers import _free_port, api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
 

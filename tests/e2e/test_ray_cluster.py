@@ -7,6 +7,9 @@ through both fronts with the SDK and raw HTTP. The test that removes a node runs
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from typing import Iterator
 
@@ -18,7 +21,7 @@ from torch import nn
 from remote_autograd import client
 
 from ..conftest import start_server
-from ..ray_cluster import cluster_or_skip, front_env, ready_workers
+from ..ray_cluster import RAY_ENV, cluster_or_skip, front_env, ready_workers
 from ..servers import api, call, error_of, program, put, ref
 from .test_training import _data, _mlp, _train
 
@@ -161,15 +164,9 @@ def test_bytes_per_token_are_limited_cluster_wide(fronts):
 
 
 def test_a_dead_worker_process_loses_its_sessions_and_its_replacement_does_not_take_their_ids(cluster, fronts):
-    import ray
-
     first, second = _two_sessions_on_two_nodes(fronts, "alice")
     victim = _where(fronts[0], first)["worker"]
-    ray.init(address=cluster[0].address, namespace="remote-autograd", log_to_driver=False)
-    try:
-        ray.kill(ray.get_actor(victim))  # its process ends; the node stays
-    finally:
-        ray.shutdown()
+    _kill_actor(cluster[0].address, victim)  # its process ends; the node stays
     with api(fronts[0], "alice") as c:
         error_of(program(c, first, []), 410, "session_lost", first, victim, "died")
         assert program(c, second, [put("x", [1.0])]).status_code == 200  # the other worker's session goes on
@@ -218,3 +215,13 @@ def test_a_dead_node_loses_only_its_sessions_and_a_joining_node_is_used(cluster,
         for s in sessions:
             if not s._closed:
                 s.close()
+
+
+def _kill_actor(address: str, name: str) -> None:
+    """``ray.kill`` of the named actor from a driver process of its own: a driver in this process
+    would share Ray's global state with the session's other cluster (``ray_server_url``'s), and
+    joining a second cluster from it can hang waiting for a GCS."""
+    script = ("import ray, sys; ray.init(address=sys.argv[1], namespace='remote-autograd', log_to_driver=False); "
+              "ray.kill(ray.get_actor(sys.argv[2])); ray.shutdown()")
+    subprocess.run([sys.executable, "-c", script, address, name], env={**os.environ, **RAY_ENV}, check=True,
+                   timeout=120, capture_output=True)

@@ -154,7 +154,7 @@ def test_optimizer_state_dict_round_trip_through_torch_save(sess):
     torch.save(opt_r.state_dict(), buf)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
-    opt_r2 = sess.optimizer(torch.optim.Adam(remote.parameters(), lr=0.01))
+    opt_r2 = torch.optim.Adam(remote.parameters(), lr=0.01)
     opt_r2.load_state_dict(saved)
     got = _train(remote, opt_r2, Xr, Yr, steps=3)
     want = _train(local, opt_l, X, Y, steps=3)

@@ -25,9 +25,9 @@ GRADCHECK_EVERY = 3  # gradcheck runs on every third OpInfo that supports float6
 CAUSES = {
     "get_rng_state": "the remote device module has no get_rng_state, which torch.testing's freeze_rng_state "
                      "(every random OpInfo's wrapper) asks of the current accelerator (issue 20, item 4)",
-    "Could not run 'aten::": "a factory with no kernel for the remote device (client/_kernels.py)",
+    "Could not run 'aten::": "a factory with no kernel for the remote device (client/handlers/_kernels.py)",
     "reached a remote tensor below torch's functions": "a factory with no kernel for the remote device "
-                                                       "(client/_kernels.py)",
+                                                       "(client/handlers/_kernels.py)",
     "doesn't match the broadcast shape": "torch's CPU kernel resizes the target of this in-place call; its meta "
                                          "kernel, which checks every call first, refuses it (loudly)",
     "torch.linspace is not supported": "torch.linspace with tensor endpoints: the table's linspace is the SDK's "
@@ -35,10 +35,10 @@ CAUSES = {
     "_VariableFunctionsClass": "torch.meshgrid of a list calls a builtin the SDK cannot name",
     "requires_grad=True, torch's False": "the SDK predicts that every floating output of an op with an input that "
                                          "requires grad requires grad; torch marks this output non-differentiable "
-                                         "(client-side metadata: client/_dispatch.py)",
+                                         "(client-side metadata: client/dispatch/_dispatch.py)",
     "weight should have at least three dimensions": "a lazy module moved before its first forward: the SDK "
                                                     "moves an UninitializedParameter as an empty tensor "
-                                                    "(client/_moves.py)",
+                                                    "(client/handlers/_moves.py)",
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from remote_autograd import client
+from remote_autograd.client.dispatch._dispatch import call_op
 from remote_autograd.service.ops import OP_TABLE, T
 
 pytestmark = pytest.mark.optable
@@ -25,7 +26,7 @@ def _random_on_noncontiguous(entry, sample) -> bool:
 
 def _moves_to_a_device(entry, sample) -> bool:
     """``.to("cpu")``, ``.type("torch.DoubleTensor")`` (a CPU type): a move off the server, which gives a local
-    tensor (tests/client/test_device.py and test_device_module.py cover moves)."""
+    tensor (tests/client/device/test_device.py and test_device_module.py cover moves)."""
     return entry.name in ("to", "type") and any(isinstance(a, str) for a in (*sample.args, *sample.kwargs.values()))
 
 
@@ -105,7 +106,7 @@ def test_op_matches_local_torch(case, sess):
     if entry.inplace and not writes_list:  # in place on a leaf that requires grad is refused (as in torch)
         r_args[0] = r_args[0] * 1
     if func is None:
-        remote = _outputs(sess._call_op(entry.name, r_args, r_kwargs))
+        remote = _outputs(call_op(sess, entry.name, r_args, r_kwargs))
     else:
         remote = _outputs(func(*r_args, **r_kwargs))
     if entry.inplace:  # compare the written target(s) (torch's __setitem__ returns None)

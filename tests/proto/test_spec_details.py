@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 from remote_autograd import client
-from remote_autograd.client._embedded import service_app
+from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.frames import FRAMES, unpack_frames
 

@@ -1,4 +1,4 @@
-"""``GET /v1/ops``: the op table, from which the SDK builds its routes (``client/_routes.py``)."""
+"""``GET /v1/ops``: the op table, from which the SDK builds its routes (``client/session/_routes.py``)."""
 
 from __future__ import annotations
 

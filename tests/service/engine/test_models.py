@@ -19,7 +19,7 @@ import safetensors.torch
 import torch
 
 from remote_autograd import client
-from remote_autograd.client._embedded import service_app
+from remote_autograd.client.transport._embedded import service_app
 
 from ...bits import assert_same_bits
 from ...conftest import PROTOCOL_HEADERS

@@ -1,0 +1,229 @@
+"""Autograd calls a RemoteTensor answers itself: requires_grad, detach, retain_grad, .grad,
+backward and torch.autograd.grad, each queued as its own step kind.
+
+Whether a leaf's ``.grad`` is None is predicted from which leaves a backward reaches
+(and corrected from the server's answer), so optimizers never need a round trip.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from ..dispatch._dispatch import Encoder
+from ..session._callsite import where
+from ..session._session_core import _Origin, meta_from_result
+from ..tensor import _views
+from ..tensor._tensor import RemoteTensor
+from ._handler_table import HandlerTable
+
+T = torch.Tensor
+HANDLERS = HandlerTable()
+_answers = HANDLERS.on
+
+
+@_answers(T.requires_grad.__set__)
+def _set_requires_grad(t, value):
+    _requires_grad_(t, bool(value))
+
+
+@_answers(T.requires_grad_)
+def _requires_grad_(t, requires_grad=True):
+    requires_grad = bool(requires_grad)
+    if t._grad_owner is not None:
+        if requires_grad:
+            raise RuntimeError("remote-autograd: a .grad handle cannot be made to require grad")
+        return t
+    if requires_grad == t._rg:
+        return t
+    if not (t._is_leaf or not t._rg):
+        raise RuntimeError(
+            "you can only change requires_grad flags of leaf variables. If you want to use a computed variable "
+            "in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
+        )
+    if requires_grad and not (t._dtype.is_floating_point or t._dtype.is_complex):
+        raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
+    t._session.enqueue({"kind": "set_requires_grad", "id": t._id, "requires_grad": requires_grad},
+                       _Origin("requires_grad_", where()))
+    t._rg, t._is_leaf = requires_grad, True
+    if requires_grad:
+        t._leaves = frozenset({t._id})
+        t._session._grad_tracked[t._id] = t
+    else:
+        t._leaves = frozenset()
+    return t
+
+
+@_answers(T.detach)
+def _detach(t):
+    t._check_usable()
+    tid = t._session.new_id()
+    out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
+    t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
+                       _Origin("detach", where(), [weakref.ref(out)]))
+    if t._grad_owner is None:  # shares t's memory and version counter on the server, as torch's detach does
+        _views.alias(out, t, differentiable=False)
+    return out
+
+
+@_answers(T.retain_grad)
+def _retain_grad(t):
+    if not t._rg:
+        raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+    if t._is_leaf or t._retains:
+        return
+    t._session.enqueue({"kind": "retain_grad", "id": t._id}, _Origin("retain_grad", where()))
+    t._retains = True
+    t._leaves = t._leaves | {t._id}
+    t._session._grad_tracked[t._id] = t
+
+
+@_answers(T.retains_grad.__get__)
+def _retains_grad(t):
+    return t._retains
+
+
+@_answers(T.grad.__get__, T._grad.__get__)
+def _grad_get(t):
+    return t._grad_handle() if t._has_grad else None
+
+
+@_answers(T.grad.__set__, T._grad.__set__)
+def _grad_set(t, value):
+    if value is None:
+        ref = None
+    else:
+        if tuple(value.shape) != t._shape:
+            raise RuntimeError("assigned grad has data of a different size")
+        if value.dtype != t._dtype:
+            raise RuntimeError("assigned grad has data of a different type")
+        if not isinstance(value, RemoteTensor):  # torch's own rule and words (a CUDA tensor's grad on the CPU)
+            raise RuntimeError("assigned grad has data located on a different device")
+        ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
+    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
+    t._has_grad = value is not None
+    t._grad_cache = None
+
+
+@_answers(T.grad.__delete__)
+def _grad_del(t):
+    _grad_set(t, None)
+
+
+@_answers(T.backward)
+def _backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    queue_backward([t], [gradient], retain_graph, create_graph, inputs)
+
+
+@_answers(torch.autograd.backward)
+def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None,
+                       inputs=None):
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if grad_tensors is None:
+        grad_tensors = grad_variables
+    if grad_tensors is None or isinstance(grad_tensors, torch.Tensor):
+        grad_tensors = [grad_tensors] * len(tensors) if grad_tensors is None else [grad_tensors]
+    queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
+
+
+def _gradients(enc: Encoder, grads: list) -> list:
+    """The given output gradients as wire values; a local one is refused with torch's words (as for CUDA outputs)."""
+    for i, g in enumerate(grads):
+        if isinstance(g, torch.Tensor) and not isinstance(g, RemoteTensor):
+            raise RuntimeError(f"invalid gradient at index {i} - expected device {enc.session.device} but got "
+                               f"{g.device}")
+    return [None if g is None else enc.value(g) for g in grads]
+
+
+def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool, inputs) -> None:
+    """Queue a backward step and predict which leaves get a ``.grad`` from it."""
+    session = tensors[0]._session
+    enc = Encoder(session)
+    for t in tensors:
+        if not isinstance(t, RemoteTensor):
+            raise TypeError("backward() of a mix of RemoteTensors and local tensors")
+        enc.value(t)
+    step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
+    if any(g is not None for g in grads):
+        step["grad_tensors"] = _gradients(enc, grads)
+    if retain_graph is not None:
+        step["retain_graph"] = bool(retain_graph)
+    if create_graph:
+        step["create_graph"] = True
+    if inputs is not None:
+        inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        step["inputs"] = [i._id for i in inputs]
+        reached = [i for i in inputs]
+    else:
+        ids: frozenset = frozenset()
+        for t in tensors:
+            if t._rg:
+                ids = ids | t._leaves
+        reached = [session._grad_tracked.get(i) for i in ids]
+    newly = [leaf for leaf in reached if leaf is not None and not leaf._has_grad]
+    for leaf in reached:
+        if leaf is not None:
+            leaf._has_grad = True
+
+    def undo() -> None:
+        for leaf in newly:
+            leaf._has_grad = False
+
+    # By id, not ``leaf in newly``: a list's ``in`` falls back to ``==``, which on tensors is
+    # torch.eq (here a remote op, run from inside a flush, refused for unequal shapes).
+    newly_ids = {leaf._id for leaf in newly}
+
+    def correct(result) -> None:
+        for tid in (result or {}).get("no_grad") or ():
+            leaf = session._grad_tracked.get(tid)
+            if leaf is not None and tid in newly_ids:
+                leaf._has_grad = False
+                leaf._grad_cache = None
+
+    session.enqueue(step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes)
+
+
+@_answers(torch.autograd.grad)
+def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+                   allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    single_input = isinstance(inputs, torch.Tensor)
+    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    inputs = [inputs] if single_input else list(inputs)
+    session = outputs[0]._session
+    enc = Encoder(session)
+    for t in (*outputs, *inputs):
+        enc.value(t)
+    step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
+    if grad_outputs is not None:
+        grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
+        step["grad_outputs"] = _gradients(enc, grad_outputs)
+    if retain_graph is not None:
+        step["retain_graph"] = bool(retain_graph)
+    if create_graph:
+        step["create_graph"] = True
+    if allow_unused or materialize_grads:
+        step["allow_unused"] = True
+    ids = [session.new_id() for _ in inputs]
+    step["out"] = ids
+    leaves: frozenset = frozenset()
+    if create_graph:
+        for t in (*outputs, *inputs):
+            leaves = leaves | t._leaves
+    if allow_unused or materialize_grads:  # which grads are None only the server knows
+        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+        metas = meta_from_result(session.take_result(index))
+        grads = []
+        for m, inp in zip(metas, inputs):
+            if m is None:
+                grads.append(torch.zeros_like(inp) if materialize_grads else None)
+            else:
+                grads.append(RemoteTensor._new(session, m[0], m[1], m[2], requires_grad=m[3],
+                                               leaves=leaves if m[3] else frozenset(), is_leaf=not m[3]))
+        return tuple(grads)
+    grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
+                                    leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
+    session.enqueue(step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes)
+    return grads
+

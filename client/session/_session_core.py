@@ -1,0 +1,223 @@
+"""``SessionCore``: one server session, its id counter, and the queue of steps not yet sent.
+
+The part of ``Session`` that tensors and dispatch build on; it makes no tensors (the
+public ``Session``, in ``_session``, adds uploads, factories and ops by name on top).
+
+Steps are queued and sent as one program when a value is needed, on ``sync()``,
+when the queue reaches the session's limits, and on ``close()``. When step k of
+a program fails, results of steps from k on are marked failed and the error is
+raised here and again wherever a failed tensor is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Self
+
+import torch
+
+from remote_autograd.proto import decode_tensor, dtype_from_name
+from remote_autograd.proto.frames import FRAME_MIN_BYTES
+
+from ..device._device import claim_index, release_index
+from ..transport._errors import RemoteError
+from ..transport._protocol_advice import explain
+from ..transport._transport import Transport, error_from
+from . import _caller_memo
+from ._banner import announce
+from ._routes import RouteTable
+
+if TYPE_CHECKING:
+    from ..tensor._tensor import RemoteTensor
+
+_ROUTE_TABLES: dict[str, RouteTable] = {}
+
+
+class _Origin:
+    """Where a queued step came from, what it makes, and how to undo local predictions."""
+
+    __slots__ = ("op", "where", "outputs", "undo", "on_result")
+
+    def __init__(self, op: str, where: str | None, outputs: list | tuple = (),
+                 undo: Callable[[], None] | None = None, on_result: Callable[[Any], None] | None = None) -> None:
+        self.op, self.where = op, where
+        self.outputs = outputs  # weakrefs to RemoteTensors this step creates
+        self.undo = undo
+        self.on_result = on_result  # corrects local predictions from the step's result
+
+
+class SessionCore:
+    """A session on a remote-autograd server: its queue of steps, flushed as programs."""
+
+    def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
+        self._transport = transport
+        try:
+            info = transport.call("POST", "/v1/sessions", {})
+        except RemoteError as exc:  # a protocol mismatch becomes one error saying what to upgrade
+            error = explain(transport, exc)
+            transport.close()  # no session will: its connections (or in-process app) end here
+            raise error from None
+        self.id: str = info["session_id"]
+        self.remote_device: str = info["device"]
+        self.server_version: str = info["server_version"]
+        self.limits: dict[str, Any] = info["limits"]
+        self.pipeline = pipeline
+        self._routes = _route_table(transport)
+        self._path = f"/v1/sessions/{self.id}"
+        self._program_prefix = secrets.token_hex(4)
+        self._programs = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._queue: list[dict] = []
+        self._origins: list[_Origin | None] = []
+        self._queued_bytes = 0
+        self._frees: list[str] = []
+        self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
+        self._closed = False
+        self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
+        self._max_bytes = int(self.limits["max_body_bytes"]) // 2
+        self.device: torch.device = claim_index(self)  # torch.device("remote", k) while open
+        announce(info, transport.base_url)  # one line on connect, in notebooks only
+
+    # -- context manager --------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._queue)} queued"
+        return f"<remote-autograd Session {self.id} on {self._transport.base_url} ({self.remote_device}), {state}>"
+
+    def close(self) -> None:
+        """Send what is queued, then delete the session on the server (freeing all its tensors)."""
+        if self._closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self._closed = True
+            release_index(self.device)
+            try:
+                self._transport.request("DELETE", self._path)
+            finally:
+                self._transport.close()
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests this session's transport has sent (tests and benchmarks count these)."""
+        return self._transport.requests
+
+    def sync(self) -> None:
+        """Send every queued step now and wait; raises the first error."""
+        self.flush()
+
+    def stats(self) -> dict[str, Any]:
+        """The server's view of this session: tensors and bytes held (sends queued steps first)."""
+        self.flush()
+        return self._transport.call("GET", self._path, session=self.id)
+
+    # -- the queue --------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        return f"t{next(self._ids)}"
+
+    def enqueue(self, step: dict, origin: _Origin | None, nbytes: int = 0) -> int:
+        """Queue a step; returns its index in the next program. Eager sessions send at once."""
+        if self._closed:
+            self._check_open()
+        queue = self._queue
+        if queue and (len(queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
+            self.flush()
+            queue = self._queue
+        queue.append(step)
+        self._origins.append(origin)
+        self._queued_bytes += nbytes
+        index = len(queue) - 1
+        if not self.pipeline:
+            self._pending_results = self.flush()
+        return index
+
+    def flush(self) -> list:
+        """Send the queue as one program; the results, one per step."""
+        _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
+        frees, self._frees = self._frees, []
+        steps, origins = self._queue, self._origins
+        if frees:
+            steps = steps + [{"kind": "free", "ids": frees}]
+        if not steps:
+            return []
+        big = self._queued_bytes >= FRAME_MIN_BYTES
+        self._queue, self._origins, self._queued_bytes = [], [], 0
+        # The SDK names every output and infers its metadata: the server need not send it back
+        # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
+        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps, "omit_known_meta": True}
+        status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
+        if status >= 400:
+            self._fail(status, body, origins)
+        results = body["results"]
+        for origin, result in zip(origins, results):
+            if origin is not None and origin.on_result is not None:
+                origin.on_result(result)
+        return results
+
+    def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
+        err = (body or {}).get("error") or {}
+        k = err.get("step")
+        k = 0 if k is None else min(k, len(origins))
+        origin = origins[k] if k < len(origins) else None
+        error = error_from(status, body, where=origin.where if origin else None, session=self.id)
+        if origin is not None and not error.op:
+            error.op = origin.op
+        for o in origins[k:]:
+            if o is None:
+                continue
+            if o.undo is not None:
+                o.undo()
+            for ref in o.outputs:
+                t = ref()
+                if t is not None:
+                    t._error = error
+        raise error
+
+    def take_result(self, index: int) -> Any:
+        """The result of the step queued at ``index`` (flushing if it is still queued)."""
+        if self.pipeline:
+            return self.flush()[index]
+        return self._pending_results[index]
+
+    def _free_later(self, tid: str) -> None:
+        if not self._closed:
+            self._frees.append(tid)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RemoteError(f"session {self.id} is closed", code="session_closed")
+
+    # -- fetching ---------------------------------------------------------------------------
+
+    def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
+        index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
+        message = self.take_result(index)["tensor"]
+        return message
+
+
+def _route_table(transport: Transport) -> RouteTable:
+    """The server's op table, fetched once per URL over sockets. A given transport's is not
+    cached: two in-process apps may share a placeholder URL and not their ops."""
+    if not transport.own_socket_layer:
+        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
+    table = _ROUTE_TABLES.get(transport.base_url)
+    if table is None:
+        table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])
+    return table
+
+
+def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:
+    out = []
+    for m in result["tensors"]:
+        out.append(None if m is None else (m["id"], tuple(m["shape"]), dtype_from_name(m["dtype"]), m["requires_grad"]))
+    return out

@@ -1,0 +1,20 @@
+"""The SDK's path for one op stays short: ``bench/client_hops.py``'s count for one ``a + b``.
+
+ARCHITECTURE's walk of one op quotes the figures (18 calls into the client package across 8
+files, pipelined; 35 calls across 10 files before the SDK's rooms). The bound leaves room for a
+small change; a new layer of calls per op would cross it.
+"""
+
+from __future__ import annotations
+
+from bench.client_hops import figures, trace_one_add
+
+
+def test_one_add_on_two_remote_tensors_makes_few_calls_inside_the_sdk():
+    for requires_grad in (False, True):
+        calls = trace_one_add(requires_grad)
+        n, distinct, files = figures(calls)
+        assert n <= 22 and files <= 8, calls
+        names = [name for _, name in calls]
+        assert names[0] == "RemoteTensor.__torch_function__" and "call_op" in names, names
+        assert names.count("call_op") == 1, "one verb, called once: no second builder on the way"
