@@ -43,6 +43,9 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, F
 from . import meta_check
 
 PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
+# A plan of a one-call program (an eager op: a call, then a free) costs more bookkeeping than the
+# memoized check it stands in for: such programs take the plain path.
+PLAN_MIN_CALLS = 2
 _KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep)  # change no layout, no grad
 _CHANGES_GRADS = (BackwardStep, SetGradStep)
 # torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
@@ -91,8 +94,11 @@ class PlanRun:
         self._made = self._all_known = self._float_type = False
 
     @classmethod
-    def start(cls, plans: OrderedDict, steps: list) -> "PlanRun":
+    def start(cls, plans: OrderedDict, steps: list) -> "PlanRun | None":
+        """The run of ``steps`` against the session's ``plans``; None for a program too short to plan."""
         key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
+        if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:  # a call step keys by its op name
+            return None
         return cls(plans, key)
 
     # -- calls -----------------------------------------------------------------------------
