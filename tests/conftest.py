@@ -14,13 +14,16 @@ The client's and the op table's tests (``tests/client``, ``tests/ops``) get thei
 per backend or ask for ``server_url`` themselves; the server's own behaviour over sockets is
 the service's and the end-to-end tests' to check.
 
-The ladder: ``make test-fast`` leaves out what the markers below name (set by folder and
-file in ``pytest_collection_modifyitems``, so no test can forget its mark); ``make test`` runs all.
+The ladder: ``make test-fast`` leaves out what the markers below name (set by folder, file and
+backend in ``pytest_collection_modifyitems``, so no test can forget its mark): the end-to-end,
+load, real-model and Ray tests, and the modules that start servers of their own settings (the
+limits, the tenants' processes, the attacks: each server a process); ``make test`` runs all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -57,7 +60,15 @@ _RUNGS = {
     "load": lambda item, rel: rel.name == "test_load.py",
     "real_model": lambda item, rel: rel.name in ("test_real_models.py", "test_training.py", "test_training_idioms.py"),
     "ray": lambda item, rel: rel.name == "test_ray_cluster.py" or "ray" in _backend_of(item),
+    "servers": lambda item, rel: _starts_servers(item.path),
 }
+
+
+@functools.cache
+def _starts_servers(path: Path) -> bool:
+    """Whether a test module starts servers of its own settings (each a process: a second or two)."""
+    text = path.read_text()
+    return "running(" in text or "start_server(" in text
 
 
 def _backend_of(item: pytest.Item) -> str:
