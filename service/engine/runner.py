@@ -193,12 +193,12 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
+        if run.plan is not None:
+            run.plan.ran(step, call)
+        return _store_outputs(run, step, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:
-            session.storages.unreserve(session)  # the outputs are charged as they are stored, by what they hold
-    if run.plan is not None:
-        run.plan.ran(step, call)
-    return _store_outputs(run, step, result, args, kwargs, index)
+            session.storages.unreserve(session)  # what the outputs did not take (a view brings no bytes)
 
 
 def _remeasure(session: Session, step: CallStep) -> None:

@@ -79,7 +79,12 @@ class StorageLedger:
             for key, _, nbytes in pieces:
                 if key not in self._entries:
                     new[key] = nbytes
-        session.charge(sum(new.values()), limit)
+        need = sum(new.values())
+        # a step's outputs come out of what it reserved for them first (``reserve``), as pins do
+        from_pool = min(self.pool, need)
+        self.pool -= from_pool
+        if need > from_pool:
+            session.charge(need - from_pool, limit)
         for ct, pieces in zip(cts, per_ct):
             ct.held = tuple(self._add(key, keep, nbytes) for key, keep, nbytes in pieces)
 
@@ -136,12 +141,13 @@ class StorageLedger:
 
     def reserve(self, session: "Session", nbytes: int, limit: int) -> None:
         """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
-        ``unreserve`` after it. What the graph pins meanwhile comes out of it first."""
+        ``unreserve`` after its outputs are held. What the graph pins meanwhile, then the outputs'
+        new storages (``hold``), come out of it first: a step's bytes are charged once."""
         session.charge(nbytes, limit)
         self.pool = nbytes
 
     def unreserve(self, session: "Session") -> None:
-        """Give back what the step reserved and no pin took (its outputs are charged as they are stored)."""
+        """Give back what the step reserved and neither a pin nor its outputs took."""
         left, self.pool = self.pool, 0
         if left:
             session.release(left)
