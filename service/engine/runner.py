@@ -64,7 +64,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     """
     results: list[Any] = []
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
-    plan = run.plan = PlanRun.start(session.plans, program.steps) if settings.replays() else None
+    plan = run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
     views_from = _views_from(program.steps)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     began = perf_counter()

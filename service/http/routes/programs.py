@@ -18,7 +18,6 @@ from remote_autograd.proto.frames import iter_parts
 
 from ...engine.guards import declared_length, read_body
 from ...engine.program_watch import ProgramWatch
-from ..middleware import header_text
 from ..openapi import route_doc
 from ..raw_route import RawRoute
 from .deps import PROTOCOL_KEY, caller_of
@@ -31,10 +30,9 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     listening for the client going away, send the answer."""
     state = scope["app"].state
     settings, backend = state.settings, state.backend
-    headers = dict(scope["headers"])
-    owner = caller_of(scope, header_text(headers.get(PROTOCOL_KEY)))
+    version, declared, ctype, accept = _program_headers(scope["headers"])
+    owner = caller_of(scope, version)
     sid = scope["path_params"]["sid"]
-    declared = header_text(headers.get(b"content-length"))
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
     await backend.check_session(sid, owner, declared_length(declared))
     hold = state.bodies.hold()  # the body's bytes count among all bodies the server holds until answered
@@ -43,14 +41,26 @@ async def answer_program_request(scope: dict, receive, send) -> None:
         watch = ProgramWatch(settings.max_program_seconds)
         disconnects = _DisconnectListener(receive, watch)
         try:
-            async with backend.answer_program(sid, owner, body, header_text(headers.get(b"content-type")),
-                                              header_text(headers.get(b"accept")), watch) as answer:
+            async with backend.answer_program(sid, owner, body, ctype, accept, watch) as answer:
                 disconnects.stop()
                 await _send(answer, send)  # inside: the session runs nothing else until its answer is sent
         finally:
             disconnects.stop()
     finally:
         hold.release()
+
+
+_READ = (PROTOCOL_KEY, b"content-length", b"content-type", b"accept")
+
+
+def _program_headers(raw: list) -> tuple[str | None, ...]:
+    """The headers the route reads (protocol version, content length, content type, accept) as
+    text, None where absent, in one pass over ASGI's raw pairs (the last of a repeated one wins)."""
+    found = dict.fromkeys(_READ)
+    for name, value in raw:
+        if name in found:
+            found[name] = value.decode("latin-1")
+    return tuple(found.values())
 
 
 class _DisconnectListener:
