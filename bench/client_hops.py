@@ -11,6 +11,7 @@ are in. ARCHITECTURE's walk of one op quotes these figures.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 
@@ -19,28 +20,39 @@ from remote_autograd import client
 PREFIX = "remote_autograd.client"
 
 
-def trace_one_add(requires_grad: bool = False) -> list[tuple[str, str]]:
-    """(module, function) for each call into the client package during one ``a + b``
-    (``requires_grad``: ``a`` is a leaf that requires grad, so the step records a graph)."""
+def trace_one_add(requires_grad: bool = False, *, pipeline: bool = True, prefix: str = PREFIX,
+                  every_thread: bool = False) -> list[tuple[str, str]]:
+    """(module, function) for each call into ``prefix``'s modules during one ``a + b``
+    (``requires_grad``: ``a`` is a leaf that requires grad, so the step records a graph).
+    ``pipeline=False`` sends the op at once; ``every_thread`` also follows the threads the
+    in-process app starts (its event loop, its workers), to see the server's side."""
     calls: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    recording = threading.Event()
 
     def profile(frame, event, arg):
-        if event == "call":
+        if event == "call" and recording.is_set():
             module = frame.f_globals.get("__name__", "")
-            if module.startswith(PREFIX):
-                calls.append((module, frame.f_code.co_qualname))
+            if module.startswith(prefix):
+                with lock:
+                    calls.append((module, frame.f_code.co_qualname))
 
-    with client.connect(transport=client.InProcessTransport()) as sess:
-        a = sess.tensor(torch.randn(3), requires_grad=requires_grad)
-        b = sess.tensor(torch.randn(3))
-        warm = a + b
-        del warm
-        sys.setprofile(profile)
-        try:
+    if every_thread:
+        threading.setprofile(profile)  # threads started from now on: the app's loop and workers
+    sys.setprofile(profile)
+    try:
+        with client.connect(transport=client.InProcessTransport(), pipeline=pipeline) as sess:
+            a = sess.tensor(torch.randn(3), requires_grad=requires_grad)
+            b = sess.tensor(torch.randn(3))
+            warm = a + b  # route lookups, the meta memo: one-time work is not counted
+            del warm
+            recording.set()
             c = a + b
-        finally:
-            sys.setprofile(None)
-        del c
+            recording.clear()
+            del c
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
     return calls
 
 

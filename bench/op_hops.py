@@ -1,86 +1,44 @@
-"""``python -m bench.op_hops``: the calls one ``a + b`` on two remote tensors passes through, counted.
+"""``python -m bench.op_hops``: the calls one eager ``a + b`` passes through, counted on each side.
 
-The walk of one op (ARCHITECTURE.md) in numbers: an eager ``a + b`` (sent at once) on the
-service's app in this process (``InProcessTransport``, so the server's side is seen too), with
-a profile hook on every thread. It prints how many calls land in our own modules on each side,
-in how many functions and files, and how often the walk returns to a file it had left (a
-"room already left"). Meta memos are warmed by one run first: a training loop's step is the
-repeated one. Not a speed figure: the count of hops the next engineer follows.
+The walk of one op (ARCHITECTURE.md) in numbers: ``bench.client_hops``'s trace of one ``a + b``,
+sent at once (eager) to the service's app in this process, on every thread, so the server's side
+is seen too. It prints how many calls land in our own modules on each side, in how many
+functions and modules, and how often the walk returns to a module it had left (a "room already
+left"). Comprehensions and generator expressions are loops, not hops: they are not counted.
+Not a speed figure: the count of hops the next engineer follows.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from pathlib import Path
+from .client_hops import trace_one_add
 
-import torch
-
-_COMPREHENSIONS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>")  # a loop, not a hop
+_COMPREHENSIONS = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>")
+SIDES = ("client", "service", "proto", "remote_autograd")
 
 
-def _folders() -> dict[str, str]:
-    """Each side's folder, as its modules' code objects name it."""
-    import remote_autograd
-    from remote_autograd import client, proto, service
-
-    return {side: str(Path(package.__file__).parent) + "/"
-            for side, package in (("client", client), ("service", service), ("proto", proto),
-                                  ("remote_autograd", remote_autograd))}
+def _side(module: str) -> str:
+    """``client``, ``service`` or ``proto`` for their modules; ``remote_autograd`` for the top ones."""
+    part = module.split(".")[1] if module.count(".") else ""
+    return part if part in SIDES[:3] else "remote_autograd"
 
 
-def count_hops() -> dict:
-    from remote_autograd import client
-
-    folders = _folders()
-
-    def _side(filename: str) -> str | None:
-        for side, folder in folders.items():
-            if filename.startswith(folder) and not (side == "remote_autograd" and "/" in filename[len(folder):]):
-                return side
-        return None
-
-    calls: list[tuple[str, str, str]] = []  # (side, file, function), in call order per thread
-    lock = threading.Lock()
-
-    def profile(frame, event, arg):
-        if event == "call" and not frame.f_code.co_qualname.endswith(_COMPREHENSIONS):
-            side = _side(frame.f_code.co_filename)
-            if side is not None:
-                with lock:
-                    calls.append((side, frame.f_code.co_filename, frame.f_code.co_qualname))
-
-    recording = threading.Event()
-
-    def hook(frame, event, arg):
-        if recording.is_set():
-            profile(frame, event, arg)
-
-    threading.setprofile(hook)  # threads the app starts from now on (its loop, its workers)
-    sys.setprofile(hook)
-    try:
-        with client.connect(transport=client.InProcessTransport(), pipeline=False) as sess:
-            a, b = sess.tensor(torch.ones(3)), sess.tensor(torch.ones(3))
-            a + b  # warm: the route table, the meta memo
-            recording.set()
-            a + b
-            recording.clear()
-    finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
+def count_hops() -> dict[str, dict[str, int]]:
+    calls = [(module, name) for module, name in trace_one_add(pipeline=False, prefix="remote_autograd",
+                                                                every_thread=True)
+             if not name.endswith(_COMPREHENSIONS)]
     figures = {}
-    for side in ("client", "service", "proto", "remote_autograd"):
-        mine = [c for c in calls if c[0] == side]
-        files, returns, left = [], 0, set()
-        for _, file, _ in mine:
-            if not files or files[-1] != file:
-                if file in left:
+    for side in SIDES:
+        mine = [(module, name) for module, name in calls if _side(module) == side]
+        order, returns, left = [], 0, set()
+        for module, _ in mine:
+            if not order or order[-1] != module:
+                if module in left:
                     returns += 1
-                if files:
-                    left.add(files[-1])
-                files.append(file)
-        figures[side] = {"calls": len(mine), "functions": len({(f, q) for _, f, q in mine}),
-                         "files": len({f for _, f, _ in mine}), "returns to a file left": returns}
+                if order:
+                    left.add(order[-1])
+                order.append(module)
+        figures[side] = {"calls": len(mine), "functions": len(set(mine)),
+                         "files": len({module for module, _ in mine}), "returns to a file left": returns}
     return figures
 
 
