@@ -79,12 +79,7 @@ class StorageLedger:
             for key, _, nbytes in pieces:
                 if key not in self._entries:
                     new[key] = nbytes
-        need = sum(new.values())
-        # a step's outputs come out of what it reserved for them first (``reserve``), as pins do
-        from_pool = min(self.pool, need)
-        self.pool -= from_pool
-        if need > from_pool:
-            session.charge(need - from_pool, limit)
+        self._charge(session, sum(new.values()), limit)  # a step's outputs: from its reservation first
         for ct, pieces in zip(cts, per_ct):
             ct.held = tuple(self._add(key, keep, nbytes) for key, keep, nbytes in pieces)
 
@@ -133,10 +128,7 @@ class StorageLedger:
         key, keep, nbytes = storage_of(t)
         if key not in self._entries:
             # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
-            from_pool = min(self.pool, nbytes)
-            if nbytes > from_pool:
-                session.charge(nbytes - from_pool, limit)
-            self.pool -= from_pool
+            self._charge(session, nbytes, limit)
         return self._add(key, keep, nbytes)
 
     def reserve(self, session: "Session", nbytes: int, limit: int) -> None:
@@ -170,6 +162,14 @@ class StorageLedger:
         self.dead.clear()
 
     # -- the counts -------------------------------------------------------------------------
+
+    def _charge(self, session: "Session", nbytes: int, limit: int) -> None:
+        """Charge ``nbytes`` new to the session: out of the running step's reservation first
+        (``reserve``: already charged and checked), the rest against ``limit`` (413 past it)."""
+        from_pool = min(self.pool, nbytes)
+        if nbytes > from_pool:
+            session.charge(nbytes - from_pool, limit)
+        self.pool -= from_pool
 
     def _settled(self) -> int:
         freed = 0
