@@ -27,3 +27,8 @@ def wants_msgpack(accept: str | None, content_type: str | None) -> bool:
 def accepts_anything(accept: str) -> bool:
     """Whether every media range of a (lowercased) ``Accept`` is ``*/*``, parameters (q-values) aside."""
     return all(part.split(";", 1)[0].strip() == "*/*" for part in accept.split(","))
+
+
+def accepts_frames(accept: str | None) -> bool:
+    """Whether the client takes the framed encoding (big tensors out of their own memory, SPEC.md §1)."""
+    return FRAMES in (accept or "").lower()

@@ -8,6 +8,7 @@ import torch
 
 from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
+from remote_autograd.proto.negotiation import accepts_frames
 
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome
@@ -79,7 +80,7 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
 def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
     """(media type, body parts, total length) of an answer: framed when it carries big tensors and
     the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
-    if as_msgpack and FRAMES in (accept or "").lower() and _framable(body):
+    if as_msgpack and accepts_frames(accept) and _framable(body):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
         if frames:
             parts, total = pack_frames(header, frames)
