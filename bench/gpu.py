@@ -1,8 +1,11 @@
 """``gpu``: the GPT step with the server on the GPU, beside local torch on the same GPU, with CUDA-graph
 replay off and on. Runs only where ``torch.cuda.is_available()``; says so and skips elsewhere.
 
-Two servers, started with ``REMOTE_AUTOGRAD_DEVICE=cuda`` and ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` 0 and
-1, each measured through the SDK on loopback. Whether replay is really there is read from the
+Two servers, started with ``REMOTE_AUTOGRAD_DEVICE=cuda`` and ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` off and
+on, each measured through the SDK on loopback. The GPT step (AdamW, a cosine schedule: new floats
+every step, and the session generator's swap around its zero-probability dropout) is never
+captured (``service/engine/graph_steps.py`` says which programs are); the MLP step with SGD at a
+fixed learning rate is, so its rows show what a replay saves. Whether replay is really there is read from the
 server's own answers (``/healthz`` and the session-creation answer): where neither names it, the
 row says "replay not reported" and is labelled by the setting alone. The server's part of a step
 (its worker's time, from ``Server-Timing``) is the figure to hold against local torch.
@@ -22,6 +25,7 @@ from . import _hot
 from ._util import measure, requests_per_step, row, serve
 from .real_model import HEADER, build_gpt, gpt_data, gpt_step
 from .step_parts import print_breakdown, print_client_cost, step_parts
+from .training import _mlp, _step_fn
 
 GRAPHS_SETTING = "REMOTE_AUTOGRAD_CUDA_GRAPHS"
 _OFF = {False, 0, "0", "off", "false", "disabled", None}
@@ -55,6 +59,17 @@ def _replay_label(setting: str, reported: bool | None) -> str:
     return f"{GRAPHS_SETTING}={setting}, replay {'on' if reported else 'off'}"
 
 
+def _gpu_servers():
+    """A server on the GPU with graphs off, then one with graphs on: (label, session, tap) of each."""
+    for setting in ("off", "on"):
+        env = {"REMOTE_AUTOGRAD_DEVICE": "cuda", GRAPHS_SETTING: setting}
+        with serve(["-m", "remote_autograd.service"], env) as gpu_url:
+            label = _replay_label(setting, replay_reported(server_answers(gpu_url)))
+            tap = _hot.Tap()
+            with client.connect(gpu_url, transport=tap) as sess:
+                yield label, sess, tap
+
+
 def run(url: str | None = None, repeat: int = 30) -> None:
     print(f"\n[gpu] {HEADER}; the server on the GPU against local torch on the same GPU")
     if not torch.cuda.is_available():
@@ -63,19 +78,34 @@ def run(url: str | None = None, repeat: int = 30) -> None:
     print(f"  {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     base, data = build_gpt(), gpt_data()
     local = row("local torch on cuda", measure(gpt_step(copy.deepcopy(base), "cuda", data), repeat=repeat, warmup=5))
-    for setting in ("0", "1"):
-        env = {"REMOTE_AUTOGRAD_DEVICE": "cuda", GRAPHS_SETTING: setting}
-        with serve(["-m", "remote_autograd.service"], env) as gpu_url:
-            label = _replay_label(setting, replay_reported(server_answers(gpu_url)))
-            tap = _hot.Tap()
-            with client.connect(gpu_url, transport=tap) as sess:
-                step = gpt_step(copy.deepcopy(base), sess.device, data)
-                times = measure(step, repeat=repeat, warmup=5)
-                print(f"  {label}")
-                row("  remote on cuda, the same loop", times, local,
-                    f"{requests_per_step(sess, step):.1f} requests/step")
-                parts = step_parts(sess, tap, step)
-                print_breakdown(parts)
-                print_client_cost(parts)
-                print(f"  {'  server time (worker) / local torch':<48} {parts.worker * 1e6 / local:9.2f}x"
-                      "   (target <= 1.2x)")
+    for label, sess, tap in _gpu_servers():
+        step = gpt_step(copy.deepcopy(base), sess.device, data)
+        times = measure(step, repeat=repeat, warmup=5)
+        print(f"  {label}")
+        row("  remote on cuda, the same loop", times, local,
+            f"{requests_per_step(sess, step):.1f} requests/step")
+        parts = step_parts(sess, tap, step)
+        print_breakdown(parts)
+        print_client_cost(parts)
+        print(f"  {'  server time (worker) / local torch':<48} {parts.worker * 1e6 / local:9.2f}x"
+              "   (target <= 1.2x)")
+    _mlp_sgd_rows(repeat)
+
+
+def _mlp_sgd_rows(repeat: int) -> None:
+    """The MLP step with SGD at a fixed learning rate: a program the server captures."""
+    print("\n[gpu] MLP 784-128-10, SGD lr=0.1, batch 64: graphs off and on")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+    base = _mlp()
+    local_model = copy.deepcopy(base).cuda()
+    local_step = _step_fn(local_model, torch.optim.SGD(local_model.parameters(), lr=0.1), x.cuda(), y.cuda())
+    local = row("local torch on cuda", measure(local_step, repeat=repeat, warmup=5))
+    for label, sess, tap in _gpu_servers():
+        model = sess.module(copy.deepcopy(base))
+        step = _step_fn(model, torch.optim.SGD(model.parameters(), lr=0.1), sess.tensor(x), sess.tensor(y))
+        times = measure(step, repeat=repeat, warmup=5)
+        print(f"  {label}")
+        row("  remote on cuda", times, local)
+        parts = step_parts(sess, tap, step)
+        print(f"  {'  server time (worker) / local torch':<48} {parts.worker * 1e6 / local:9.2f}x")

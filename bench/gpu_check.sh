@@ -17,7 +17,8 @@ WHEELS=${GPU_WHEELS:-.gpu-wheels}
 OUT=${OUT:-$PWD/gpu-check-out}
 # The tests that read the server's device and adapt to it (tolerances, deterministic variants,
 # device memory): the real models trained on both sides, and the metrics' device gauges.
-GPU_TESTS=${GPU_TESTS:-tests/e2e/test_real_models.py tests/service/http/test_observability.py}
+# and CUDA-graph replay against the plain path on the same GPU.
+GPU_TESTS=${GPU_TESTS:-tests/e2e/test_real_models.py tests/service/http/test_observability.py tests/service/engine/test_graph_steps.py}
 CARRY_LIMIT=$((64 << 20))
 DRY_RUN=0
 case "${1:-}" in

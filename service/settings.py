@@ -95,6 +95,9 @@ class Settings:
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
     replay: str = "on"  # "off": a repeated program is checked call by call again (service/engine/program_plan.py)
+    # "on": a repeated program runs as a CUDA graph on a cuda device (service/engine/graph_steps.py);
+    # "emulate": the same with graph_capture.RecordedGraph on any device (tests). Off until a GPU run vouches for it
+    cuda_graphs: str = "off"
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
@@ -150,6 +153,12 @@ class Settings:
         if self.replay not in ("on", "off"):
             raise ValueError(f"REMOTE_AUTOGRAD_REPLAY={self.replay!r}: use on or off")
         return self.replay == "on"
+
+    def graph_mode(self) -> str:
+        """How repeated programs are captured (``service/engine/graph_steps.py``): off, on or emulate."""
+        if self.cuda_graphs not in ("off", "on", "emulate"):
+            raise ValueError(f"REMOTE_AUTOGRAD_CUDA_GRAPHS={self.cuda_graphs!r}: use off, on or emulate")
+        return self.cuda_graphs
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

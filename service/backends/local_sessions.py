@@ -70,7 +70,7 @@ class LocalSessions:
         self.workers.shutdown()
 
     def health(self) -> dict:
-        return {"device": str(self.store.device)}
+        return {"device": str(self.store.device), "cuda_graphs": self.settings.cuda_graphs}
 
     async def readiness(self) -> tuple[bool, dict]:
         try:

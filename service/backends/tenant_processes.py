@@ -101,7 +101,7 @@ class TenantProcesses:
         await asyncio.gather(*(self._stop(w, save=self.settings.state_dir != "") for w in workers))
 
     def health(self) -> dict:
-        return {"device": str(self.settings.resolved_device())}
+        return {"device": str(self.settings.resolved_device()), "cuda_graphs": self.settings.cuda_graphs}
 
     async def readiness(self) -> tuple[bool, dict]:
         """Ready with the device a live worker checks; with none live, ready (a worker checks its device when it starts)."""

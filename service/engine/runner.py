@@ -35,6 +35,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
+from . import graph_steps
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
@@ -62,44 +63,75 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     ``watch`` is asked before each step whether the program must stop there (its time limit, its
     client gone): the stop is that step's failure, the steps before it stay done.
     """
-    results: list[Any] = []
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
-    plan = run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
-    views_from = _views_from(program.steps)
+    run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
+    steps = StepLoop(run, program, observe, watch)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
-    began = perf_counter()
-    storages = session.storages
     try:
         with counting_saved(session, settings.max_session_bytes):  # what the graph saves counts too
-            for index, step in enumerate(program.steps):
-                if index == views_from:
-                    run.views = True
-                start = perf_counter()
-                try:
-                    if watch is not None:
-                        watch.check()
-                    if type(step) is CallStep:
-                        results.append(_call(run, step, index))
-                    else:
-                        results.append(_HANDLERS[type(step)](run, step))
-                        if plan is not None:
-                            plan.other(step)
-                except Exception as exc:  # every failure becomes data: see _as_protocol_error
-                    err = _as_protocol_error(exc, index, _step_op(step))
-                    # the traceback holds this frame, which holds err: a cycle only the garbage collector
-                    # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
-                    exc.__traceback__ = err.__traceback__ = exc.__context__ = None
-                    return Outcome(err.status, err.answer(results, program.id), perf_counter() - began)
-                finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
-                    if storages.dead:
-                        storages.settle(session)
-                if observe is not None:
-                    observe(_step_op(step), perf_counter() - start)
+            graphs = session.graphs if settings.cuda_graphs != "off" else None
+            if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
+                steps.execute(0, len(program.steps))
     finally:
         reset(token)
-    if plan is not None:
-        plan.finish(True)
-    return Outcome(200, {"id": program.id, "results": results}, perf_counter() - began)
+    if steps.failed is not None:
+        return steps.failed
+    if run.plan is not None:
+        run.plan.finish(True)
+    return Outcome(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
+
+
+class StepLoop:
+    """A program's steps run in order, from any step to any other: all at once on the plain path,
+    in two parts around a capture (``graph_steps``). ``failed``: the outcome of the step that failed
+    (the loop stops there), ``results``: each step's result so far."""
+
+    __slots__ = ("run", "program", "observe", "watch", "results", "failed", "views_from", "began", "put", "made")
+
+    def __init__(self, run: ProgramRun, program: Program, observe, watch) -> None:
+        self.run, self.program, self.observe, self.watch = run, program, observe, watch
+        self.results: list[Any] = []
+        self.failed: Outcome | None = None
+        self.views_from = _views_from(program.steps)
+        self.began = perf_counter()
+        self.put = _put  # a capture stores put values staged before it began (graph_steps)
+        self.made: dict | None = None  # a capture records each call's stored outputs here (graph_steps)
+
+    def execute(self, start: int, stop: int) -> bool:
+        """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
+        run, results, observe, watch, plan = self.run, self.results, self.observe, self.watch, self.run.plan
+        storages = run.session.storages
+        steps = self.program.steps
+        for index in range(start, stop):
+            step = steps[index]
+            if index == self.views_from:
+                run.views = True
+            began = perf_counter()
+            try:
+                if watch is not None:
+                    watch.check()
+                kind = type(step)
+                if kind is CallStep:
+                    results.append(_call(run, step, index))
+                    if self.made is not None and step.out:
+                        self.made[index] = tuple(run.session.tensors[t].value for t in step.out)
+                else:
+                    results.append(self.put(run, step) if kind is PutStep else _HANDLERS[kind](run, step))
+                    if plan is not None:
+                        plan.other(step)
+            except Exception as exc:  # every failure becomes data: see _as_protocol_error
+                err = _as_protocol_error(exc, index, _step_op(step))
+                # the traceback holds this frame, which holds err: a cycle only the garbage collector
+                # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
+                exc.__traceback__ = err.__traceback__ = exc.__context__ = None
+                self.failed = Outcome(err.status, err.answer(results, self.program.id), perf_counter() - self.began)
+                return False
+            finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
+                if storages.dead:
+                    storages.settle(run.session)
+            if observe is not None:
+                observe(_step_op(step), perf_counter() - began)
+        return True
 
 
 def _views_from(steps: list) -> int:

@@ -84,6 +84,7 @@ def make_backend(settings: Settings):
     ``settings.per_tenant_processes()`` (by default: more than one token); with one token or
     none, in this process (the fast path: no hop between processes)."""
     settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
+    settings.graph_mode()  # and REMOTE_AUTOGRAD_CUDA_GRAPHS
     if settings.backend == "inprocess":
         return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":

@@ -77,6 +77,7 @@ class Session:
     storages: StorageLedger = field(default_factory=StorageLedger)
     programs: OrderedDict = field(default_factory=OrderedDict)
     plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
+    graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
@@ -125,6 +126,7 @@ class Session:
         self.tensors.clear()
         self.programs.clear()
         self.plans.clear()
+        self.graphs.clear()  # a capture's memory goes with its last tensor
         self.storages.close()
         self.release(self.bytes_held)
 

@@ -62,21 +62,26 @@ def _run_both(bodies: list) -> tuple[list, list]:
     plan and on one without: (answers, final state) of each."""
     answers, states = [], []
     for replay in ("on", "off"):
-        settings = Settings.from_env({}, replay=replay)
-        store = SessionStore(settings)
-        session = store.create()
-        session.generator.manual_seed(0)
-        got = []
-        for body in bodies:
-            if isinstance(body, dict):
-                program, key = validate_program(body), encode_body(body, True)
-            else:
-                program, key = decode_program(body[0], body[1], settings)
-            outcome = run_program(session, program, key, False, store.settings)
-            got.append((outcome.status, encode_body(outcome.body, True)))
+        got, session = run_bodies(bodies, Settings.from_env({}, replay=replay))
         answers.append(got)
         states.append(_state(session))
     return answers, states
+
+
+def run_bodies(bodies: list, settings: Settings) -> tuple[list, object]:
+    """Each body run in order on a fresh store's session: ([(status, answer bytes)], the session)."""
+    store = SessionStore(settings)
+    session = store.create()
+    session.generator.manual_seed(0)
+    answers = []
+    for body in bodies:
+        if isinstance(body, dict):
+            program, key = validate_program(body), encode_body(body, True)
+        else:
+            program, key = decode_program(body[0], body[1], settings)
+        outcome = run_program(session, program, key, False, store.settings)
+        answers.append((outcome.status, encode_body(outcome.body, True)))
+    return answers, session
 
 
 def _assert_same(answers: list, states: list) -> None:

@@ -1,0 +1,504 @@
+"""A repeated program captured once as a CUDA graph and launched again (``REMOTE_AUTOGRAD_CUDA_GRAPHS``).
+
+The plain path it replaces: every step through the runner, each kernel launched from Python
+one by one. A training loop sends the same program every step, with new ids and new values: the
+same kernels on tensors of the same layouts. Captured (``graph_capture``), the device work of a
+step is one launch; what Python still does is the step's bookkeeping, which a graph cannot
+replay: ids stored and freed, ``.grad`` assigned, version counters moved, bytes counted.
+
+**Which programs** (``signature``): a program is keyed by everything but its ids and its put
+values: every step's kind, op and arguments, floats by value (a learning rate baked into a
+kernel is replayed as it was), and every session tensor it names by address and layout (the
+graph reads and writes those addresses). Only what a graph can replay exactly takes part:
+torch's own deterministic ops (no random draw, no contract that reads values, no data-dependent
+shape, no autocast, no ``out=``, no in-place op that changes a layout), puts without a grad,
+``set_grad`` to None, one kind of ``backward`` (no ``gradient``, ``inputs``, retained or
+higher-order graph, roots made by the program) and fetches only after the last step that
+computes. A session tensor that requires grad must be a leaf: a backward reaches no graph but
+the program's. Anything else runs the plain path, every time.
+
+**When**: a signature seen ``WARMUP_RUNS`` times on the plain path (torch's advice: warm up
+before capturing) is captured on its next run. That run is a plain run inside the capture,
+its puts staged before it (a host-to-device copy cannot be captured); the capture launches
+nothing, so the graph is replayed once at its end, and the fetches after it read the values.
+
+**Lifetime**: a replay rewrites every tensor its capture made. The session never holds those
+tensors themselves, only aliases (new tensor objects on the same storage), so a storage's use
+count says whether anything still holds one: an id, a view, a saved tensor, an answer being
+sent. A capture is replayed only when nothing but the capture holds any of its storages.
+A training loop frees step N's loss and inputs during step N+1, so a signature gets ``SLOTS``
+captures, used in turn; when both are held, the step runs the plain path.
+
+**What a replay does in Python**: the same answers (every step's result must be None, as with
+``omit_known_meta``), the same ids stored and freed, the same grads assigned (aliases of the
+captured ones), the same version counts (each session tensor moved by what its capture moved).
+A replay that would fail (an id in use, the tensor limit) runs the plain path instead, which
+answers the error at its step. Bytes: each capture's tensors stay counted to the session while
+the capture lives (``_Slot.keepers``); the capture's own temporaries (a backward's
+intermediate grads) are not counted, as on the plain path.
+
+``tests/service/engine/test_graph_steps.py`` runs the training tests' programs with
+``RecordedGraph`` (the stand-in) and without, answer for answer and tensor for tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.messages import BackwardStep, CallStep, FetchStep, FreeStep, PutStep, SetGradStep
+from remote_autograd.proto.tensors import decode_tensor_data
+
+from .. import ops as _ops
+from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import Outcome
+from .graph_capture import CudaGraph, RecordedGraph
+from .program_plan import _RELAYOUT
+from .values import check_new_ids, store_made, store_tensors
+
+WARMUP_RUNS = 2
+SLOTS = 2
+GRAPHS_PER_SESSION = 2  # signatures kept per session (a training step, an evaluation step)
+# the factories of our own whose values are a kernel's, from their arguments alone (no generator)
+_FACTORIES_FIT = frozenset({"zeros", "ones", "empty", "full", "arange"})
+MODES = ("off", "on", "emulate")  # emulate: ``RecordedGraph``, on any device (tests)
+log = logging.getLogger("remote_autograd.service.engine.graph_steps")
+
+
+class _Unfit(Exception):
+    """The program cannot be replayed as a graph (``signature``)."""
+
+
+def run(graphs: OrderedDict, steps, mode: str) -> bool:
+    """Run ``steps`` (a ``runner.StepLoop``) here: warm-up, capture or replay. False: not a program
+    for a graph, the caller runs the plain path."""
+    session = steps.run.session
+    if mode == "on" and session.device.type != "cuda":
+        return False
+    try:
+        key, inputs = signature(session, steps.program.steps, steps.views_from, steps.program.omit_known_meta)
+    except _Unfit:
+        return False
+    entry = graphs.get(key)
+    if entry is None:
+        entry = graphs[key] = _Entry()
+        while len(graphs) > GRAPHS_PER_SESSION:
+            graphs.popitem(last=False)[1].release(session)
+    graphs.move_to_end(key)
+    if entry.refused:
+        return False
+    if entry.seen < WARMUP_RUNS:
+        if steps.execute(0, len(steps.program.steps)):
+            entry.seen += 1
+        return True
+    if not _fits(steps):
+        return False  # the plain path answers the id in use, or the limit, at its step
+    if steps.watch is not None:
+        try:
+            steps.watch.check()
+        except ProtocolError:
+            return False  # the plain path stops at its first step, as it would have
+    for slot in entry.slots:
+        if slot.free():
+            _replay(slot, steps, inputs)
+            return True
+    if len(entry.slots) < SLOTS:
+        _capture(entry, steps, inputs, CudaGraph() if mode == "on" else RecordedGraph())
+        return True
+    return False
+
+
+class _Entry:
+    """One signature's warm-up count and captures."""
+
+    __slots__ = ("seen", "slots", "refused")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.slots: list[_Slot] = []
+        self.refused = False  # a capture found the program unfit (a result to answer, a failure)
+
+    def release(self, session) -> None:
+        for slot in self.slots:
+            slot.release(session)
+        self.slots.clear()
+
+
+class _Slot:
+    """One capture: the graph, the tensors it made, and what a replay does besides launching it."""
+
+    __slots__ = ("graph", "staged", "made", "grads", "versions", "watched", "keepers")
+
+    def __init__(self, graph) -> None:
+        self.graph = graph
+        self.staged: dict[int, torch.Tensor] = {}  # put step -> the tensor its values are copied into
+        self.made: dict[int, tuple] = {}  # call step -> the tensors it stored (out-of-place calls)
+        self.grads: list[tuple[tuple, torch.Tensor | None]] = []  # origin -> the grad the program left it
+        self.versions: list[tuple[int, bool, int]] = []  # (input, its grad?, how far the program moved it)
+        self.watched: dict[int, int] = {}  # storage (its _cdata) -> its use count when nothing else holds it
+        self.keepers: list[CustomTensor] = []  # count the capture's tensors to the session while it lives
+
+    def free(self) -> bool:
+        """Whether nothing but this capture holds any of its storages (then a replay may rewrite them)."""
+        use_count = torch._C._storage_Use_Count
+        return all(use_count(key) == ours for key, ours in self.watched.items())
+
+    def release(self, session) -> None:
+        self.graph.release()
+        if self.keepers and not session.closed:
+            session.storages.drop(session, self.keepers)
+        self.keepers = []
+
+
+# -- which programs ---------------------------------------------------------------------------
+
+
+def signature(session, steps: list, head: int, omit_known_meta: bool) -> tuple[tuple, list[CustomTensor]]:
+    """(key, the session tensors named, in their order of first use); ``_Unfit`` when no graph can
+    replay the program (see the module's docstring)."""
+    if not omit_known_meta:
+        raise _Unfit
+    walk = _Walk(session)
+    parts: list = []
+    for index, step in enumerate(steps):
+        kind = type(step)
+        if index >= head:  # the fetches and frees after the last step that computes
+            parts.append(("fetch", walk.ref(step.id), step.value, step.grad) if kind is FetchStep else ("free",))
+        elif kind is CallStep:
+            parts.append(walk.call(index, step))
+        elif kind is PutStep:
+            if step.grad is not None:
+                raise _Unfit
+            walk.origins[step.id] = ("u", index)
+            parts.append(("put", step.value.dtype, tuple(step.value.shape), step.requires_grad))
+        elif kind is SetGradStep:
+            if step.grad is not None:
+                raise _Unfit
+            origin = walk.ref(step.id)
+            walk.reset.add(origin)
+            parts.append(("set_grad", origin))
+        elif kind is BackwardStep:
+            parts.append(walk.backward(step))
+        elif kind is FreeStep:
+            parts.append(("free",))
+        else:  # a fetch before the last computing step, grad, retain_grad, requires_grad_, load
+            raise _Unfit
+    return (tuple(parts), tuple(walk.layouts)), walk.inputs
+
+
+class _Walk:
+    """The origins of a program's tensors as ``signature`` walks it: ``("s", n)`` the session's n-th
+    (its address and layout in ``layouts``), ``("u", step)`` a put's, ``("p", step, k)`` a call's."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.origins: dict[str, tuple] = {}
+        self.inputs: list[CustomTensor] = []
+        self.layouts: list[tuple] = []
+        self.reset: set[tuple] = set()  # origins whose grad the program set to None
+        self.grads_named: set[tuple] = set()  # inputs whose grad's address is in ``layouts``
+
+    def ref(self, tid: str) -> tuple:
+        origin = self.origins.get(tid)
+        if origin is None:
+            ct = self.session.tensors.get(tid)
+            if ct is None:
+                raise _Unfit  # the plain path answers the unknown id
+            value = ct.value
+            if value.requires_grad and not value.is_leaf:
+                raise _Unfit
+            origin = self.origins[tid] = ("s", len(self.inputs))
+            self.inputs.append(ct)
+            self.layouts.append(_layout(value) + (value.requires_grad,))
+        return origin
+
+    def grad_ref(self, tid: str) -> tuple:
+        origin = self.ref(tid)
+        self._name_grad(origin)
+        return ("g", origin)
+
+    def _name_grad(self, origin: tuple) -> None:
+        """A session tensor's grad the program reads or adds to as it was: its address is keyed too."""
+        if origin[0] == "s" and origin not in self.reset and origin not in self.grads_named:
+            self.grads_named.add(origin)
+            grad = self.inputs[origin[1]].grad
+            self.layouts.append(("g", origin[1], None if grad is None else _layout(grad)))
+
+    def call(self, index: int, step: CallStep) -> tuple:
+        found = _ops.OP_TABLE.resolve(step.op)
+        if found is None:
+            raise _Unfit
+        entry = found.entry
+        # getitem is ours (it reads our wire form of an index) and data-dependent for a tensor index
+        # (a mask's True count); by ints, slices and None it is torch's own view
+        basic_index = entry.name == "getitem" and not _names_a_tensor(step.args[1:])
+        ours_fit = basic_index or entry.name in _FACTORIES_FIT
+        if ((not ours_fit and (not entry.variants or entry.data_dependent))
+                or not entry.exact or entry.check is not None or step.autocast is not None or step.out_many
+                or (step.kwargs and "out" in step.kwargs)
+                or (found.inplace and step.op.rpartition(".")[2] in _RELAYOUT)):
+            raise _Unfit
+        part = ("call", step.op, step.grad_enabled, self._value(step.args),
+                self._value(step.kwargs) if step.kwargs else None, len(step.out))
+        for k, tid in enumerate(step.out):
+            self.origins[tid] = ("p", index, k)
+        return part
+
+    def backward(self, step: BackwardStep) -> tuple:
+        if step.grad_tensors is not None or step.inputs is not None or step.retain_graph or step.create_graph:
+            raise _Unfit
+        roots = tuple(self.ref(t) for t in step.tensors)
+        if any(r[0] == "s" for r in roots):
+            raise _Unfit
+        for n, ct in enumerate(self.inputs):  # grads added to as they are: their addresses count
+            if ct.value.requires_grad:
+                self._name_grad(("s", n))
+        return ("backward", roots)
+
+    def _value(self, wire: Any) -> Any:
+        kind = type(wire)
+        if kind is dict:
+            ref = wire.get("ref")
+            if ref is not None:
+                return self.ref(ref)
+            if "grad_of" in wire:
+                return self.grad_ref(wire["grad_of"])
+            return tuple((k, self._value(v)) for k, v in wire.items())  # a dtype, a slice
+        if kind is list:
+            return "l", tuple(self._value(w) for w in wire)
+        return kind, wire  # floats by value: 0.1 and 0.2 are two kernels
+
+
+def _names_a_tensor(wire: Any) -> bool:
+    if type(wire) is dict:
+        return "ref" in wire or "grad_of" in wire or any(_names_a_tensor(v) for v in wire.values())
+    if type(wire) is list:
+        return any(_names_a_tensor(w) for w in wire)
+    return False
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t.dtype, t.device
+
+
+def _fits(steps) -> bool:
+    """Whether the plain path would store every id of the program (none in use, the tensor limit kept):
+    checked before a replay, which must not fail midway."""
+    session, settings = steps.run.session, steps.run.settings
+    live = set(session.tensors)
+    count, limit = len(live), settings.max_tensors_per_session
+    for step in steps.program.steps[:steps.views_from]:
+        kind = type(step)
+        new = [step.id] if kind is PutStep else step.out if kind is CallStep else ()
+        for tid in new:
+            if tid in live:
+                return False
+            live.add(tid)
+        count += len(new)
+        if count > limit:
+            return False
+        if kind is FreeStep:
+            for tid in step.ids:
+                if tid in live:
+                    live.discard(tid)
+                    count -= 1
+    return True
+
+
+# -- capture and replay -----------------------------------------------------------------------
+
+
+def _capture(entry: _Entry, steps, inputs: list[CustomTensor], graph) -> None:
+    run, session = steps.run, steps.run.session
+    program, head = steps.program.steps, steps.views_from
+    staged = {id(step): decode_tensor_data(step.value, field="value", device=session.device)
+              for step in program[:head] if type(step) is PutStep}
+    if len(staged) != sum(type(s) is PutStep for s in program[:head]):  # one step object twice
+        steps.execute(0, len(program))
+        return
+    before = _versions(inputs)
+    grads_before = [ct.grad for ct in inputs]
+    made: dict[int, tuple] = {}
+
+    def put_staged(run_, step):
+        return _store_put(run_, step, staged[id(step)])
+
+    plain_put, steps.put, steps.made = steps.put, put_staged, made
+    try:
+        try:
+            with graph.capturing():
+                ok = steps.execute(0, head)
+        finally:
+            steps.put, steps.made = plain_put, None
+        graph.replay()  # the capture launched nothing: this run's device work, done now
+    except Exception as exc:  # CUDA refused the capture: the steps' device work is lost
+        _lost(steps, head, exc)
+        return
+    slot = _Slot(graph)
+    if not ok:  # a step failed: its answer stands, and a later run may capture again
+        slot.release(session)
+        return
+    if not (all(r is None for r in steps.results) and _keep(slot, steps, inputs, staged, made, before,
+                                                            grads_before)):
+        entry.refused = True  # an answer a replay could not give, or bytes it could not keep counted
+        slot.release(session)
+    else:
+        entry.slots.append(slot)
+    steps.execute(head, len(program))
+
+
+def _lost(steps, head: int, exc: Exception) -> None:
+    """The session cannot go on: its steps ran in Python but not on the device. It is closed, loudly."""
+    session = steps.run.session
+    log.error("session %s closed: a CUDA graph capture failed: %s", session.id, exc)
+    session.clear()
+    err = ProtocolError(ErrorCode.OP_ERROR,
+                        f"this session was closed: capturing its program as a CUDA graph failed ({exc}); "
+                        "set REMOTE_AUTOGRAD_CUDA_GRAPHS=off and report it")
+    err.step, err.op = head, "graph"
+    steps.failed = Outcome(err.status, err.answer(steps.results, steps.program.id), 0.0)
+
+
+def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> bool:
+    """Record what a replay needs from the capture that just ran, and let the session hold only aliases
+    of the tensors it made. False: the capture cannot be replayed (its bytes could not stay counted)."""
+    session, settings = steps.run.session, steps.run.settings
+    program = steps.program.steps
+    by_step = {id(step): index for index, step in enumerate(program)}
+    slot.staged = {by_step[key]: t for key, t in staged.items()}
+    slot.made = made
+    statics = {id(t): t for t in (*slot.staged.values(), *(t for ts in made.values() for t in ts))}
+    # the grads the program left: inputs' (changed) and those of tensors it made
+    origins = _origins(session, program, steps.views_from, inputs)
+    for origin, ct in origins.items():
+        old = grads_before[origin[1]] if origin[0] == "s" else None
+        if ct.grad is not old:
+            slot.grads.append((origin, ct.grad))
+            if ct.grad is not None:
+                statics.setdefault(id(ct.grad), ct.grad)
+    after = _versions(inputs)
+    slot.versions = [(n, is_grad, a - b) for (n, is_grad, b), (_, _, a) in zip(before, after) if a != b]
+    inputs_storages = {_storage_key(ct.value) for ct in inputs} | {_storage_key(ct.grad) for ct in inputs
+                                                                    if ct.grad is not None}
+    ours = [t for t in statics.values() if _storage_key(t) not in inputs_storages]
+    slot.keepers = [CustomTensor(t) for t in ours]
+    try:
+        session.storages.hold(session, slot.keepers, settings.max_session_bytes)
+    except ProtocolError:
+        slot.keepers = []
+        return False
+    # the session's ids and grads now name aliases; the capture keeps the tensors themselves
+    static_ids = set(statics)
+    aliases: dict[int, int] = {}  # storage -> aliases made on it just now
+    for ct in session.tensors.values():
+        if id(ct.value) in static_ids:
+            ct.value = _alias(ct.value)
+            _count(aliases, ct.value)
+        if ct.grad is not None and id(ct.grad) in static_ids:
+            ct.grad = _alias(ct.grad)
+            _count(aliases, ct.grad)
+    # what holds each storage now besides those aliases (this capture's tensors, the ledger's entry, a
+    # RecordedGraph's calls) holds it for as long as the capture lives: more than that is someone else
+    use_count = torch._C._storage_Use_Count
+    keys = {_storage_key(t) for t in ours}
+    slot.watched = {key: use_count(key) - aliases.get(key, 0) for key in keys}
+    return True
+
+
+def _count(counts: dict[int, int], t: torch.Tensor) -> None:
+    key = _storage_key(t)
+    counts[key] = counts.get(key, 0) + 1
+
+
+def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
+    run, session, settings = steps.run, steps.run.session, steps.run.settings
+    run.plan = None  # the session's plan for this program stays the one its plain runs recorded
+    program, head = steps.program.steps, steps.views_from
+    values = {index: decode_tensor_data(program[index].value, field="value", device=session.device, copy=False)
+              for index in slot.staged}
+    with torch.no_grad():
+        for index, value in values.items():
+            slot.staged[index].copy_(value)
+    made: dict[tuple, CustomTensor] = {}
+    for index in range(head):
+        step = program[index]
+        kind = type(step)
+        if kind is PutStep:
+            ct = made[("u", index)] = CustomTensor(_alias(slot.staged[index]))
+            store_tensors(session, settings, [(step.id, ct)])
+            steps.results.append(None)
+        elif kind is CallStep:
+            outputs = slot.made.get(index)
+            if outputs is not None:
+                check_new_ids(session, step.out)
+                pairs = [(tid, CustomTensor(_alias(t))) for tid, t in zip(step.out, outputs)]
+                for k, (_, ct) in enumerate(pairs):
+                    made[("p", index, k)] = ct
+                store_made(session, settings, pairs)
+            steps.results.append(None)
+        elif kind is BackwardStep:
+            steps.results.append(None)
+        elif not steps.execute(index, index + 1):  # set_grad, free: the runner's own handlers
+            raise RuntimeError(f"graph replay: step {index} failed after its checks passed")
+    slot.graph.replay()
+    changed = []
+    for origin, grad in slot.grads:
+        ct = inputs[origin[1]] if origin[0] == "s" else made.get(origin)
+        if ct is not None:
+            ct.grad = None if grad is None else _alias(grad)
+            changed.append(ct)
+    session.storages.remeasure(session, changed)
+    for n, is_grad, moved in slot.versions:
+        tensor = inputs[n].grad if is_grad else inputs[n].value
+        for _ in range(moved):
+            torch.autograd.graph.increment_version(tensor)
+    steps.execute(head, len(program))
+
+
+def _store_put(run, step: PutStep, value: torch.Tensor) -> None:
+    """``runner._put`` of a value decoded before the capture began."""
+    check_new_ids(run.session, [step.id])
+    if step.requires_grad:
+        value.requires_grad_(True)
+    store_tensors(run.session, run.settings, [(step.id, CustomTensor(value))])
+    return None
+
+
+def _origins(session, program: list, head: int, inputs: list[CustomTensor]) -> dict[tuple, CustomTensor]:
+    """Each origin whose tensor the session holds at the end of ``program[:head]``, with that tensor."""
+    found: dict[tuple, CustomTensor] = {("s", n): ct for n, ct in enumerate(inputs)}
+    for index, step in enumerate(program[:head]):
+        kind = type(step)
+        ids = [step.id] if kind is PutStep else step.out if kind is CallStep else ()
+        for k, tid in enumerate(ids):
+            ct = session.tensors.get(tid)
+            if ct is not None:
+                found[("u", index) if kind is PutStep else ("p", index, k)] = ct
+    return found
+
+
+def _versions(inputs: list[CustomTensor]) -> list[tuple[int, bool, int]]:
+    out = []
+    for n, ct in enumerate(inputs):
+        out.append((n, False, ct.value._version))
+        out.append((n, True, -1 if ct.grad is None else ct.grad._version))
+    return out
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object on ``t``'s storage, as autograd sees ``t``: a non-leaf stays one (its graph
+    reached through a view), a leaf stays a leaf."""
+    if t.requires_grad and t.grad_fn is not None:
+        with torch.enable_grad():
+            return t.view_as(t)
+    alias = t.detach()
+    return alias.requires_grad_(True) if t.requires_grad else alias
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
