@@ -1,4 +1,4 @@
-"""``wan``: the SDK and torch's dist_autograd over one link with real delay, 10 ms each way.
+"""``wan``: the SDK and torch's dist_autograd on this machine alone, then over one link with real delay, 10 ms each way.
 
 The section makes the link (``bench.wan_link``), starts a server and torch's RPC peer
 (``bench.torch_peer``) on its server side, and runs the measuring client (``bench.wan_measure``)
@@ -17,8 +17,8 @@ import subprocess
 import sys
 from typing import Iterator
 
-from ._util import ROOT
-from .wan_link import Link, LinkUnavailable, delayed_link
+from ._util import ROOT, free_port
+from .wan_link import Link, LinkUnavailable, delayed_link, loopback
 
 DELAY_MS = 10
 SERVER_PORT, STORE_PORT = 8000, 29500  # in namespaces of our own: nothing else listens there
@@ -44,12 +44,13 @@ def _started(argv: list[str]) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
-def _measure_over(link: Link, repeat: int) -> str | None:
+def _measure_over(link: Link, repeat: int, ports: tuple[int, int] = (SERVER_PORT, STORE_PORT)) -> str | None:
     """Run the server and torch's peer on the link's server side and the measuring client on its client
-    side; what went wrong, if anything."""
-    master = f"{link.server_host}:{STORE_PORT}"
-    url = f"http://{link.server_host}:{SERVER_PORT}"
-    server = [sys.executable, "-m", "remote_autograd.service", "--host", link.server_host, "--port", str(SERVER_PORT)]
+    side (``ports``: the server's and torch's rendezvous store's); what went wrong, if anything."""
+    server_port, store_port = ports
+    master = f"{link.server_host}:{store_port}"
+    url = f"http://{link.server_host}:{server_port}"
+    server = [sys.executable, "-m", "remote_autograd.service", "--host", link.server_host, "--port", str(server_port)]
     peer = [sys.executable, "-m", "bench.torch_peer", "--master", master, "--ifname", link.server_ifname]
     measuring = [sys.executable, "-m", "bench.wan_measure", "--url", url, "--master", master,
                  "--ifname", link.client_ifname, "--repeat", str(repeat)]
@@ -71,6 +72,11 @@ def run(url: str | None = None, repeat: int = 20) -> None:
           "dist_autograd + DistributedOptimizer (forward, backward and optimizer step each a round trip)")
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
+        same_machine = loopback()  # first on this machine alone: the issue's requirement holds there too
+        print(f"  {same_machine.describe()}")
+        failed = _measure_over(same_machine, repeat, (free_port(), free_port()))
+        if failed:
+            print(f"  {failed}")
         with delayed_link(DELAY_MS) as link:
             print(f"  link: {link.describe()}")
             print(f"  each process computes on {CHILD_ENV['OMP_NUM_THREADS']} intra-op thread(s) (OMP_NUM_THREADS)")

@@ -37,7 +37,7 @@ class LinkUnavailable(RuntimeError):
 
 @dataclass
 class Link:
-    kind: str  # "netem" or "TUN relay"
+    kind: str  # "netem", "TUN relay" or "loopback" (no link: ``loopback``)
     delay_ms: float
     server_ns: str
     client_ns: str
@@ -48,14 +48,23 @@ class Link:
 
     def inside(self, side: str, argv: list[str]) -> list[str]:
         """``argv`` run in the namespace of ``side`` ("server" or "client")."""
+        if self.kind == "loopback":
+            return argv
         return ["ip", "netns", "exec", self.server_ns if side == "server" else self.client_ns, *argv]
 
     def describe(self) -> str:
+        if self.kind == "loopback":
+            return "no link: both sides on this machine's 127.0.0.1, without delay"
         if self.kind == "netem":
             return (f"netem delay {self.delay_ms:g} ms on lo of namespace {self.server_ns} "
                     f"(server and client inside it, {self.server_host})")
         return (f"a TUN relay delaying each packet {self.delay_ms:g} ms, namespace {self.server_ns} "
                 f"(server, {self.server_host}) to {self.client_ns} (client, {TUN_ADDRESSES[1]}); {self.note}")
+
+
+def loopback() -> Link:
+    """Both sides on this machine, as the issue's "on the same machine" asks: no namespace, no delay."""
+    return Link("loopback", 0.0, "", "", "127.0.0.1", "lo", "lo")
 
 
 def missing_prerequisite() -> str | None:

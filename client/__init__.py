@@ -42,7 +42,7 @@ import torch
 from ._session import Session
 from .dispatch import _dispatch
 from .handlers import LOCAL_HANDLERS, _kernels
-from .tensor import _tensor
+from .tensor import _foreach, _tensor
 from .tensor._tensor import RemoteTensor
 from .transport._embedded import embedded_url
 from .transport._errors import RemoteError, SessionLost
@@ -51,6 +51,7 @@ from .transport._transport import Transport
 
 _tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
+_foreach.take_foreach_paths(RemoteTensor)  # torch's optimizers choose for sess.device what they choose for cuda
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 

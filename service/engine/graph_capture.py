@@ -55,7 +55,7 @@ class RecordedGraph:
         with torch._C._AutoDispatchBelowADInplaceOrView(), torch.no_grad():
             for func, args, kwargs, made in self.calls:
                 result = func(*args, **kwargs)
-                for static, fresh in zip(made, _returned(result)):
+                for static, (_, fresh) in zip(made, _returned(func._schema, result)):
                     if static is not None:
                         static.copy_(fresh)
 
@@ -80,8 +80,7 @@ class _Recorder(TorchDispatchMode):
             return _written(schema, args, kwargs)
         result = func(*args, **kwargs)
         # a returned alias of an argument (a view) sees the replay's writes: nothing to copy into it
-        made = tuple(None if r.alias_info is not None else t
-                     for r, t in zip(schema.returns, _returned(result)))
+        made = tuple(None if aliased else t for aliased, t in _returned(schema, result))
         self.calls.append((func, args, kwargs, made))
         return result
 
@@ -90,12 +89,16 @@ _HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.
                torch.ops.aten.is_nonzero.default}
 
 
-def _returned(result) -> list:
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, (tuple, list)):
-        return [r if isinstance(r, torch.Tensor) else None for r in result]
-    return []
+def _returned(schema, result) -> list[tuple[bool, torch.Tensor | None]]:
+    """Each tensor a call returned, in order, with whether it aliases an argument: a schema's return
+    may be one tensor or a list of them (``_foreach_add``'s ``Tensor[]``)."""
+    values = result if len(schema.returns) > 1 else (result,)
+    out = []
+    for r, value in zip(schema.returns, values):
+        aliased = r.alias_info is not None
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            out.append((aliased, t if isinstance(t, torch.Tensor) else None))
+    return out
 
 
 def _on_a_device(args, kwargs) -> bool:

@@ -277,6 +277,13 @@ def test_recorded_graph_keeps_a_cuda_graphs_rules():
     assert torch.equal(w, torch.full((3,), 2.0)) and torch.equal(made, torch.full((3,), 4.0))
     graph.replay()  # the same kernels again, on the same tensors
     assert torch.equal(w, torch.full((3,), 3.0)) and torch.equal(made, torch.full((3,), 6.0))
+    xs = [torch.ones(2), torch.ones(2)]
+    listed = RecordedGraph()
+    with listed.capturing():
+        torch._foreach_add_(xs, 1.0)
+        sums = torch._foreach_add(xs, xs)  # a list returned: every tensor of it rewritten by a replay
+    listed.replay()
+    assert all(torch.equal(t, torch.full((2,), 4.0)) for t in sums)
     with pytest.raises(RuntimeError, match="read on the host"):
         with RecordedGraph().capturing():
             w.sum().item()
