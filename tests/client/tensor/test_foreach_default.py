@@ -59,13 +59,19 @@ def _ops_sent(make_optimizer, **kw) -> tuple[list, list, set]:
         return losses, params, {s["op"] for p in programs() for s in p["steps"] if s.get("kind") == "call"}
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_an_optimizer_takes_its_foreach_path_and_trains_as_local_torch(name):
-    losses, params, ops = _ops_sent(OPTIMIZERS[name])
-    local_losses, local_params = _train("cpu", OPTIMIZERS[name])
+def _trained_as_local_torch(make_optimizer) -> set:
+    """Train on sess.device and on the CPU: the same losses and parameters, bit for bit; the ops sent."""
+    losses, params, ops = _ops_sent(make_optimizer)
+    local_losses, local_params = _train("cpu", make_optimizer)
     assert losses == local_losses
     for remote, local in zip(params, local_params):
         assert torch.equal(remote, local)
+    return ops
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_an_optimizer_takes_its_foreach_path_and_trains_as_local_torch(name):
+    ops = _trained_as_local_torch(OPTIMIZERS[name])
     assert {"_foreach_norm", "_foreach_mul_"} <= ops  # clip_grad_norm_'s foreach path
     assert any(op.startswith("_foreach_") and op not in ("_foreach_norm", "_foreach_mul_")
                for op in ops), f"{name} sent no foreach update: {sorted(ops)}"
@@ -73,11 +79,7 @@ def test_an_optimizer_takes_its_foreach_path_and_trains_as_local_torch(name):
 
 @pytest.mark.parametrize("name", list(SINGLE_TENSOR))
 def test_an_optimizer_whose_paths_differ_keeps_the_single_tensor_path(name):
-    losses, params, ops = _ops_sent(SINGLE_TENSOR[name])
-    local_losses, local_params = _train("cpu", SINGLE_TENSOR[name])
-    assert losses == local_losses
-    for remote, local in zip(params, local_params):
-        assert torch.equal(remote, local)
+    ops = _trained_as_local_torch(SINGLE_TENSOR[name])
     assert not any(op.startswith("_foreach_") and op not in ("_foreach_norm", "_foreach_mul_") for op in ops)
 
 
