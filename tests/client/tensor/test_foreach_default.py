@@ -86,3 +86,23 @@ def test_an_optimizer_whose_paths_differ_keeps_the_single_tensor_path(name):
 def test_foreach_false_keeps_the_single_tensor_path():
     _, _, ops = _ops_sent(OPTIMIZERS["adam"], foreach=False)
     assert "Tensor.addcdiv_" in ops and not any(op.startswith("_foreach_a") for op in ops)
+
+
+def test_param_groups_read_as_the_user_made_them():
+    """The foreach the hook sets lasts one step: a checkpoint's param_groups are the user's."""
+    with client.connect(transport=client.InProcessTransport()) as sess:
+        model = nn.Linear(3, 2).to(sess.device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model(torch.ones(4, 3, device=sess.device)).sum().backward()
+        opt.step()
+        assert opt.param_groups[0]["foreach"] is None
+        assert opt.state_dict()["param_groups"][0] == torch.optim.Adam(nn.Linear(3, 2).parameters(), lr=0.1).state_dict()[
+            "param_groups"][0]
+
+
+def test_torch_distributed_optim_still_compiles():
+    """torch.distributed.optim compiles torch's optimizer functions with TorchScript at its import."""
+    import subprocess
+    import sys
+    code = "import remote_autograd.client, torch.distributed.optim"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
