@@ -39,6 +39,7 @@ from . import graph_steps
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import check_call
 from .program_plan import PlanRun
@@ -216,7 +217,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
             try:
                 _run_inplace(call, step, args, kwargs)
             finally:  # a kernel that failed midway may have changed a storage too
-                _remeasure(session, step)
+                if not keeps_storages(call, step):
+                    _remeasure(session, step)
             if run.plan is not None:
                 run.plan.ran(step, call)
             return None if run.omit_known_meta else {"tensors": []}
