@@ -200,10 +200,24 @@ class PlanRun:
         if kind is int or kind is str or wire is None:
             return type(part) is kind and part == wire
         if kind is dict:
-            return self._part(wire, value) == part and self._all_known
+            ref = wire.get("ref")
+            if ref is None:  # a grad, a dtype, a slice
+                return self._part(wire, value) == part and self._all_known
+            # ``_part`` of a tensor reference, inlined: a foreach step names a whole group's tensors
+            origin = self.origins.get(ref)
+            if origin is None:
+                origin = self._first_use(ref, value)
+            if ref not in self.known:
+                self._all_known = False
+            return origin == part and self._all_known
         if kind is list:
-            return (type(part) is tuple and len(part) == 2 and part[0] == "l" and len(part[1]) == len(wire)
-                    and all(self._same(w, v, r) for w, v, r in zip(wire, value, part[1])))
+            if not (type(part) is tuple and len(part) == 2 and part[0] == "l" and len(part[1]) == len(wire)):
+                return False
+            same = self._same
+            for w, v, r in zip(wire, value, part[1]):
+                if not same(w, v, r):
+                    return False
+            return True
         return self._part(wire, value) == part
 
     def _parts(self, wire: list, values: list) -> tuple:
