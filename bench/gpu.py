@@ -2,8 +2,8 @@
 replay off and on. Runs only where ``torch.cuda.is_available()``; says so and skips elsewhere.
 
 Two servers, started with ``REMOTE_AUTOGRAD_DEVICE=cuda`` and ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` off and
-on, each measured through the SDK on loopback. The GPT step (AdamW, a cosine schedule: new floats
-every step, and the session generator's swap around its zero-probability dropout) is never
+on, each measured through the SDK on loopback. The GPT step (AdamW and a cosine schedule: new floats
+every step; clipping, whose coefficient is read on the host) is never
 captured (``service/engine/graph_steps.py`` says which programs are); the MLP step with SGD at a
 fixed learning rate is, so its rows show what a replay saves. Whether replay is really there is read from the
 server's own answers (``/healthz`` and the session-creation answer): where neither names it, the

@@ -85,6 +85,31 @@ class _Recorder(TorchDispatchMode):
         return result
 
 
+class HostReads(TorchDispatchMode):
+    """Notes whether anything read a device value on the host while it was on (``seen``): a warm-up run
+    watched this way tells whether capturing its program would be refused. It changes no value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.seen and (func in _HOST_READS or _to_host(func, args, kwargs)) and _on_a_device(args, kwargs):
+            self.seen = True
+        return func(*args, **kwargs)
+
+
+def _to_host(func, args, kwargs) -> bool:
+    """A copy from a device tensor into host memory (``.cpu()``, ``.tolist()`` on CUDA)."""
+    if func is torch.ops.aten._to_copy.default:
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
+    if func is torch.ops.aten.copy_.default:
+        return args[0].device.type == "cpu" and args[1].device.type not in ("cpu", "meta")
+    return False
+
+
 _HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default,
                torch.ops.aten.is_nonzero.default}
 

@@ -15,6 +15,7 @@ import torch
 from remote_autograd.proto.messages import BackwardStep, CallStep, FetchStep, FreeStep, PutStep, SetGradStep
 
 from .. import ops as _ops
+from ..ops._native import draws_nothing
 from ..sessions.custom_tensor import CustomTensor
 from .program_plan import _RELAYOUT
 
@@ -106,8 +107,10 @@ class _Walk:
         # (a mask's True count); by ints, slices and None it is torch's own view
         basic_index = entry.name == "getitem" and not _names_a_tensor(step.args[1:])
         ours_fit = basic_index or entry.name in _FACTORIES_FIT
+        # a random op fits only where it draws nothing (a dropout of probability 0, as GPTs configure)
+        deterministic = entry.exact or draws_nothing(step.op, step.args, step.kwargs or {})
         if ((not ours_fit and (not entry.variants or entry.data_dependent))
-                or not entry.exact or entry.check is not None or step.autocast is not None or step.out_many
+                or not deterministic or entry.check is not None or step.autocast is not None or step.out_many
                 or (step.kwargs and "out" in step.kwargs)
                 or (found.inplace and step.op.rpartition(".")[2] in _RELAYOUT)):
             raise Unfit

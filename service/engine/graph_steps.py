@@ -10,7 +10,8 @@ replay: ids stored and freed, ``.grad`` assigned, version counters moved, bytes 
 values: every step's kind, op and arguments, floats by value (a learning rate baked into a
 kernel is replayed as it was), and every session tensor it names by address and layout (the
 graph reads and writes those addresses). Only what a graph can replay exactly takes part:
-torch's own deterministic ops (no random draw, no contract that reads values, no data-dependent
+torch's own deterministic ops (no random draw, except calls that draw nothing: a dropout of
+probability 0, ``ops._native.draws_nothing``; no contract that reads values, no data-dependent
 shape, no autocast, no ``out=``, no in-place op that changes a layout), puts without a grad,
 ``set_grad`` to None, one kind of ``backward`` (no ``gradient``, ``inputs``, retained or
 higher-order graph, roots made by the program) and fetches only after the last step that
@@ -18,7 +19,10 @@ computes. A session tensor that requires grad must be a leaf: a backward reaches
 the program's. Anything else runs the plain path, every time.
 
 **When**: a signature seen ``WARMUP_RUNS`` times on the plain path (torch's advice: warm up
-before capturing) is captured on its next run. That run is a plain run inside the capture,
+before capturing) is captured on its next run. The warm-up runs are watched (``HostReads``): a
+program whose steps read a device value on the host (an ``.item()`` in an op, a check keyed by a
+0-d tensor's value, as ``clip_grad_norm_``'s clip coefficient is) would fail its capture, so it
+is never captured. That run is a plain run inside the capture,
 its puts staged before it (a host-to-device copy cannot be captured); the capture launches
 nothing, so the graph is replayed once at its end, and the fetches after it read the values.
 
@@ -54,7 +58,7 @@ from remote_autograd.proto.tensors import decode_tensor_data
 
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome
-from .graph_capture import CudaGraph, RecordedGraph
+from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
 from .values import check_new_ids, store_made, store_tensors
 
@@ -83,9 +87,13 @@ def run(graphs: OrderedDict, steps, mode: str) -> bool:
     graphs.move_to_end(key)
     if entry.refused:
         return False
-    if entry.seen < WARMUP_RUNS:
-        if steps.execute(0, len(steps.program.steps)):
+    if entry.seen < WARMUP_RUNS:  # a plain run, watched: a program that reads a value on the host is never captured
+        reads = HostReads()
+        with reads:
+            ok = steps.execute(0, steps.views_from)
+        if ok and steps.execute(steps.views_from, len(steps.program.steps)):
             entry.seen += 1
+            entry.refused = reads.seen
         return True
     if not _fits(steps):
         return False  # the plain path answers the id in use, or the limit, at its step

@@ -1,4 +1,5 @@
-"""Random native ops draw from the session's generator: ``session_rng``.
+"""Random native ops draw from the session's generator: ``session_rng``; ``draws_nothing`` says when
+a call of one draws nothing at all.
 
 Torch's kernels that take no ``generator=`` (dropout inside ``scaled_dot_product_attention``,
 ``feature_dropout``, an LSTM's inter-layer dropout) read the process's default
@@ -41,3 +42,32 @@ def session_rng():
         finally:
             gen.set_state(default.get_state())
             default.set_state(saved)
+
+
+# Random ops that, with these arguments, draw nothing: torch leaves every generator as it was (a
+# dropout of probability 0 or out of training, attention without dropout). By wire name: the
+# probability's name, position and default, and the training flag's (None: the op has none).
+_DRAW_ARGUMENTS = {
+    **{f"nn.functional.{name}": (("p", 1, 0.5), ("training", 2, True))
+       for name in ("dropout", "dropout1d", "dropout2d", "dropout3d")},
+    **{f"nn.functional.{name}": (("p", 1, 0.5), ("training", 2, False))
+       for name in ("alpha_dropout", "feature_alpha_dropout")},
+    "nn.functional.scaled_dot_product_attention": (("dropout_p", 4, 0.0), None),
+}
+
+
+def draws_nothing(wire_name: str, args, kwargs) -> bool:
+    """Whether a call of random op ``wire_name`` with ``args`` and ``kwargs`` (resolved, or as on the wire:
+    the numbers are the same) leaves the generator untouched. ``tests/ops/test_draws_nothing.py``
+    checks each case against torch's default generator."""
+    rule = _DRAW_ARGUMENTS.get(wire_name)
+    if rule is None:
+        return False
+    probability, training = (_argument(args, kwargs, *r) if r is not None else True for r in rule)
+    return training is False or (type(probability) in (int, float) and probability == 0)
+
+
+def _argument(args, kwargs, name: str, position: int, default):
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if len(args) > position else default

@@ -32,7 +32,7 @@ import torch
 from remote_autograd.proto.op_contract import is_inplace_name, is_shape_inplace
 
 from . import adapters, arg_checks, bounds
-from ._native import session_rng
+from ._native import draws_nothing, session_rng
 from ._registry import OP_TABLE, OpEntry, OpTable
 
 SURFACE_FILE = Path(__file__).with_name("surface.json")
@@ -55,9 +55,11 @@ def wire_name(path: str) -> str:
     return path[len("torch."):]
 
 
-def _random(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _random(fn: Callable[..., Any], wire: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def drawn(*args, **kwargs):
+        if draws_nothing(wire, args, kwargs):  # a dropout of probability 0: no generator to swap in
+            return fn(*args, **kwargs)
         with session_rng():
             return fn(*args, **kwargs)
     drawn.torch_callable = getattr(fn, "torch_callable", fn)  # what the meta check runs
@@ -82,7 +84,7 @@ def _callable(name: str, path: str, spec: dict[str, Any]) -> Callable[..., Any]:
     if spec.get("uninitialised"):
         fn = _zeroed(fn)
     if spec["random"]:
-        fn = _random(fn)
+        fn = _random(fn, wire_name(path))
     return fn
 
 

@@ -21,6 +21,7 @@ from remote_autograd.service.http.app import create_app
 from remote_autograd.service.settings import Settings
 
 from ...e2e.test_training import OPTIMIZERS, _data, _mlp
+from ...models.gpt import GPT, GPTConfig, get_batch
 from .test_program_plan import _record, _state, run_bodies
 
 
@@ -94,6 +95,40 @@ def test_a_training_loop_answers_the_same_bytes_replayed(optimizer, monkeypatch)
     _assert_same(plain, _run(bodies, "emulate"))
     # warm-up twice, capture the two slots, then every step replayed
     assert (counted.captures, counted.replays) == (2, len(bodies) - 1 - 2 - 2)
+
+
+def _gpt_loop(clip: bool):
+    """A small GPT (dropout 0, as GPTs are configured to train) with SGD at a fixed rate."""
+    def loop(sess):
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
+        model = GPT(config).to(sess.device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        data = torch.randint(0, 32, (512,), generator=torch.Generator().manual_seed(1))
+        batches = torch.Generator().manual_seed(0)
+        for _ in range(8):
+            x, y = get_batch(data, 16, 4, batches, sess.device)
+            opt.zero_grad()
+            _, loss = model(x, y)
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss.item()
+    return loop
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_a_gpt_answers_the_same_bytes_replayed(clip, monkeypatch):
+    """Without clipping the step is captured. With it, the clip coefficient (a 0-d tensor the meta
+    check keys by its value) is read on the host: its warm-up runs see that, and it is never captured
+    (capturing it would fail)."""
+    bodies = _record(_gpt_loop(clip))
+    plain = _run(bodies, "off")
+    counted = Replays(monkeypatch)
+    _assert_same(plain, _run(bodies, "emulate"))
+    # 8 steps: the first makes the momentum buffers (another program), 2 warm up, 2 are captured
+    assert (counted.captures, counted.replays) == ((0, 0) if clip else (2, 3))
 
 
 def test_the_comparison_sees_a_replay_that_launches_nothing(monkeypatch):
