@@ -53,7 +53,7 @@ from collections import OrderedDict
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, PutStep
+from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, PutStep, SetGradStep
 from remote_autograd.proto.tensors import decode_tensor_data
 
 from ..sessions.custom_tensor import CustomTensor
@@ -65,7 +65,6 @@ from .values import check_new_ids, store_made, store_tensors
 WARMUP_RUNS = 2
 SLOTS = 2
 GRAPHS_PER_SESSION = 2  # signatures kept per session (a training step, an evaluation step)
-MODES = ("off", "on", "emulate")  # emulate: ``RecordedGraph``, on any device (tests)
 log = logging.getLogger("remote_autograd.service.engine.graph_steps")
 
 
@@ -120,7 +119,9 @@ class _Entry:
     def __init__(self) -> None:
         self.seen = 0
         self.slots: list[_Slot] = []
-        self.refused = False  # a capture found the program unfit (a result to answer, a failure)
+        # never captured: a warm-up read a value on the host, a capture had a result to answer, or its
+        # bytes could not stay counted
+        self.refused = False
 
     def release(self, session) -> None:
         for slot in self.slots:
@@ -162,7 +163,9 @@ def _fits(steps) -> bool:
     count, limit = len(live), settings.max_tensors_per_session
     for step in steps.program.steps[:steps.views_from]:
         kind = type(step)
-        new = [step.id] if kind is PutStep else step.out if kind is CallStep else ()
+        if kind is SetGradStep and step.id not in live:
+            return False  # the plain path answers the unknown id at that step
+        new = _made_ids(step)
         for tid in new:
             if tid in live:
                 return False
@@ -184,25 +187,18 @@ def _fits(steps) -> bool:
 def _capture(entry: _Entry, steps, inputs: list[CustomTensor], graph) -> None:
     run, session = steps.run, steps.run.session
     program, head = steps.program.steps, steps.views_from
-    staged = {id(step): decode_tensor_data(step.value, field="value", device=session.device)
-              for step in program[:head] if type(step) is PutStep}
-    if len(staged) != sum(type(s) is PutStep for s in program[:head]):  # one step object twice
-        steps.execute(0, len(program))
-        return
+    staged = {index: decode_tensor_data(step.value, field="value", device=session.device)
+              for index, step in enumerate(program[:head]) if type(step) is PutStep}
     before = _versions(inputs)
     grads_before = [ct.grad for ct in inputs]
     made: dict[int, tuple] = {}
-
-    def put_staged(run_, step):
-        return _store_put(run_, step, staged[id(step)])
-
-    plain_put, steps.put, steps.made = steps.put, put_staged, made
+    steps.staged, steps.made = staged, made
     try:
         try:
             with graph.capturing():
                 ok = steps.execute(0, head)
         finally:
-            steps.put, steps.made = plain_put, None
+            steps.staged = steps.made = None
         graph.replay()  # the capture launched nothing: this run's device work, done now
     except Exception as exc:  # CUDA refused the capture: the steps' device work is lost
         _lost(steps, head, exc)
@@ -237,9 +233,7 @@ def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> boo
     of the tensors it made. False: the capture cannot be replayed (its bytes could not stay counted)."""
     session, settings = steps.run.session, steps.run.settings
     program = steps.program.steps
-    by_step = {id(step): index for index, step in enumerate(program)}
-    slot.staged = {by_step[key]: t for key, t in staged.items()}
-    slot.made = made
+    slot.staged, slot.made = staged, made
     statics = {id(t): t for t in (*slot.staged.values(), *(t for ts in made.values() for t in ts))}
     # the grads the program left: inputs' (changed) and those of tensors it made
     origins = _origins(session, program, steps.views_from, inputs)
@@ -250,7 +244,9 @@ def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> boo
             if ct.grad is not None:
                 statics.setdefault(id(ct.grad), ct.grad)
     after = _versions(inputs)
-    slot.versions = [(n, is_grad, a - b) for (n, is_grad, b), (_, _, a) in zip(before, after) if a != b]
+    # a grad's count moved only if the program kept the same grad (a new one starts a count of its own)
+    slot.versions = [(n, is_grad, a - b) for (n, is_grad, b), (_, _, a) in zip(before, after)
+                     if a != b and (not is_grad or inputs[n].grad is grads_before[n])]
     inputs_storages = {_storage_key(ct.value) for ct in inputs} | {_storage_key(ct.grad) for ct in inputs
                                                                     if ct.grad is not None}
     ours = [t for t in statics.values() if _storage_key(t) not in inputs_storages]
@@ -328,26 +324,21 @@ def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
     steps.execute(head, len(program))
 
 
-def _store_put(run, step: PutStep, value: torch.Tensor) -> None:
-    """``runner._put`` of a value decoded before the capture began."""
-    check_new_ids(run.session, [step.id])
-    if step.requires_grad:
-        value.requires_grad_(True)
-    store_tensors(run.session, run.settings, [(step.id, CustomTensor(value))])
-    return None
-
-
 def _origins(session, program: list, head: int, inputs: list[CustomTensor]) -> dict[tuple, CustomTensor]:
     """Each origin whose tensor the session holds at the end of ``program[:head]``, with that tensor."""
     found: dict[tuple, CustomTensor] = {("s", n): ct for n, ct in enumerate(inputs)}
     for index, step in enumerate(program[:head]):
-        kind = type(step)
-        ids = [step.id] if kind is PutStep else step.out if kind is CallStep else ()
-        for k, tid in enumerate(ids):
+        for k, tid in enumerate(_made_ids(step)):
             ct = session.tensors.get(tid)
             if ct is not None:
-                found[("u", index) if kind is PutStep else ("p", index, k)] = ct
+                found[("u", index) if type(step) is PutStep else ("p", index, k)] = ct
     return found
+
+
+def _made_ids(step) -> list[str]:
+    """The ids a step stores anew: a put's, a call's outputs."""
+    kind = type(step)
+    return [step.id] if kind is PutStep else step.out if kind is CallStep else []
 
 
 def _versions(inputs: list[CustomTensor]) -> list[tuple[int, bool, int]]:

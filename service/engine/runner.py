@@ -87,7 +87,7 @@ class StepLoop:
     in two parts around a capture (``graph_steps``). ``failed``: the outcome of the step that failed
     (the loop stops there), ``results``: each step's result so far."""
 
-    __slots__ = ("run", "program", "observe", "watch", "results", "failed", "views_from", "began", "put", "made")
+    __slots__ = ("run", "program", "observe", "watch", "results", "failed", "views_from", "began", "staged", "made")
 
     def __init__(self, run: ProgramRun, program: Program, observe, watch) -> None:
         self.run, self.program, self.observe, self.watch = run, program, observe, watch
@@ -95,8 +95,9 @@ class StepLoop:
         self.failed: Outcome | None = None
         self.views_from = _views_from(program.steps)
         self.began = perf_counter()
-        self.put = _put  # a capture stores put values staged before it began (graph_steps)
-        self.made: dict | None = None  # a capture records each call's stored outputs here (graph_steps)
+        # a capture (graph_steps): put values decoded before it began, by step; each call's stored outputs
+        self.staged: dict[int, torch.Tensor] | None = None
+        self.made: dict[int, tuple] | None = None
 
     def execute(self, start: int, stop: int) -> bool:
         """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
@@ -117,7 +118,9 @@ class StepLoop:
                     if self.made is not None and step.out:
                         self.made[index] = tuple(run.session.tensors[t].value for t in step.out)
                 else:
-                    results.append(self.put(run, step) if kind is PutStep else _HANDLERS[kind](run, step))
+                    staged = self.staged
+                    results.append(_put(run, step, staged[index]) if staged is not None and kind is PutStep
+                                   else _HANDLERS[kind](run, step))
                     if plan is not None:
                         plan.other(step)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
@@ -171,12 +174,13 @@ def _step_op(step) -> str:
 # -- values -------------------------------------------------------------------------------
 
 
-def _put(run: ProgramRun, step: PutStep) -> dict | None:
+def _put(run: ProgramRun, step: PutStep, staged: torch.Tensor | None = None) -> dict | None:
+    """``staged``: the value, decoded already (a capture decodes its puts before it begins: ``graph_steps``)."""
     session = run.session
     check_new_ids(session, [step.id])
     # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
-    value = decode_tensor_data(step.value, field="value", device=session.device,
-                               copy=False)  # a framed body's bytes become the tensor
+    value = staged if staged is not None else decode_tensor_data(
+        step.value, field="value", device=session.device, copy=False)  # a framed body's bytes become the tensor
     grad = None
     if step.grad is not None:
         grad = decode_tensor_data(step.grad, field="grad", device=session.device)
