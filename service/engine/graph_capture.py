@@ -72,7 +72,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if not _on_a_device(args, kwargs):  # the meta checks, and calls on no tensor at all
             return func(*args, **kwargs)
-        if func in _HOST_READS:
+        if _reads_on_host(func, args, kwargs):
             raise RuntimeError(f"{func}: a value read on the host while capturing (CUDA refuses it)")
         schema = func._schema
         if schema.is_mutable:  # nothing written while capturing: the replay writes it
@@ -95,13 +95,16 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.seen and (func in _HOST_READS or _to_host(func, args, kwargs)) and _on_a_device(args, kwargs):
+        if not self.seen and _reads_on_host(func, args, kwargs) and _on_a_device(args, kwargs):
             self.seen = True
         return func(*args, **kwargs)
 
 
-def _to_host(func, args, kwargs) -> bool:
-    """A copy from a device tensor into host memory (``.cpu()``, ``.tolist()`` on CUDA)."""
+def _reads_on_host(func, args, kwargs) -> bool:
+    """A call that hands a device value to the host: ``.item()``, ``torch.equal``, a tensor's truth, or a
+    copy from a device tensor into host memory (``.cpu()``, ``.tolist()`` on CUDA)."""
+    if func in _HOST_READS:
+        return True
     if func is torch.ops.aten._to_copy.default:
         device = kwargs.get("device")
         return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
