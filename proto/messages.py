@@ -325,9 +325,13 @@ class ModelInfo(_Model):
 
 
 class Health(_Model):
+    """``GET /healthz``. ``cuda_graphs``: the server's ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` (off, on or emulate;
+    absent on the Ray backend's front)."""
+
     status: str
     device: str
     protocol: str
+    cuda_graphs: str | None = None
 
 
 class Readiness(_Model):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor
+from remote_autograd.proto.messages import Health
 
 from ..wire import (BOTH_BACKENDS, JSON, MSGPACK, Wire, assert_untouched, call_step, checked_client, decode,
                    expect_error, new_id, put_step, ref)
@@ -98,6 +99,7 @@ def test_health_routes_need_no_header(bare):
     assert r.status_code == 200
     body = r.json()
     assert body["status"] == "ok" and body["protocol"] == "1" and body["device"]
+    assert Health.model_validate(body).cuda_graphs == "off"  # the answer is the schema SPEC §13 documents
     r = bare.get("/readyz")
     assert r.status_code == 200 and r.json()["status"] == "ready"
 
