@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 
 from remote_autograd.proto import encode_body, encode_tensor
@@ -52,3 +55,29 @@ def run(url: str | None = None) -> None:
     body = {"id": "q", "steps": steps}
     row("validating the program, per step", measure(lambda: validate_program(body), repeat=50, warmup=5,
                                                     per=len(steps)))
+    full_collection_rows()
+
+
+# A server process's start, then a full collection timed before and after service/gc_freeze.py's
+# freeze: what the collector walks there stalls whichever program is running.
+_FULL_COLLECTION = """
+import gc, time
+from remote_autograd.service.http.app import create_app
+from remote_autograd.service.gc_freeze import freeze_startup_objects
+
+def full():
+    start = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - start) * 1e6
+
+create_app()
+print(len(gc.get_objects()), min(full() for _ in range(3)), freeze_startup_objects(), min(full() for _ in range(3)))
+"""
+
+
+def full_collection_rows() -> None:
+    out = subprocess.run([sys.executable, "-c", _FULL_COLLECTION], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.split()
+    objects, plain, frozen, after = int(out[0]), float(out[1]), int(out[2]), float(out[3])
+    print(f"  {'a full collection in a server process':<48} {plain:9.0f} us   ({objects} objects walked)")
+    print(f"  {'  the same, startup objects frozen':<48} {after:9.0f} us   ({frozen} frozen: service/gc_freeze.py)")

@@ -16,6 +16,7 @@ import sys
 
 import uvicorn
 
+from .gc_freeze import freeze_startup_objects
 from .settings import Settings
 
 
@@ -75,6 +76,7 @@ class _AnnouncingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
+            freeze_startup_objects()  # the app, its op table and torch are here for good
             port = self.servers[0].sockets[0].getsockname()[1]  # the real one, when asked for port 0
             host = self.config.host
             host = f"[{host}]" if ":" in host else host

@@ -24,6 +24,7 @@ import ray
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
+from ..gc_freeze import freeze_startup_objects
 from ..ops import load_configured_ops
 from ..settings import Settings
 from .local_sessions import LocalSessions
@@ -45,6 +46,7 @@ class SessionWorker:
         self.sessions = LocalSessions(settings, id_prefix=self.prefix, name=worker_name(key),
                                       node=ray.get_runtime_context().get_node_id())
         self.reports = LedgerReports(key, self.sessions.store)  # max_bytes_per_token across workers
+        freeze_startup_objects()  # the actor's process serves this tenant's sessions from here on
 
     async def ping(self) -> str:
         return self.sessions.name

@@ -31,6 +31,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .. import logs
+from ..gc_freeze import freeze_startup_objects
 from ..ops import load_configured_ops
 from ..settings import Settings
 from ..step_histogram import OP_BUCKETS, StepHistogram
@@ -87,6 +88,7 @@ class TenantWorker:
             self.state_dir = Path(call.fields["state_dir"])
             prefixes += await asyncio.to_thread(state_volume.restore, sessions, self.state_dir, None)
         sessions.start()
+        freeze_startup_objects()  # this process exists to serve one tenant from here on
         await call.answer({"pid": os.getpid(), "prefixes": sorted(set(prefixes)), "sessions": len(sessions.store)})
 
     async def create_session(self, call: Call) -> None:

@@ -1,0 +1,31 @@
+"""``freeze_startup_objects``: what a server process made while starting is kept out of the collector's walks.
+
+A speed path. The plain path it stands in for is Python's cyclic garbage collector left as
+it is: a full collection walks every container object the process holds, and a server
+process holds a few hundred thousand from its start alone (torch, the op table, FastAPI,
+pydantic's validators), none of which will ever be garbage. A full collection comes
+whenever enough objects have lived through two younger ones (a training loop's sessions,
+plans and memos grow the old generation), and it stops the whole process for as long as
+the walk takes: the program running at that moment, whichever tenant's, answers that much
+later. ``gc.freeze`` moves every object alive now into a generation no collection walks, so
+a full collection walks only what was made after the start. Objects made later are
+collected as before; nothing frozen is ever freed, which is what startup objects are for.
+
+Only in processes the server owns (``python -m remote_autograd.service``, a tenant's worker
+process, a Ray worker actor): never in a process that merely embeds the app
+(``InProcessTransport`` in a user's notebook), whose objects are not ours to pin.
+``tests/service/test_gc_freeze.py`` checks that a process still collects what it makes
+afterwards; ``make bench``'s ``[runner]`` section prints a full collection's time before and
+after.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_objects() -> int:
+    """Collect what the start left as garbage, then freeze what is alive; how many objects are frozen."""
+    gc.collect()  # garbage of the start is freed, not pinned
+    gc.freeze()
+    return gc.get_freeze_count()
