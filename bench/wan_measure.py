@@ -4,7 +4,9 @@
 at ``URL`` and torch's dist_autograd against its peer (``bench.torch_peer``), both across the
 delayed link. Each figure is taken from torch first, then from the SDK, and the SDK's row gives its
 ratio to torch's. torch's GPT step has no clipping and no LR schedule (its distributed optimizer has
-neither) and one AdamW group: fewer ops than the SDK's step, which is the model section's own.
+neither) and one AdamW group; the SDK runs that same step first (``torch_like_gpt_step``: the
+batch sent each step, as torch's ``rpc_sync`` sends it), then the model section's own, which does
+more.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.distributed.rpc as rpc
 from remote_autograd import client
 
 from . import _hot, torch_peer
-from ._util import measure, requests_per_step, row
+from ._util import measure, requests_per_step, row, summary
 from .real_model import build_gpt, gpt_batch, gpt_data, gpt_step
 from .step_parts import print_breakdown, step_parts
 from .training import _mlp, _step_fn
@@ -56,14 +58,34 @@ def mlp_step(url: str, repeat: int) -> None:
         _pair("MLP 64x784 step, SGD", theirs, ours, f"{requests_per_step(sess, step):.1f} requests/step")
 
 
+def torch_like_gpt_step(sess, x: torch.Tensor, y: torch.Tensor):
+    """torch's step (``torch_peer.training_step("gpt", x, y)``) written for ``sess.device``: the batch
+    sent, forward and loss, backward, the distributed optimizer's AdamW (one group), the loss as a number."""
+    model = build_gpt().to(sess.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step() -> float:
+        loss = model(x.to(sess.device), y.to(sess.device))[1]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
 def gpt_training_step(url: str, repeat: int) -> None:
-    theirs = measure(torch_peer.training_step("gpt", *gpt_batch(gpt_data(), torch.Generator().manual_seed(0))),
-                     repeat=repeat, warmup=3)
+    batch = gpt_batch(gpt_data(), torch.Generator().manual_seed(0))
+    theirs = measure(torch_peer.training_step("gpt", *batch), repeat=repeat, warmup=3)
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
+        same = torch_like_gpt_step(sess, *batch)
+        ours = measure(same, repeat=repeat, warmup=3)
+        _pair("GPT step, AdamW", theirs, ours, f"{requests_per_step(sess, same):.1f} requests/step")
         step = gpt_step(build_gpt(), sess.device, gpt_data())
-        ours = measure(step, repeat=repeat, warmup=3)
-        _pair("GPT step, AdamW", theirs, ours, f"{requests_per_step(sess, step):.1f} requests/step")
+        full = measure(step, repeat=repeat, warmup=3)
+        row("GPT step: SDK, the model section's", full, summary(theirs)[0],
+            "of torch's (+ clipping, LR schedule, 2 groups)", unit="ms")
         print_breakdown(step_parts(sess, tap, step))  # the request now holds the link's round trip
 
 

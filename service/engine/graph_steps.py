@@ -20,8 +20,8 @@ the program's. Anything else runs the plain path, every time.
 
 **When**: a signature seen ``WARMUP_RUNS`` times on the plain path (torch's advice: warm up
 before capturing) is captured on its next run. The warm-up runs are watched (``HostReads``): a
-program whose steps read a device value on the host (an ``.item()`` in an op, a check keyed by a
-0-d tensor's value, as ``clip_grad_norm_``'s clip coefficient is) would fail its capture, so it
+program whose steps read a device value on the host (an ``.item()`` in an op, a meta check that
+needs a 0-d tensor's value, as ``narrow``'s tensor ``start``) would fail its capture, so it
 is never captured. That run is a plain run inside the capture,
 its puts staged before it (a host-to-device copy cannot be captured); the capture launches
 nothing, so the graph is replayed once at its end, and the fetches after it read the values.

@@ -20,8 +20,13 @@ runner charges before the kernel allocates them (``runner._call``). An entry who
 on values (``data_dependent``) is bounded by ``output_bound`` when meta cannot say.
 
 Memoized: a training loop repeats the same calls on the same layouts, so the answer (the bytes,
-or the refusal's message) is kept per entry and argument metadata. The plain path is the meta
-run itself; ``tests/service/engine/test_meta_check.py`` checks both give the same answers.
+or the refusal's message) is kept per entry and argument metadata. A 0-d tensor is keyed by its
+layout like any other: the meta run sees no values, so its answer holds for every value. Only a
+call whose meta run had to read a 0-d tensor's value (``_on_meta``'s second try: ``narrow``'s
+tensor ``start``) is keyed by those values too, marked ``_BY_VALUE`` under its layouts' key; so
+a repeated clipping coefficient (``clip_grad_norm_``'s, a new value every step) neither misses the
+memo every step nor is read back to the host to make a key (a sync on a GPU). The plain path is
+the meta run itself; ``tests/service/engine/test_meta_check.py`` checks both give the same answers.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ _MEMO_SIZE = 8192  # distinct (entry, layout) pairs remembered; a full memo star
 _memo: dict[tuple, int | tuple[ErrorCode, str]] = {}  # bytes, or a refusal (its code and message)
 _memo_lock = threading.Lock()
 _MISSING = object()
+_BY_VALUE = object()  # under a call's layouts' key: its answer read a 0-d tensor's value (keyed by the values too)
 _DATA_DEPENDENT = None  # what _on_meta answers when meta cannot say the outputs of a data-dependent entry
 
 
@@ -73,17 +79,25 @@ def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool,
         _check_written(entry, args)
     call = _Call(entry, fn, writes)
     try:
-        key = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
+        layouts = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
     except Unhashable:
-        return _answer(_on_meta(call, args, kwargs, inplace), entry, args, kwargs), _MISSING
+        return _answer(_on_meta(call, args, kwargs, inplace)[0], entry, args, kwargs), _MISSING
+    key = layouts
     known = _memo.get(key, _MISSING)
+    if known is _BY_VALUE:
+        key = (layouts, _values(args, kwargs))
+        known = _memo.get(key, _MISSING)
     if known is _MISSING:
-        known = _on_meta(call, args, kwargs, inplace)
+        known, by_value = _on_meta(call, args, kwargs, inplace)
         with _memo_lock:
             if len(_memo) >= _MEMO_SIZE:
                 _memo.clear()
+            if by_value and key is layouts:
+                _memo[layouts] = _BY_VALUE
+                key = (layouts, _values(args, kwargs))
             _memo[key] = known
-    return _answer(known, entry, args, kwargs), known
+    # an answer keyed by values holds for those values only: a plan may not reuse it for others
+    return _answer(known, entry, args, kwargs), known if key is layouts else _MISSING
 
 
 def plannable(known: Any) -> bool:
@@ -147,8 +161,6 @@ def _key(value: Any) -> Any:
 
 def _key_of(value: Any, storages: dict[int, int]) -> Any:
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0:  # passed to meta as a value (see _on_meta): its value is part of the key
-            return value.dtype, value.device, value.item()
         storage = value.untyped_storage()
         slot = storages.setdefault(storage._cdata, len(storages))
         return (value.shape, value.stride(), value.storage_offset(), value.dtype, slot, storage.nbytes(),
@@ -167,6 +179,11 @@ def _key_of(value: Any, storages: dict[int, int]) -> Any:
     raise Unhashable(kind.__name__)
 
 
+def _values(args: list, kwargs: dict) -> tuple:
+    """The values of the 0-d tensors among the arguments: the rest of the key of a ``_BY_VALUE`` call."""
+    return tuple((t.dtype, t.item()) for t in _tensors([args, list(kwargs.values())]) if t.dim() == 0)
+
+
 # -- the call on meta ------------------------------------------------------------------------------
 
 
@@ -179,13 +196,15 @@ class _Call:
         self.entry, self.fn, self.writes = entry, fn, writes
 
 
-def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> int | tuple[ErrorCode, str] | None:
-    """The bytes of the call's new storages, torch's refusal (its code and message), or
-    ``_DATA_DEPENDENT`` when meta cannot say a data-dependent entry's outputs."""
+def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> tuple[Any, bool]:
+    """(the answer, whether it read a 0-d tensor's value). The answer: the bytes of the call's new
+    storages, torch's refusal (its code and message), or ``_DATA_DEPENDENT`` when meta cannot say a
+    data-dependent entry's outputs."""
     entry = call.entry
+    by_value = False
     try:
         try:
-            return _run_on_meta(call, args, kwargs, inplace, scalars=False)
+            return _run_on_meta(call, args, kwargs, inplace, scalars=False), by_value
         except Exception as exc:
             # a kernel (or our entry) read a 0-d tensor's value, which meta cannot give: again with those
             # as CPU copies, as torch lets a 0-d CPU tensor join any device's op (LBFGS's
@@ -193,20 +212,22 @@ def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> int | tupl
             # such a scalar be on the other tensors' device (``masked_fill``'s value)
             if not (_reads_values(exc) and _has_scalars(args, kwargs)):
                 raise
-            return _run_on_meta(call, args, kwargs, inplace, scalars=True)
+        by_value = True  # whatever the second run answers depends on those values
+        return _run_on_meta(call, args, kwargs, inplace, scalars=True), by_value
     except ProtocolError as exc:  # a limit an entry checks itself (a factory's size)
-        return exc.code, exc.message
+        return (exc.code, exc.message), by_value
     except NotImplementedError as exc:
         if entry.data_dependent or (entry.check is not None and entry.output_bound is not None):
-            return _DATA_DEPENDENT  # bounded by its values (its contract vouched for the arguments)
+            return _DATA_DEPENDENT, by_value  # bounded by its values (its contract vouched for the arguments)
         if entry.check is not None:  # a contract of our own vouches for a kernel that makes no new tensor (fused)
-            return 0
-        return ErrorCode.OP_ERROR, (f"{entry.name}: torch has no meta kernel for it ({_first_line(exc)}), so its "
-                                    "arguments cannot be checked before the kernel runs; the server does not run it")
+            return 0, by_value
+        refusal = (f"{entry.name}: torch has no meta kernel for it ({_first_line(exc)}), so its arguments cannot "
+                   "be checked before the kernel runs; the server does not run it")
+        return (ErrorCode.OP_ERROR, refusal), by_value
     except Exception as exc:  # torch's refusal of the arguments: the kernel must never see them
         if entry.data_dependent and _reads_values(exc):
-            return _DATA_DEPENDENT
-        return ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__
+            return _DATA_DEPENDENT, by_value
+        return (ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__), by_value
 
 
 def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalars: bool) -> int:

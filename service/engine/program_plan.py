@@ -19,7 +19,7 @@ pattern equals the plan's, and each of its tensor arguments is *known*: a sessio
 layout equals the plan's for its origin, or an output of a planned call. Layouts of outputs are
 a function of the op and its arguments' layouts and scalars, so equal patterns of known
 tensors give equal memo keys. Anything else (a changed int or a changed float of an op not
-in that list, a 0-d tensor argument, whose value the memo keys, an op that answered a
+in that list, a call whose check read a 0-d tensor's value, an op that answered a
 data-dependent bound) runs the plain check; its outputs are then not known, so what uses them
 is checked the plain way too. An in-place call keeps its target's layout, except the few that
 change it, a call with ``out=`` tensors (torch resizes them) and an op of our own: after those,
@@ -119,9 +119,8 @@ class PlanRun:
         reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
                                                        grad_enabled=step.grad_enabled, fn=call.fn,
                                                        writes=call.writes)
-        # a 0-d tensor argument is keyed by its value: such a call is never planned
-        usable = (meta_check.plannable(answer) and not call.entry.data_dependent
-                  and not any(isinstance(t, torch.Tensor) and t.dim() == 0 for t in _flat(args, kwargs)))
+        # an answer keyed by a 0-d tensor's value is not plannable: it holds for that value only
+        usable = meta_check.plannable(answer) and not call.entry.data_dependent
         self.record.calls[index] = (pattern, answer if usable else None)
         return reserved
 
@@ -276,13 +275,3 @@ class PlanRun:
         self.known.clear()
         self.grads.clear()
 
-
-def _flat(args: list, kwargs: dict):
-    """Every argument, lists opened (at any depth)."""
-    stack = [*args, *kwargs.values()]
-    while stack:
-        a = stack.pop()
-        if type(a) is list or type(a) is tuple:
-            stack.extend(a)
-        else:
-            yield a

@@ -120,15 +120,37 @@ def _gpt_loop(clip: bool):
 
 @pytest.mark.parametrize("clip", [False, True])
 def test_a_gpt_answers_the_same_bytes_replayed(clip, monkeypatch):
-    """Without clipping the step is captured. With it, the clip coefficient (a 0-d tensor the meta
-    check keys by its value) is read on the host: its warm-up runs see that, and it is never captured
-    (capturing it would fail)."""
+    """Captured with clipping too: its coefficient is a 0-d tensor that no check reads on the host
+    (the meta check keys it by its layout)."""
     bodies = _record(_gpt_loop(clip))
     plain = _run(bodies, "off")
     counted = Replays(monkeypatch)
     _assert_same(plain, _run(bodies, "emulate"))
     # 8 steps: the first makes the momentum buffers (another program), 2 warm up, 2 are captured
-    assert (counted.captures, counted.replays) == ((0, 0) if clip else (2, 3))
+    assert (counted.captures, counted.replays) == (2, 3)
+
+
+def _tensor_rate_loop(sess):
+    """SGD by hand with the rate a 0-d tensor on the device: ``add_``'s ``alpha`` is read on the host."""
+    X, Y = _data()
+    w = torch.zeros(X.shape[1], device=sess.device, requires_grad=True)
+    rate = torch.tensor(-0.1, device=sess.device)
+    for _ in range(8):
+        loss = ((X.to(sess.device) @ w - Y.float().to(sess.device)) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w.add_(w.grad, alpha=rate)
+        w.grad = None
+        loss.item()
+
+
+def test_a_step_that_reads_a_value_on_the_host_is_never_captured(monkeypatch):
+    """Its warm-up runs see the read (capturing it would fail): it runs the plain path, every time."""
+    bodies = _record(_tensor_rate_loop)
+    plain = _run(bodies, "off")
+    counted = Replays(monkeypatch)
+    _assert_same(plain, _run(bodies, "emulate"))
+    assert (counted.captures, counted.replays) == (0, 0)
 
 
 def test_the_comparison_sees_a_replay_that_launches_nothing(monkeypatch):

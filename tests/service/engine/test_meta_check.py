@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
 from remote_autograd.service.engine import meta_check
@@ -420,3 +421,40 @@ def test_memoized_and_plain_checks_agree_on_every_sample(name, index):
     assert isinstance(plain, int), plain
     again, copies = entry.samples[index].materialise(torch.float32, seed=index)
     assert _answer(entry, again, copies) == plain  # memoized, on other tensors of the same layouts
+
+
+class _ValueReads(TorchDispatchMode):
+    """Counts the values read back to the host (``.item()``: a sync on a GPU) while it is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_0d_tensor_is_keyed_by_its_layout_unless_the_check_needs_its_value():
+    """``clip_grad_norm_``'s coefficient, a new value every step, hits the memo and is never read back;
+    ``narrow``'s tensor ``start``, whose value decides torch's refusal, is answered value by value."""
+    mul, narrow = OP_TABLE.get("mul"), OP_TABLE.get("narrow")
+    x = torch.ones(3, 4)
+    meta_check.forget()
+    assert meta_check.check_call(mul, [x, torch.tensor(0.5)], {}, inplace=False, grad_enabled=False) == 3 * 4 * 4
+    with _ValueReads() as reads:
+        for coefficient in (0.25, 2.0, float("nan")):
+            assert meta_check.check_call(mul, [x, torch.tensor(coefficient)], {}, inplace=False,
+                                         grad_enabled=False) == 3 * 4 * 4
+    assert reads.reads == 0
+    row = torch.arange(10.0)
+    for start in (2, 9, 3, 9, 8, 2):  # each answer as the plain meta run gives it, in any order
+        if start == 8:
+            meta_check.forget()  # and after the memo starts again
+        if start + 2 <= 10:
+            assert meta_check.check_call(narrow, [row, 0, torch.tensor(start), 2], {}, inplace=False,
+                                         grad_enabled=False) == 0
+        else:
+            with pytest.raises(Exception, match=r"exceeds dimension size"):
+                meta_check.check_call(narrow, [row, 0, torch.tensor(start), 2], {}, inplace=False, grad_enabled=False)
