@@ -2,11 +2,11 @@
 
 ``python -m bench.wan_measure --url URL --master HOST:PORT --ifname IF``: the SDK against the server
 at ``URL`` and torch's dist_autograd against its peer (``bench.torch_peer``), both across the
-delayed link. Each figure is taken from torch first, then from the SDK, and the SDK's row gives its
-ratio to torch's. torch's GPT step has no clipping and no LR schedule (its distributed optimizer has
-neither) and one AdamW group; the SDK runs that same step first (``torch_like_gpt_step``: the
-batch sent each step, as torch's ``rpc_sync`` sends it), then the model section's own, which does
-more.
+delayed link. Both training steps are the same work on both sides (``torch_like_step``: the batch
+sent each step, as torch's ``rpc_sync`` sends it; torch's GPT step has no clipping and no LR
+schedule, its distributed optimizer has neither, and one AdamW group), timed in turns, one of each
+per round (``_pair``); the SDK's row gives its ratio to torch's. The model section's GPT step,
+which does more, follows for reference. The upload is timed torch first, then the SDK.
 """
 
 from __future__ import annotations
@@ -14,18 +14,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from typing import Callable
 
 import httpx
 import torch
 import torch.distributed.rpc as rpc
+from torch.nn import functional as F
 
 from remote_autograd import client
 
 from . import _hot, torch_peer
-from ._util import measure, requests_per_step, row, summary
+from ._util import measure, requests_per_step, row
 from .real_model import build_gpt, gpt_batch, gpt_data, gpt_step
 from .step_parts import print_breakdown, step_parts
-from .training import _mlp, _step_fn
+from .training import _mlp
 
 UPLOAD_BYTES = 64 << 20
 
@@ -41,31 +43,31 @@ def wait_healthy(url: str, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def _pair(label: str, torch_times: list[float], sdk_times: list[float], sdk_note: str) -> None:
-    base = row(f"{label}: torch dist_autograd", torch_times, unit="ms")
-    row(f"{label}: SDK, {sdk_note}", sdk_times, base, "of torch's", unit="ms")
+def _pair(label: str, theirs: Callable[[], object], ours: Callable[[], object], sdk_note: str, repeat: int) -> float:
+    """torch's step and the SDK's, timed in turns (one of each per round, after a warm-up of each), so
+    that the machine's drift over the run weighs on both alike; torch's median (microseconds)."""
+    for _ in range(3):
+        theirs(), ours()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, kept in ((theirs, times[0]), (ours, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            kept.append(time.perf_counter() - t0)
+    base = row(f"{label}: torch dist_autograd", times[0], unit="ms")
+    row(f"{label}: SDK, {sdk_note}", times[1], base, "of torch's", unit="ms")
+    return base
 
 
-def mlp_step(url: str, repeat: int) -> None:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
-    theirs = measure(torch_peer.training_step("mlp", x, y), repeat=repeat, warmup=3)
-    with client.connect(url) as sess:
-        model = sess.module(_mlp())
-        step = _step_fn(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                        sess.tensor(x), sess.tensor(y))
-        ours = measure(step, repeat=repeat, warmup=3)
-        _pair("MLP 64x784 step, SGD", theirs, ours, f"{requests_per_step(sess, step):.1f} requests/step")
-
-
-def torch_like_gpt_step(sess, x: torch.Tensor, y: torch.Tensor):
-    """torch's step (``torch_peer.training_step("gpt", x, y)``) written for ``sess.device``: the batch
-    sent, forward and loss, backward, the distributed optimizer's AdamW (one group), the loss as a number."""
-    model = build_gpt().to(sess.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+def torch_like_step(sess, model: torch.nn.Module, optimizer_of: Callable, loss_of: Callable,
+                    x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """torch's step (``torch_peer.training_step``) written for ``sess.device``: the batch sent (as torch's
+    ``rpc_sync`` sends it each step), forward and loss, backward, the optimizer's step, the loss as a number."""
+    model = model.to(sess.device)
+    optimizer = optimizer_of(model.parameters())
 
     def step() -> float:
-        loss = model(x.to(sess.device), y.to(sess.device))[1]
+        loss = loss_of(model, x.to(sess.device), y.to(sess.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -74,18 +76,29 @@ def torch_like_gpt_step(sess, x: torch.Tensor, y: torch.Tensor):
     return step
 
 
+def mlp_step(url: str, repeat: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+    with client.connect(url) as sess:
+        ours = torch_like_step(sess, _mlp(), lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+                               lambda m, xb, yb: F.cross_entropy(m(xb), yb), x, y)
+        _pair("MLP 64x784 step, SGD", torch_peer.training_step("mlp", x, y), ours,
+              f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
+
+
 def gpt_training_step(url: str, repeat: int) -> None:
     batch = gpt_batch(gpt_data(), torch.Generator().manual_seed(0))
-    theirs = measure(torch_peer.training_step("gpt", *batch), repeat=repeat, warmup=3)
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
-        same = torch_like_gpt_step(sess, *batch)
-        ours = measure(same, repeat=repeat, warmup=3)
-        _pair("GPT step, AdamW", theirs, ours, f"{requests_per_step(sess, same):.1f} requests/step")
+        same = torch_like_step(sess, build_gpt(),
+                               lambda p: torch.optim.AdamW(p, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1),
+                               lambda m, xb, yb: m(xb, yb)[1], *batch)
+        theirs = torch_peer.training_step("gpt", *batch)
+        base = _pair("GPT step, AdamW", theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
         step = gpt_step(build_gpt(), sess.device, gpt_data())
         full = measure(step, repeat=repeat, warmup=3)
-        row("GPT step: SDK, the model section's", full, summary(theirs)[0],
-            "of torch's (+ clipping, LR schedule, 2 groups)", unit="ms")
+        row("GPT step: SDK, the model section's", full, base, "of torch's (+ clipping, LR schedule, 2 groups)",
+            unit="ms")
         print_breakdown(step_parts(sess, tap, step))  # the request now holds the link's round trip
 
 
@@ -102,7 +115,9 @@ def upload(url: str, repeat: int) -> None:
                 ours.append(time.perf_counter() - start)
             del x
             sess.sync()  # freed before the next: each upload starts from the same server memory
-    _pair(f"{UPLOAD_BYTES >> 20} MiB upload", theirs, ours, "sess.tensor + sync")
+    label = f"{UPLOAD_BYTES >> 20} MiB upload"
+    base = row(f"{label}: torch dist_autograd", theirs, unit="ms")
+    row(f"{label}: SDK, sess.tensor + sync", ours, base, "of torch's", unit="ms")
 
 
 def main() -> None:
