@@ -54,36 +54,49 @@ def _quiet_torch_deprecations() -> None:
     warnings.showwarning = showwarning
 
 
+# Each model's optimizer, as both sides of the ``wan`` section build it: the model section's AdamW in
+# one group for the GPT (torch's distributed optimizer has no groups), the training section's SGD.
+OPTIMIZERS: dict[str, tuple[type, dict]] = {
+    "gpt": (torch.optim.AdamW, {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1}),
+    "mlp": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+}
+
+
+def build_model(name: str) -> torch.nn.Module:
+    """The model ``name`` ("mlp" or "gpt"), from its fixed seed."""
+    from .real_model import build_gpt
+    from .training import _mlp
+
+    return build_gpt() if name == "gpt" else _mlp()
+
+
+def model_loss(name: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss of model ``name`` on a batch: the GPT's own, the MLP's cross-entropy."""
+    if name == "gpt":
+        return model(x, y)[1]
+    return F.cross_entropy(model(x), y)
+
+
 class Trainer:
     """Lives on the peer: one model, its loss for a batch, and RRefs of its parameters."""
 
     def __init__(self, name: str) -> None:
-        from .real_model import build_gpt
-        from .training import _mlp
-
         self.name = name
-        self.model = build_gpt() if name == "gpt" else _mlp()
+        self.model = build_model(name)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.name == "gpt":
-            return self.model(x, y)[1]
-        return F.cross_entropy(self.model(x), y)
+        return model_loss(self.name, self.model, x, y)
 
     def parameter_rrefs(self) -> list[rpc.RRef]:
         return [rpc.RRef(p) for p in self.model.parameters()]
-
-
-def _optimizer(name: str, params: list[rpc.RRef]) -> DistributedOptimizer:
-    if name == "gpt":  # the model section's AdamW, in one group: torch's distributed optimizer has no groups
-        return DistributedOptimizer(torch.optim.AdamW, params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    return DistributedOptimizer(torch.optim.SGD, params, lr=0.01, momentum=0.9)
 
 
 def training_step(name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
     """One step on the peer's model ``name`` ("mlp" or "gpt"): forward and loss there, the distributed
     backward, the distributed optimizer's step, and the loss as a number."""
     trainer = rpc.remote(PEER, Trainer, args=(name,))
-    optimizer = _optimizer(name, trainer.rpc_sync().parameter_rrefs())
+    kind, options = OPTIMIZERS[name]
+    optimizer = DistributedOptimizer(kind, trainer.rpc_sync().parameter_rrefs(), **options)
 
     def step() -> float:
         with dist_autograd.context() as context:

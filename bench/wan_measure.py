@@ -19,7 +19,6 @@ from typing import Callable
 import httpx
 import torch
 import torch.distributed.rpc as rpc
-from torch.nn import functional as F
 
 from remote_autograd import client
 
@@ -27,7 +26,6 @@ from . import _hot, torch_peer
 from ._util import measure, requests_per_step, row
 from .real_model import build_gpt, gpt_batch, gpt_data, gpt_step
 from .step_parts import print_breakdown, step_parts
-from .training import _mlp
 
 UPLOAD_BYTES = 64 << 20
 
@@ -59,15 +57,16 @@ def _pair(label: str, theirs: Callable[[], object], ours: Callable[[], object], 
     return base
 
 
-def torch_like_step(sess, model: torch.nn.Module, optimizer_of: Callable, loss_of: Callable,
-                    x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
-    """torch's step (``torch_peer.training_step``) written for ``sess.device``: the batch sent (as torch's
-    ``rpc_sync`` sends it each step), forward and loss, backward, the optimizer's step, the loss as a number."""
-    model = model.to(sess.device)
-    optimizer = optimizer_of(model.parameters())
+def torch_like_step(sess, name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """torch's step (``torch_peer.training_step(name, x, y)``) written for ``sess.device``: the same model,
+    loss and optimizer, the batch sent (as torch's ``rpc_sync`` sends it each step), forward and loss,
+    backward, the optimizer's step, the loss as a number."""
+    model = torch_peer.build_model(name).to(sess.device)
+    kind, options = torch_peer.OPTIMIZERS[name]
+    optimizer = kind(model.parameters(), **options)
 
     def step() -> float:
-        loss = loss_of(model, x.to(sess.device), y.to(sess.device))
+        loss = torch_peer.model_loss(name, model, x.to(sess.device), y.to(sess.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -80,8 +79,7 @@ def mlp_step(url: str, repeat: int) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
     with client.connect(url) as sess:
-        ours = torch_like_step(sess, _mlp(), lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-                               lambda m, xb, yb: F.cross_entropy(m(xb), yb), x, y)
+        ours = torch_like_step(sess, "mlp", x, y)
         _pair("MLP 64x784 step, SGD", torch_peer.training_step("mlp", x, y), ours,
               f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
 
@@ -90,11 +88,9 @@ def gpt_training_step(url: str, repeat: int) -> None:
     batch = gpt_batch(gpt_data(), torch.Generator().manual_seed(0))
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
-        same = torch_like_step(sess, build_gpt(),
-                               lambda p: torch.optim.AdamW(p, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1),
-                               lambda m, xb, yb: m(xb, yb)[1], *batch)
-        theirs = torch_peer.training_step("gpt", *batch)
-        base = _pair("GPT step, AdamW", theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
+        same = torch_like_step(sess, "gpt", *batch)
+        base = _pair("GPT step, AdamW", torch_peer.training_step("gpt", *batch), same,
+                     f"{requests_per_step(sess, same):.1f} requests/step", repeat)
         step = gpt_step(build_gpt(), sess.device, gpt_data())
         full = measure(step, repeat=repeat, warmup=3)
         row("GPT step: SDK, the model section's", full, base, "of torch's (+ clipping, LR schedule, 2 groups)",

@@ -9,7 +9,10 @@ plans and memos grow the old generation), and it stops the whole process for as 
 the walk takes: the program running at that moment, whichever tenant's, answers that much
 later. ``gc.freeze`` moves every object alive now into a generation no collection walks, so
 a full collection walks only what was made after the start. Objects made later are
-collected as before; nothing frozen is ever freed, which is what startup objects are for.
+collected as before. A frozen object is still freed when its last reference goes; only a
+cycle of frozen objects would stay, and startup objects are there for the process's life.
+(Sessions restored from the state volume before the freeze are frozen with them: a session
+and its tensors go by reference counting when it is deleted, without the collector.)
 
 Only in processes the server owns (``python -m remote_autograd.service``, a tenant's worker
 process, a Ray worker actor): never in a process that merely embeds the app

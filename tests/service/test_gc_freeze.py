@@ -25,13 +25,36 @@ a.other, b.other = b, a  # a cycle made after the start: only the collector free
 gone = weakref.ref(a)
 del a, b
 gc.collect()
-print(frozen, len(gc.get_objects()), gone() is None)
+walked = len(gc.get_objects())
+
+# a session (as one restored before the freeze would be) goes without the collector once deleted
+import torch
+from remote_autograd.proto import encode_tensor
+from remote_autograd.proto.messages import validate_program
+from remote_autograd.service.engine.runner import run_steps
+from remote_autograd.service.sessions.store import SessionStore
+from remote_autograd.service.settings import Settings
+
+settings = Settings()
+store = SessionStore(settings)
+session = store.create()
+run_steps(session, validate_program({"id": "p", "steps": [
+    {"kind": "put", "id": "w", "value": encode_tensor(torch.ones(4)), "requires_grad": True},
+    {"kind": "call", "op": "sin", "args": [{"ref": "w"}], "out": ["s"]},
+    {"kind": "call", "op": "sum", "args": [{"ref": "s"}], "out": ["l"]},
+    {"kind": "backward", "tensors": ["l"]}]}), settings)
+held, sid = weakref.ref(session.tensors["w"].value), session.id
+del session
+gc.disable()
+store.delete(sid)
+print(frozen, walked, gone() is None, held() is None)
 """
 
 
-def test_startup_objects_are_frozen_and_later_cycles_still_collected():
+def test_startup_objects_are_frozen_later_cycles_still_collected_and_a_deleted_session_freed():
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120, check=True)
-    frozen, walked, collected = out.stdout.split()
+    frozen, walked, collected, session_freed = out.stdout.split()
     assert int(frozen) > 50_000  # the start's objects
     assert int(walked) < 1_000  # what a full collection still walks
     assert collected == "True"
+    assert session_freed == "True"
