@@ -50,6 +50,16 @@ def walk(path: str) -> Callable[..., Any]:
     return obj
 
 
+def in_this_torch(path: str) -> bool:
+    """Whether the running torch has ``path``: ``surface.json`` is written on the torch the
+    Makefile pins, and a server on another one (a GPU host's own build) serves what it has."""
+    try:
+        walk(path)
+    except AttributeError:
+        return False
+    return True
+
+
 def wire_name(path: str) -> str:
     """The name a call step uses for a spelling: the path without ``torch.`` (``Tensor.add_``)."""
     return path[len("torch."):]
@@ -116,7 +126,7 @@ def register(table: OpTable = OP_TABLE, surface: dict[str, Any] | None = None) -
     taken = {w for e in table for w in e.variants} | set(table.names())  # names a call step already means
     added = []
     for name, spec in surface["ops"].items():
-        names = [n for n in spec["names"] if n not in claimed]
+        names = [n for n in spec["names"] if n not in claimed and in_this_torch(n)]
         if not names or name in taken:  # ours by that name: the SDK's factory ``linspace``
             continue
         entry = entry_for(name, spec, names)

@@ -89,3 +89,16 @@ def test_variants_derive_from_the_base_name():
     assert {"torch.relu", "torch.Tensor.relu_"} <= set(SURFACE["ops"]["nn.functional.relu"]["names"])
     assert "torch.Tensor.__truediv__" in SURFACE["ops"]["div"]["names"]
     assert _derive_names.base_name("torch.Tensor.add_") == "add"
+
+
+def test_a_spelling_the_running_torch_lacks_is_left_out_and_the_rest_served():
+    """A GPU host runs its own torch, older or newer than the one ``surface.json`` was written on:
+    the server starts and serves the spellings that torch has (one torch lacks is never walked)."""
+    from remote_autograd.service.ops._registry import OpTable
+
+    spec = dict(SURFACE["ops"]["add"], names=["torch.Tensor.add", "torch.Tensor.not_in_any_torch"])
+    gone = dict(SURFACE["ops"]["add"], names=["torch.nn.functional.not_in_any_torch"])
+    table = OpTable()
+    added = surface.register(table, {"ops": {"add": spec, "gone": gone}})
+    assert added == ["add"]
+    assert set(table.get("add").variants) == {"Tensor.add", "add"}
