@@ -73,6 +73,15 @@ def unpack_frames(body: bytearray | memoryview | bytes, *, max_values: int | Non
     return _resolve(message, slices)
 
 
+def header_length(body: bytearray | memoryview | bytes) -> int:
+    """The bytes of a framed body a decoder reads (magic, length, msgpack header): its frames are
+    only viewed. A body too short to say counts whole."""
+    if len(body) < 8:
+        return len(body)
+    (hlen,) = struct.unpack_from("<I", body, 4)
+    return min(8 + hlen, len(body))
+
+
 def header_of(body: bytearray | memoryview | bytes) -> bytes:
     """The magic, length and msgpack header of a framed body (what idempotency keys hash)."""
     view = memoryview(body)

@@ -3,9 +3,11 @@
 Whatever a client sends, the work here is linear in the body: the decoders build at most
 ``max_list_values`` values (``proto.codec``), ``guards.check_limits`` caps the claimed shapes
 before any arithmetic, nesting is bounded by the decoders' own depth limits, and validation
-walks what was built. A body over ``INLINE_BYTES`` is decoded on a thread, so the event loop
-goes on answering other clients (as far as the GIL lets it: each phase here is one C call
-over a bounded body). An allocation failure while decoding is a 507 with a body, like the
+walks what was built. A body whose decoded part is over ``INLINE_BYTES`` is decoded on a
+thread, so the event loop goes on answering other clients (as far as the GIL lets it: each
+phase here is one C call over a bounded body). A framed body's decoded part is its header:
+its frames (a training step's batch) become tensors without being read, so a small header
+with big frames stays on the loop and spares the hop to a thread and back. An allocation failure while decoding is a 507 with a body, like the
 device's.
 """
 
@@ -15,7 +17,7 @@ import asyncio
 from typing import Any
 
 from remote_autograd.proto import ErrorCode, ProtocolError, decode_body
-from remote_autograd.proto.frames import header_of, is_frames, unpack_frames
+from remote_autograd.proto.frames import header_length, header_of, is_frames, unpack_frames
 from remote_autograd.proto.messages import Program, validate_program
 
 from ..settings import Settings
@@ -42,6 +44,7 @@ def decode_program(body: Any, ctype: str | None, settings: Settings) -> tuple[Pr
 
 async def admit_program(body: Any, ctype: str | None, settings: Settings) -> tuple[Program, Any]:
     """``decode_program``, on a thread when the body is big."""
-    if len(body) <= INLINE_BYTES:
+    decoded = header_length(body) if is_frames(ctype) else len(body)
+    if decoded <= INLINE_BYTES:
         return decode_program(body, ctype, settings)
     return await asyncio.to_thread(decode_program, body, ctype, settings)

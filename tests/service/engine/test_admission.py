@@ -131,3 +131,40 @@ def test_running_out_of_memory_for_a_body_is_507_with_a_body_and_the_server_goes
         assert answer.startswith("HTTP/1.1 507") and '"code":"out_of_memory"' in answer, answer
         r = program(c, sid, [put("x", [1.0, 2.0]), {"kind": "fetch", "id": "x"}])  # it served this body, and goes on
         assert r.status_code == 200 and r.json()["results"][1]["tensor"]["value"]["data"] == [1.0, 2.0]
+
+
+@pytest.mark.backends("inprocess")
+def test_a_framed_body_is_weighed_by_the_header_its_decoder_reads(monkeypatch):
+    """A training step's batch travels as a frame, which becomes a tensor unread: a small header with a
+    big frame is decoded on the event loop like any small body (the hop to a thread and back cost a
+    loopback MLP step more than its decoding), a big header on a thread; both as ``decode_program``."""
+    import asyncio
+
+    import torch
+
+    from remote_autograd.proto import encode_tensor
+    from remote_autograd.proto.frames import FRAMES, header_length, pack_frames
+    from remote_autograd.service.engine import admission
+    from remote_autograd.service.settings import Settings
+
+    hops = []
+    real = asyncio.to_thread
+    monkeypatch.setattr(admission.asyncio, "to_thread", lambda *a: hops.append(a) or real(*a))
+
+    def framed(frees: int) -> bytes:
+        value = encode_tensor(torch.arange(64 * 1024, dtype=torch.float32), as_json=False)  # 256 KiB
+        data = memoryview(value.pop("data"))
+        steps = [{"kind": "put", "id": "x", "value": {**value, "data": {"frame": 0}}},
+                 {"kind": "free", "ids": [f"gone{i}" for i in range(frees)]}]
+        parts, _ = pack_frames({"id": "p", "steps": steps}, [data])
+        return b"".join(bytes(p) for p in parts)
+
+    settings = Settings()
+    for frees, thread in ((0, False), (20_000, True)):
+        body = framed(frees)
+        assert (header_length(body) > admission.INLINE_BYTES) is thread and len(body) > admission.INLINE_BYTES
+        program, key = asyncio.run(admission.admit_program(body, FRAMES, settings))
+        assert len(hops) == thread
+        hops.clear()
+        assert program == admission.decode_program(body, FRAMES, settings)[0] and key
+        assert program.steps[0].value.data.nbytes == 256 << 10
