@@ -20,6 +20,19 @@ from ._registry import op
 from ._samples import S
 
 
+@functools.lru_cache(maxsize=256)
+def _meta_numel(reference, args: tuple, kwargs: tuple) -> int:
+    """The elements ``reference(*args, **kwargs)`` would make, from the same factory on meta.
+
+    Memoized: a training loop's factories (the GPT's ``arange`` of its positions) repeat their
+    arguments every step, and torch's meta path for ``arange`` runs its Python decomposition.
+    Arguments that compare equal give the same count (``arange(2)``, ``arange(2.0)``); one torch
+    refuses where its equal was accepted (``zeros(2.0)`` after ``zeros(2)``) is still refused,
+    with the same error, by the factory itself, which runs after this check.
+    """
+    return reference(*args, **dict(kwargs), device="meta").numel()
+
+
 def _factory(name: str, samples, reference):
     """Register a factory whose output size is checked against the session's limit before
     anything is allocated (the same torch factory on the meta device says the size). The names are
@@ -34,8 +47,13 @@ def _factory(name: str, samples, reference):
         def bounded(*args, **kwargs):
             limit = current().max_elements
             if limit is not None:
-                plain = {k: v for k, v in kwargs.items() if k not in ("device", "requires_grad")}
-                numel = reference(*args, **plain, device="meta").numel()
+                plain = tuple((k, v) for k, v in kwargs.items() if k not in ("device", "requires_grad"))
+                try:
+                    numel = _meta_numel(reference, args, plain)
+                except TypeError as exc:  # an unhashable argument (a size as a list): not memoized
+                    if "unhashable" not in str(exc):
+                        raise
+                    numel = reference(*args, **dict(plain), device="meta").numel()
                 if numel > limit:
                     raise ProtocolError(ErrorCode.TOO_LARGE, f"{name}: {numel} elements, over the limit "
                                         f"max_tensor_elements={limit}")

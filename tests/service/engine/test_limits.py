@@ -315,3 +315,25 @@ def test_a_factory_over_the_element_limit_is_refused_before_allocating(limited: 
             sess.zeros(10**12).item()
         assert info.value.status == 413 and "max_tensor_elements" in str(info.value)
         assert sess.ones(3).tolist() == [1.0, 1.0, 1.0]  # the session goes on
+
+
+def test_a_factory_repeated_is_held_to_the_limit_each_time_and_answers_as_torch(limited: str):
+    """The factories' size check is memoized by argument (``factories._meta_numel``): the same call is
+    checked against the limit again, a size given as a list (not memoized) too, and torch's own
+    refusal of an argument equal to an accepted one still comes."""
+    import torch
+
+    from remote_autograd import client
+
+    with client.connect(limited) as sess:
+        for _ in range(2):
+            assert sess.arange(0, 6, 2).tolist() == [0, 2, 4]
+            assert sess.zeros([2, 3]).sum().item() == 0.0
+            with pytest.raises(client.RemoteError) as info:
+                sess.arange(10**12).item()
+            assert info.value.status == 413 and "max_tensor_elements" in str(info.value)
+        assert sess.arange(2.0).tolist() == [0.0, 1.0]
+        with pytest.raises(TypeError):
+            torch.zeros(2.0)  # torch's refusal, which the remote call must give too
+        with pytest.raises((TypeError, client.RemoteError)):
+            sess.zeros(2.0).item()
