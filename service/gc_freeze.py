@@ -14,6 +14,13 @@ cycle of frozen objects would stay, and startup objects are there for the proces
 (Sessions restored from the state volume before the freeze are frozen with them: a session
 and its tensors go by reference counting when it is deleted, without the collector.)
 
+torch loads much of itself on first use: the first run on meta of one of its Python references
+or decompositions (the meta check's first call of almost any op, ``sin`` too; a factory's
+``arange``) imports ``torch._dynamo`` and the symbolic-shapes machinery, over 150,000 objects. Left to the first program, they were made after
+the freeze (a full collection walked them again: 73 ms after a first GPT step) and that program
+waited a second for them. So they are imported before the freeze, as part of the start
+(``_load_what_torch_loads_on_first_use``); a process's start takes that second instead.
+
 Only in processes the server owns (``python -m remote_autograd.service``, a tenant's worker
 process, a Ray worker actor): never in a process that merely embeds the app
 (``InProcessTransport`` in a user's notebook), whose objects are not ours to pin.
@@ -25,10 +32,21 @@ after.
 from __future__ import annotations
 
 import gc
+import importlib
+
+# What torch imports on the first run of a Python reference or decomposition (``torch._compile``'s
+# wrapper around them imports dynamo; shape checks import the symbolic shapes), by name.
+_LOADED_ON_FIRST_USE = ("torch._dynamo", "torch.fx.experimental.symbolic_shapes")
 
 
 def freeze_startup_objects() -> int:
     """Collect what the start left as garbage, then freeze what is alive; how many objects are frozen."""
+    _load_what_torch_loads_on_first_use()
     gc.collect()  # garbage of the start is freed, not pinned
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def _load_what_torch_loads_on_first_use() -> None:
+    for name in _LOADED_ON_FIRST_USE:
+        importlib.import_module(name)
