@@ -291,3 +291,15 @@ def test_validate_program_defaults():
     assert set_grad.grad is None
     assert fetch.value is True and fetch.grad is True
     assert isinstance(p, Program)
+
+
+def test_a_call_step_left_without_args_kwargs_or_out_gets_empty_ones_of_its_own():
+    """The defaults come from factories (validating copied them per step): each step still gets its own."""
+    from remote_autograd.proto.messages import CallStep
+
+    a, b = (CallStep.model_validate({"kind": "call", "op": "zeros_like"}) for _ in range(2))
+    assert (a.args, a.kwargs, a.out) == ([], {}, [])
+    a.kwargs["x"] = 1
+    a.args.append(1)
+    assert (b.args, b.kwargs) == ([], {})
+    assert CallStep.model_json_schema()["properties"]["kwargs"]["default"] == {}
