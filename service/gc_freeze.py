@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import gc
 import importlib
+import logging
+
+log = logging.getLogger(__name__)
 
 # What torch imports on the first run of a Python reference or decomposition (``torch._compile``'s
 # wrapper around them imports dynamo; shape checks import the symbolic shapes), by name.
@@ -49,4 +52,7 @@ def freeze_startup_objects() -> int:
 
 def _load_what_torch_loads_on_first_use() -> None:
     for name in _LOADED_ON_FIRST_USE:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another torch (a GPU host's own) may not have it: the start goes on
+            log.warning("torch has no module %s: a first program may import what it needs instead", name)

@@ -49,11 +49,11 @@ def _factory(name: str, samples, reference):
             if limit is not None:
                 plain = tuple((k, v) for k, v in kwargs.items() if k not in ("device", "requires_grad"))
                 try:
-                    numel = _meta_numel(reference, args, plain)
-                except TypeError as exc:  # an unhashable argument (a size as a list): not memoized
-                    if "unhashable" not in str(exc):
-                        raise
+                    hash((args, plain))
+                except TypeError:  # an unhashable argument (a size given as a list): not memoized
                     numel = reference(*args, **dict(plain), device="meta").numel()
+                else:
+                    numel = _meta_numel(reference, args, plain)
                 if numel > limit:
                     raise ProtocolError(ErrorCode.TOO_LARGE, f"{name}: {numel} elements, over the limit "
                                         f"max_tensor_elements={limit}")
