@@ -16,9 +16,9 @@ and its tensors go by reference counting when it is deleted, without the collect
 
 torch loads much of itself on first use: the first run on meta of one of its Python references
 or decompositions (the meta check's first call of almost any op, ``sin`` too; a factory's
-``arange``) imports ``torch._dynamo`` and the symbolic-shapes machinery, over 150,000 objects. Left to the first program, they were made after
-the freeze (a full collection walked them again: 73 ms after a first GPT step) and that program
-waited a second for them. So they are imported before the freeze, as part of the start
+``arange``) imports ``torch._dynamo`` and the symbolic-shapes machinery, about 117,000 objects.
+Left to the first program, they were made after the freeze (a full collection walked them
+again: 73 ms after a first GPT step) and that program waited a second for them. So they are imported before the freeze, as part of the start
 (``_load_what_torch_loads_on_first_use``); a process's start takes that second instead.
 
 Only in processes the server owns (``python -m remote_autograd.service``, a tenant's worker

@@ -7,8 +7,8 @@ walks what was built. A body whose decoded part is over ``INLINE_BYTES`` is deco
 thread, so the event loop goes on answering other clients (as far as the GIL lets it: each
 phase here is one C call over a bounded body). A framed body's decoded part is its header:
 its frames (a training step's batch) become tensors without being read, so a small header
-with big frames stays on the loop and spares the hop to a thread and back. An allocation failure while decoding is a 507 with a body, like the
-device's.
+with big frames stays on the loop and spares the hop to a thread and back. An allocation
+failure while decoding is a 507 with a body, like the device's.
 """
 
 from __future__ import annotations
