@@ -52,15 +52,11 @@ REFUSED: dict[str, Callable] = {
 }
 
 
-def _refusal(section: str) -> list[str]:
-    """The examples of a refusal: README's "naming what you wrote (...)", known-differences' "meta kernel
-    (...:" and "Not yet: ...." lists."""
-    return _ticked(section)
-
-
-README_REFUSED = _refusal(re.search(r"naming what you wrote \(([^)]*)\)", README).group(1))
-NO_META = _refusal(re.search(r"meta kernel \(([^:]*):", DIFFERENCES).group(1))
-NOT_YET = _refusal(re.sub(r"\(`\w+` works\)", "", re.search(r"Not yet: (.*?)\.\s", DIFFERENCES, re.S).group(1)))
+# The examples of a refusal: README's "naming what you wrote (...)", known-differences' "meta kernel (...:"
+# and "Not yet: ...." lists.
+README_REFUSED = _ticked(re.search(r"naming what you wrote \(([^)]*)\)", README).group(1))
+NO_META = _ticked(re.search(r"meta kernel \(([^:]*):", DIFFERENCES).group(1))
+NOT_YET = _ticked(re.sub(r"\(`\w+` works\)", "", re.search(r"Not yet: (.*?)\.\s", DIFFERENCES, re.S).group(1)))
 
 
 @pytest.mark.parametrize("name", sorted({*README_REFUSED, *NO_META, *NOT_YET}))

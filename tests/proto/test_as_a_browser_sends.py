@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 from typing import Iterator
 from urllib.parse import quote
 

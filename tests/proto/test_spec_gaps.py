@@ -19,14 +19,7 @@ from remote_autograd.proto.frames import FRAMES
 
 from ..servers import api, call, put, ref, wait_in_flight
 
-JSON, MSGPACK = "application/json", "application/msgpack"
-
-
-@pytest.fixture
-def sid(http: httpx.Client) -> str:
-    sid = http.post("/v1/sessions").json()["session_id"]
-    yield sid
-    http.delete(f"/v1/sessions/{sid}")
+MSGPACK = "application/msgpack"
 
 
 def _run(http: httpx.Client, sid: str, steps: list, pid: str | None = None) -> httpx.Response:

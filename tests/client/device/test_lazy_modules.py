@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .test_device import ProgramRecorder, recorded  # noqa: F401 (a fixture)
+from .test_device import recorded  # noqa: F401 (a fixture)
 
 
 def _lazy_net() -> nn.Module:
