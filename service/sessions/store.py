@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -80,6 +81,8 @@ class Session:
     graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
+    # the GraphLost nodes of its tensors restored without their graph (tensor_snapshot), while any graph holds one
+    lost_graphs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:
