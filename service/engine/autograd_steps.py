@@ -6,6 +6,8 @@ failing backward leaves every ``.grad`` as it was.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
@@ -15,7 +17,8 @@ from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Session
 from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings
-from . import grad_ownership
+from . import anomaly, grad_ownership
+from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
 from .program_run import ProgramRun
 from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
@@ -39,26 +42,13 @@ def _candidates(session: Session) -> list[CustomTensor]:
     return [*leaves.values(), *retained]
 
 
-def graph_nodes(roots: list[torch.Tensor]) -> set:
-    """Every node of the autograd graph a backward from ``roots`` could run (a walk of the graph)."""
-    seen: set = set()
-    stack = [r.grad_fn for r in roots]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        stack.extend(n for n, _ in node.next_functions)
-    return seen
-
-
 def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[CustomTensor]:
     """Those of ``candidates`` that a backward from ``roots`` reaches."""
     leaves = {id(ct.value): ct for ct in candidates if ct.value.is_leaf}
     found = {id(r) for r in roots if r.grad_fn is None and id(r) in leaves}
     seen = graph_nodes(roots)
     for node in seen:
-        if type(node) is _ACCUMULATE_GRAD and id(node.variable) in leaves:  # these nodes hold their leaf
+        if type(node) is ACCUMULATE_GRAD and id(node.variable) in leaves:  # these nodes hold their leaf
             found.add(id(node.variable))
     return [ct for ct in candidates if id(ct.value) in found or ct.value.grad_fn in seen]
 
@@ -75,15 +65,6 @@ def _check_graph_kept(session: Session, roots: list[torch.Tensor]) -> None:
         raise RuntimeError(LOST)
 
 
-def _accumulate_grad_type() -> type:
-    """The class of torch's AccumulateGrad nodes (it has no public name)."""
-    leaf = torch.zeros((), requires_grad=True)
-    return type(leaf.view_as(leaf).grad_fn.next_functions[0][0])
-
-
-_ACCUMULATE_GRAD = _accumulate_grad_type()
-
-
 def _grad_outputs(values, session: Session) -> list | None:
     if values is None:
         return None
@@ -91,9 +72,16 @@ def _grad_outputs(values, session: Session) -> list | None:
 
 
 def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
+    roots = [run.session.tensor(t).value for t in step.tensors]
+    _check_graph_kept(run.session, roots)
+    if not step.detect_anomaly:
+        return _backward(run, step, roots)
+    with anomaly.detecting(roots, step.check_nan):
+        return _backward(run, step, roots)
+
+
+def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) -> dict | None:
     session, settings = run.session, run.settings
-    roots = [session.tensor(t).value for t in step.tensors]
-    _check_graph_kept(session, roots)
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
     # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
@@ -187,8 +175,9 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     inputs = [session.tensor(t).value for t in step.inputs]
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
-                                create_graph=step.create_graph, allow_unused=step.allow_unused)
+    with anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext():
+        grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
+                                    create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
         return None

@@ -28,6 +28,9 @@ class ProgramRun:
     grad still answer their metadata (only the server knows it).
 
     ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
+
+    ``forward``: ``anomaly.Forwards`` when the program was sent with ``detect_anomaly`` (its call
+    steps mark the autograd nodes they make), else ``None``.
     """
 
     session: Session
@@ -36,3 +39,4 @@ class ProgramRun:
     views: bool = False
     omit_known_meta: bool = False
     plan: Any = None
+    forward: Any = None
