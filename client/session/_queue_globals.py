@@ -30,7 +30,7 @@ from remote_autograd.proto import torch_globals
 from ..transport._errors import RemoteError
 from ._callsite import user_line
 
-_KEPT_PROGRAMS = 8  # programs sent with detect_anomaly whose steps' lines are kept
+_KEPT_PROGRAMS = 64  # programs sent with detect_anomaly whose steps' lines are kept (an eager session: one an op)
 _ANOMALY, _CHECK_NAN = torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enabled
 
 
@@ -60,8 +60,12 @@ class QueueGlobals:
     def fields(self, dtype: torch.dtype, program_id: str, origins: list) -> dict:
         """The program's ``torch_globals`` and ``detect_anomaly`` (only those not at their defaults);
         ``RemoteError`` when a setting changed while its steps (``origins``) were queued."""
-        flags, before, self.flags = torch_globals.read_flags(), self.flags, None
+        before, self.flags = self.flags, None
         anomaly, self.anomaly = self.anomaly or _ANOMALY(), False
+        try:
+            flags = torch_globals.read_flags()
+        except RuntimeError as exc:  # torch cannot say them as the wire does: the steps fail, saying so
+            raise RemoteError(str(exc), code="globals_unreadable") from None
         if flags != before:
             first = next((o.where for o in origins if o is not None and o.where), "the first queued step")
             names = ", ".join(torch_globals.changed((dtype, *before), (dtype, *flags)))

@@ -122,6 +122,18 @@ def test_a_setting_changed_while_steps_are_queued_fails_them_loudly(sess):
     assert torch.equal((torch.ones(2, device=sess.device) * 2).cpu(), torch.full((2,), 2.0))
 
 
+def test_the_per_backend_fp32_precision_api_is_refused_where_it_is_met(sess):
+    """torch cannot report it as ``set_float32_matmul_precision`` would: the SDK says which calls work."""
+    x = torch.ones(2, device=sess.device)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(client.RemoteError, match="per-backend fp32_precision API was used"):
+        (x * 2).cpu()  # queued before: the program fails, its steps with it
+    line = _line(2)
+    with pytest.raises(RuntimeError, match="Set it with torch.set_float32_matmul_precision") as raised:
+        torch.ones(2, device=sess.device)
+    assert raised.traceback[0].lineno + 1 == int(line.rsplit(":", 1)[1])
+
+
 def _nan_backward(device):
     w = torch.tensor([-1.0, 4.0], device=device, requires_grad=True)
     return w, w.sqrt().sum()  # sqrt(-1) is NaN, and so is its gradient
@@ -222,3 +234,13 @@ def test_programs_with_other_settings_run_at_once_and_change_no_one_elses(server
     for t in threads:
         t.join(60)
     assert wide == ["float64"] * 15 and plain == ["float32"] * 15
+
+
+def test_anomaly_detection_names_the_forward_call_in_an_eager_session(eager_sess):
+    """Each op its own program: the forward call is found among the programs sent before."""
+    with torch.autograd.detect_anomaly():
+        w, loss = _nan_backward(eager_sess.device)
+        with pytest.warns(UserWarning, match="Error detected in SqrtBackward0"), \
+                pytest.raises(client.RemoteError, match="returned nan values") as raised:
+            loss.backward()
+    assert f"by the forward call Tensor.sqrt at {_SQRT}" in str(raised.value)
