@@ -72,19 +72,24 @@ class ProtocolError(Exception):
         *,
         step: int | None = None,
         op: str | None = None,
+        forward: dict | None = None,
     ) -> None:
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
         self.step = step
         self.op = op
+        self.forward = forward  # a backward under anomaly detection: the step whose call made the failing node
 
     @property
     def status(self) -> int:
         return self.code.status
 
     def to_wire(self) -> dict:
-        return {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
+        wire = {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
+        if self.forward is not None:
+            wire["forward"] = self.forward
+        return wire
 
     def answer(self, results: list | None = None, program_id: str | None = None) -> dict:
         """The protocol's error body: this error, the results of the steps before it, the program's id."""

@@ -101,6 +101,9 @@ class BackwardStep(_Model):
     retain_graph: bool | None = None
     create_graph: bool = False
     inputs: list[TensorRef] | None = None
+    # as under ``torch.autograd.detect_anomaly(check_nan=...)``: a node whose gradient has a NaN raises torch's error
+    detect_anomaly: bool = False
+    check_nan: bool = True
 
 
 class GradStep(_Model):
@@ -114,6 +117,8 @@ class GradStep(_Model):
     create_graph: bool = False
     allow_unused: bool = False
     out: list[TensorId]
+    detect_anomaly: bool = False
+    check_nan: bool = True
 
 
 class SetGradStep(_Model):
@@ -224,16 +229,34 @@ Step = Annotated[
 ]
 
 
+class TorchGlobals(_Model):
+    """The client's process-global torch settings that change an op's result (``proto/torch_globals.py``);
+    the server runs the program's steps under them. A field left out is torch's default."""
+
+    default_dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
+    deterministic_algorithms: bool = False
+    deterministic_warn_only: bool = False
+    fill_uninitialized_memory: bool = True
+    float32_matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    cudnn_allow_tf32: bool = True
+    cudnn_deterministic: bool = False
+    cudnn_benchmark: bool = False
+
+
 class Program(_Model):
     """An ordered list of steps; ``id`` makes a retried program recognisable.
 
     ``omit_known_meta``: the client names every output and infers its metadata itself, so the
     steps whose result would only repeat that answer ``null`` (SPEC §6 lists which).
+    ``torch_globals``: run under these (null: torch's defaults). ``detect_anomaly``: the call steps
+    record which step made each autograd node, for a backward under anomaly detection to name.
     """
 
     id: str = Field(min_length=1, max_length=128)
     steps: list[Step]
     omit_known_meta: bool = False
+    torch_globals: TorchGlobals | None = None
+    detect_anomaly: bool = False
 
 
 class TensorMeta(_Model):
@@ -264,11 +287,22 @@ class StepResult(_Model):
     tensor: TensorMessage | None = None
 
 
+class ForwardStep(_Model):
+    """The step of a program whose call made the autograd node a backward under anomaly detection
+    failed in (torch's "Traceback of forward call that caused the error")."""
+
+    program: str
+    step: int
+    op: str
+    node: str  # the node's name (``SqrtBackward0``)
+
+
 class ErrorBody(_Model):
     code: str
     message: str
     step: int | None = None
     op: str | None = None
+    forward: ForwardStep | None = None
 
 
 class ProgramResult(_Model):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import os
 import sys
 
 import uvicorn
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    # cuBLAS's fixed workspaces, which torch requires for a client's deterministic algorithms on a GPU
+    # (Program.torch_globals); tenant worker processes inherit it. Read by torch at each matmul.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     from . import logs
     from .http.app import create_app
     from .http.http_protocol import guarded_http_protocol

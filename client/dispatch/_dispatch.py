@@ -39,6 +39,7 @@ _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _ANY_AUTOCAST = torch._C._is_any_autocast_enabled  # no autocast anywhere (most ops): no call into _autocast
+_DEFAULT_DTYPE = torch.get_default_dtype
 
 
 class Encoder:
@@ -132,6 +133,9 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return _into_out(session, func, route, args, kwargs)
     origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
+    default_dtype = _DEFAULT_DTYPE()  # the outputs' dtypes are inferred under it, and the program runs under it
+    if default_dtype is not session._queue_dtype and n_out != 0:  # the queue's first op, or it changed
+        session.globals_changed(default_dtype)
     if not grad_on and func is not None:
         refuse_custom_function(func)
     inplace = route.inplace
@@ -197,7 +201,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return None if func is _SETITEM else target
 
     if factory is not None:
-        metas, container, views = _meta_memo.answer("meta", factory, args, {**kwargs, "device": "meta"})
+        metas, container, views = _meta_memo.answer("meta", factory, args, {**kwargs, "device": "meta"}, default_dtype)
     else:
         rule = route.op.shape_rule
         if route.by_name and rule != "elementwise":
@@ -206,7 +210,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
             if _value_dependent_index(args[1]):
                 rule = "none"
             args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-        metas, container, views = _meta_memo.answer(rule, func, args, kwargs)
+        metas, container, views = _meta_memo.answer(rule, func, args, kwargs, default_dtype)
         if autocast is not None and not _views.is_view_call(views):
             metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:

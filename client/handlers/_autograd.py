@@ -146,6 +146,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
+    session.autograd_step(step)  # first: it may send what is queued
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -196,6 +197,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     for t in (*outputs, *inputs):
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
+    session.autograd_step(step)  # first: it may send what is queued
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)

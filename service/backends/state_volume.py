@@ -162,7 +162,7 @@ def _restore_session(local: "LocalSessions", saved: dict, owner: str | None) -> 
     session.worker = local.workers.least_loaded(s.worker for s in store.sessions() if s is not session)
     with session.lock:
         try:
-            pairs = rebuild(saved, [_on_device(data, session.device) for data in saved["storages"]])
+            pairs = rebuild(saved, [_on_device(data, session.device) for data in saved["storages"]], session.lost_graphs)
             store_tensors(session, local.settings, pairs)  # charged as any new tensor: the limits hold
         except ProtocolError as exc:
             refused = exc.message

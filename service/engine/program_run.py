@@ -31,6 +31,9 @@ class ProgramRun:
 
     ``watch``: the program's ``ProgramWatch`` (its time limit and cancel), asked between the steps
     of a template too (``templates``).
+
+    ``forward``: ``anomaly.Forwards`` when the program was sent with ``detect_anomaly`` (its call
+    steps mark the autograd nodes they make), else ``None``.
     """
 
     session: Session
@@ -40,3 +43,4 @@ class ProgramRun:
     omit_known_meta: bool = False
     plan: Any = None
     watch: Any = None
+    forward: Any = None

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name, torch_globals
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
@@ -38,9 +38,11 @@ from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
 from . import graph_steps, templates
+from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import check_call
@@ -67,16 +69,24 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     client gone): the stop is that step's failure, the steps before it stay done.
     """
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch)
-    run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
+    if program.detect_anomaly:
+        run.forward = Forwards(program.id)
+    state = torch_globals.from_wire(program.torch_globals)
+    default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
+    if settings.replay == "on":  # plans answer by what the memo answered under the program's state
+        run.plan = PlanRun.start(session.plans, program.steps, None if default else state)
     steps = StepLoop(run, program, observe, watch)
+    TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     try:
         with counting_saved(session, settings.max_session_bytes):  # what the graph saves counts too
-            graphs = session.graphs if settings.cuda_graphs != "off" else None
+            # a replay runs no call step: none is marked for anomaly detection
+            graphs = session.graphs if settings.cuda_graphs != "off" and default and run.forward is None else None
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
     finally:
         reset(token)
+        TURNS.leave()
     if steps.failed is not None:
         return steps.failed
     if run.plan is not None:
@@ -245,6 +255,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                     _remeasure(session, step)
             if run.plan is not None:
                 run.plan.ran(step, call)
+            if run.forward is not None:
+                run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
             result = _apply(call.fn, step.grad_enabled, args, kwargs)
@@ -253,6 +265,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
         if run.plan is not None:
             run.plan.ran(step, call)
+        if run.forward is not None:
+            run.forward.record(index, step.op, result, [*args, *kwargs.values()])
         return _store_outputs(run, step, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:

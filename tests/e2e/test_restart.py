@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from torch import nn
 
 from remote_autograd import client
 
-from ..servers import _free_port, api, error_of, launch
+from ..servers import _free_port, api, call, error_of, launch, program, put, ref
 from .test_training import _data
 
 CASES = {"one-process": {}, "process-per-tenant": {"REMOTE_AUTOGRAD_TOKENS": "a,b"}}
@@ -91,5 +92,32 @@ def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: P
         assert _lifecycle(server.logged(), "restored from"), server.logged()
         for k, v in want_state.items():
             assert torch.equal(got_state[k], v), k
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_backward_across_a_restart_raises_what_the_spec_promises(case: str, tmp_path: Path):
+    """A restart between a forward and its backward: the backward is a 422 naming the restart, in the
+    SDK at the user's backward line (and no grad predicted), over plain HTTP too. It was a 200 that
+    filled no gradient (SDK: ``backward()`` and ``sync()`` passed)."""
+    env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), **CASES[case]}
+    token = "a" if "REMOTE_AUTOGRAD_TOKENS" in env else None
+    server = launch(**env)
+    try:
+        with client.connect(server.url, token=token) as sess, api(server.url, token) as c:
+            w = sess.tensor([1.0, 2.0], requires_grad=True)
+            loss = (w * 3).sum()
+            sess.sync()
+            sid = c.post("/v1/sessions").json()["session_id"]
+            assert program(c, sid, [put("v", [1.0], requires_grad=True), call("mul", ref("v"), 2.0, out=["y"])]).is_success
+            assert server.stop() in (0, -signal.SIGTERM)
+            server = launch(server.port, **env)
+            loss.backward(); line = sys._getframe().f_lineno  # noqa: E702 (the line the error must name)
+            with pytest.raises(client.RemoteError, match="lost when the server restarted") as raised:
+                sess.sync()
+            assert (raised.value.status, raised.value.op) == (422, "backward")
+            assert raised.value.where.endswith(f"test_restart.py:{line}") and w.grad is None
+            error_of(program(c, sid, [{"kind": "backward", "tensors": ["y"]}]), 422, "op_error", "server restarted")
     finally:
         server.close()
