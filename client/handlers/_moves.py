@@ -28,6 +28,7 @@ from ..dispatch._dispatch import call_op
 from ..session._callsite import where
 from ..session._session_core import SessionCore, _Origin
 from ..tensor._tensor import RemoteTensor
+from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 
 T = torch.Tensor
@@ -135,6 +136,20 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dty
     return device, dtype
 
 
+@_answers(torch._C._nn._parse_to)
+def _module_to_arguments(*args, **kwargs):
+    """``Module.to(tensor)`` (botorch's ``self.to(train_X)``) asks torch's ``_parse_to`` for (device, dtype,
+    non_blocking, memory_format): torch's own parsing, a remote tensor read as its dtype and device."""
+    remote = next(a for a in (*args, *kwargs.values()) if isinstance(a, RemoteTensor))
+
+    def stand_in(a):
+        return torch.empty(0, dtype=a._dtype, device="meta") if isinstance(a, RemoteTensor) else a
+
+    _, dtype, non_blocking, memory_format = torch._C._nn._parse_to(
+        *map(stand_in, args), **{k: stand_in(v) for k, v in kwargs.items()})
+    return remote._session.device, dtype, non_blocking, memory_format
+
+
 @_answers(T.cpu)
 def _cpu(t, memory_format=None):
     return _download(t, torch.device("cpu"), None, "Tensor.cpu()")
@@ -144,6 +159,9 @@ def _cpu(t, memory_format=None):
 def _to(t, *args, **kwargs):
     """``.to(dtype)`` is a server op; ``.to('cpu')`` a download; ``.to(t.device)`` is t; other devices refuse."""
     device, dtype = _parse_to(args, kwargs)
+    if not isinstance(t, RemoteTensor):  # local.to(remote_tensor): its device and dtype, an upload as any other
+        return t.to(device, dtype, *[a for a in args if isinstance(a, bool)],
+                    **{k: v for k, v in kwargs.items() if k not in ("device", "dtype")})
     if device is not None and device != t._session.device:
         if device.type == DEVICE_TYPE:
             raise RuntimeError(
@@ -213,6 +231,7 @@ def _data_get(t):
     t._check_usable()
     out = RemoteTensor._new(t._session, t._session.new_id(), t._shape, t._dtype)
     out._strides = t._strides
+    share_memory(out, t)
     t._session.enqueue({"kind": "call", "op": "data", "args": [t._ref()], "out": [out._id]},
                        _Origin("data", where(), [weakref.ref(out)]))
     return out
@@ -234,6 +253,7 @@ def _data_set(t, value):
         return
     with torch.no_grad():
         call_op(t._session, "set_data", [t, value], {})  # the handle adopts value's metadata as it is queued
+    took_memory(t, value)
 
 
 # -- x.new_*: factories on x's device with x's dtype --------------------------------------------

@@ -33,9 +33,6 @@ _WHY_NOT = {
                             "cannot join; compute what the hook would do after backward, on `.grad`",
     "Tensor.register_post_accumulate_grad_hook": "hooks run inside the server's backward; act on `.grad` "
                                                  "after backward instead",
-    "Tensor.data_ptr": "the values live on the server: there is no client memory to point at",
-    "Tensor.untyped_storage": "the values live on the server: there is no client storage",
-    "Tensor.storage": "the values live on the server: there is no client storage",
     "Tensor.share_memory_": "the values live on the server",
     "Tensor.pin_memory": "the values live on the server",
 }

@@ -142,7 +142,7 @@ def test_errors_name_what_the_user_wrote():
 def test_the_custom_op_hint_only_where_a_custom_op_is_the_answer(sess):
     w = torch.randn(3, device=sess.device)
     with pytest.raises(RuntimeError) as info:
-        w.data_ptr()
+        w.pin_memory()
     assert "custom op" not in str(info.value)
     assert w.is_xpu is False and w.is_cuda is False  # DCGAN's check: answered, not an error
     with pytest.raises(NotImplementedError, match="custom ops are registered on the server"):
