@@ -29,7 +29,7 @@ from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
 from ..session._routes import Route
 from ..session._session_core import SessionCore, _Origin, meta_from_result
-from ..session._unsupported import not_in_table, refuse_local_leaf
+from ..session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
 from . import _meta_memo
@@ -39,6 +39,7 @@ _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _ANY_AUTOCAST = torch._C._is_any_autocast_enabled  # no autocast anywhere (most ops): no call into _autocast
+_SAVED_TENSORS_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 
 
 class Encoder:
@@ -179,6 +180,8 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
                 rg = True
                 break
     leaves = _union_leaves(grad_inputs) if rg else frozenset()
+    if rg and _SAVED_TENSORS_HOOKS(False) is not None:  # a graph is recorded on the server: its hooks are not ours
+        refuse_saved_tensors_hooks(_SAVED_TENSORS_HOOKS(False), route.torch_name, origin_where)
 
     if n_out == 0:  # a session op: nothing made, nothing written
         step["out"] = []

@@ -38,16 +38,57 @@ _answers = HANDLERS.on
 _APPLY_CODE = nn.Module._apply.__code__
 
 
-def _converting_param(t: torch.Tensor) -> bool:
-    """Whether ``nn.Module._apply`` is converting the parameter ``t`` right now (a few frames up)."""
+def _param_conversion(t: torch.Tensor):
+    """The frame of ``nn.Module._apply`` if it is converting the parameter ``t`` right now (a few frames up)."""
     f = sys._getframe(2)
     for _ in range(12):
         if f is None:
-            return False
+            return None
         if f.f_code is _APPLY_CODE:
-            return f.f_locals.get("param") is t
+            return f if f.f_locals.get("param") is t else None
         f = f.f_back
-    return False
+    return None
+
+
+# Where torch keeps a tensor's own hooks (on the Python tensor), and the call that put them there
+_TENSOR_HOOKS = (("_backward_hooks", "Tensor.register_hook"),
+                 ("_post_accumulate_grad_hooks", "Tensor.register_post_accumulate_grad_hook"))
+_CHECKED_MOVES: weakref.WeakSet = weakref.WeakSet()  # the conversion functions (one per Module.to) already checked
+
+
+def _refuse_tensor_hooks(apply_frame, device: torch.device) -> None:
+    """Refuse a move that would drop a parameter's hooks, before any parameter moves.
+
+    A parameter's hooks live on its local tensor; on the device its backward runs on the server,
+    where a hook written here cannot run yet, and the converted parameter would silently stop
+    calling it (a clipping hook would stop clipping). The whole module being moved (the outermost
+    ``_apply``) is checked at its first parameter, once per ``Module.to`` call: a refused move
+    leaves every parameter where it was."""
+    convert = apply_frame.f_locals.get("fn")
+    try:
+        if convert in _CHECKED_MOVES:
+            return
+    except TypeError:  # a conversion function that cannot be weakly held: checked at every parameter
+        convert = None
+    root, f = apply_frame.f_locals.get("self"), apply_frame.f_back
+    while f is not None:
+        if f.f_code is _APPLY_CODE and f.f_locals.get("fn") is convert:
+            root = f.f_locals.get("self")
+        f = f.f_back
+    for name, p in root.named_parameters():
+        if isinstance(p, RemoteTensor):  # moved before: a remote tensor takes no hooks
+            continue
+        for attr, registered_by in _TENSOR_HOOKS:
+            if getattr(p, attr, None):
+                raise RuntimeError(
+                    f"{type(root).__name__}.to({device}): parameter '{name}' has a hook ({registered_by}) that the "
+                    "move would drop: a tensor hook runs inside backward, which runs on the server on this device, "
+                    "where a hook written on the client cannot run yet. Remove it before the move (the handle's "
+                    ".remove()) and do its work after backward on `.grad` (clipping: torch.nn.utils.clip_grad_norm_ "
+                    f"or clip_grad_value_ after loss.backward()) ({where() or '?'})"
+                )
+    if convert is not None:
+        _CHECKED_MOVES.add(convert)
 
 
 def _swap(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -68,7 +109,9 @@ def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str)
 
 def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
     """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
-    if _converting_param(src):
+    conversion = _param_conversion(src)
+    if conversion is not None:
+        _refuse_tensor_hooks(conversion, session.device)
         value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
         grad = None if src.grad is None else src.grad.detach().to(value.dtype)
         remote = RemoteTensor._upload(session, value, requires_grad=src.requires_grad, grad=grad)
@@ -85,7 +128,7 @@ def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | No
 
 def _download(t, device: torch.device, dtype: torch.dtype | None, what: str) -> torch.Tensor:
     """A remote tensor brought to a local device (a parameter of a module being moved: in place)."""
-    if _converting_param(t):
+    if _param_conversion(t) is not None:
         value, grad = t._fetch(value=True, grad=t._has_grad)
         local = nn.Parameter(value.to(device=device, dtype=dtype or value.dtype), requires_grad=t._rg)
         if grad is not None:

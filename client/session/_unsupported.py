@@ -70,3 +70,24 @@ def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
         f"uploaded as a constant and never get a gradient. Move it to the remote device first "
         f"(`t.to(device)`, or `model.to(device)` for the module that owns it) ({where or '?'})"
     )
+
+
+# saved_tensors_hooks that change nothing a backward computes (where tensors wait, not their values): allowed.
+# torch.utils.checkpoint(use_reentrant=False) sets its own around the forward; save_on_cpu offloads.
+_HARMLESS_PACK_HOOKS = frozenset({("torch.utils.checkpoint", "_checkpoint_hook.__init__.<locals>.pack_hook"),
+                                  ("torch.autograd.graph", "save_on_cpu.__init__.<locals>.pack_to_cpu")})
+
+
+def refuse_saved_tensors_hooks(hooks: tuple, op_name: str, where: str | None) -> None:
+    """A graph recorded on remote tensors inside ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)``:
+    the server's autograd saves what its backward needs and never calls the client's hooks, so an unpack
+    that changes values (quantised activations) would change the gradient silently. Raised, never ignored."""
+    pack = hooks[0]
+    if (getattr(pack, "__module__", None), getattr(pack, "__qualname__", None)) in _HARMLESS_PACK_HOOKS:
+        return
+    raise RuntimeError(
+        f"{op_name} on remote tensors that require grad inside torch.autograd.graph.saved_tensors_hooks: the "
+        "server's autograd saves the tensors its backward needs and cannot call hooks written on the client, so "
+        "they would be skipped silently. Run the forward outside the hooks (torch.utils.checkpoint("
+        f"use_reentrant=False) and save_on_cpu are allowed: they change no value) ({where or '?'})"
+    )
