@@ -133,7 +133,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return _into_out(session, func, route, args, kwargs)
     origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
-    if not grad_on and func is not None:
+    if not grad_on:  # inside a Function's forward? (its own ops, factories and session ops alike)
         refuse_custom_function(func)
     inplace = route.inplace
     if kwargs and func is not None:

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..device._device import DEVICE_TYPE
 from ..dispatch._dispatch import call_op
-from ..session._callsite import where
+from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import SessionCore, _Origin
 from ..tensor._tensor import RemoteTensor
 from ._addresses import share_memory, took_memory
@@ -272,6 +272,8 @@ def _data_get(t):
     """A new handle on the same server storage, cut from the graph, with its own version counter (so,
     unlike ``detach()``, not joined to ``t``'s storage here), laid out as ``t``. Queued: no round trip."""
     t._check_usable()
+    if not torch.is_grad_enabled():  # inside a Function's forward, the handle may be its output
+        refuse_custom_function(T.data.__get__)
     out = RemoteTensor._new(t._session, t._session.new_id(), t._shape, t._dtype)
     out._strides = t._strides
     share_memory(out, t)

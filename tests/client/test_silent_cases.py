@@ -121,8 +121,10 @@ def test_module_backward_hooks_are_refused_where_torch_would_call_them(sess, reg
     model = nn.Linear(3, 3).to(sess.device)
     register(model, lambda *args: calls.append(args))
     for x in (torch.randn(2, 3, device=sess.device, requires_grad=True), torch.randn(2, 3, device=sess.device)):
-        with pytest.raises(RuntimeError, match="module backward hook"):
+        line = _here(2)
+        with pytest.raises(RuntimeError, match="module backward hook") as info:
             model(x)  # at the forward, where torch sets the hook up, never at a backward that skips it
+        assert line in str(info.value)
     with torch.no_grad():  # torch sets no backward hook up without grad: the forward runs, as torch's
         model(torch.randn(2, 3, device=sess.device))
     assert calls == []
