@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..dispatch._dispatch import Encoder
-from ..session._callsite import where
+from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
@@ -59,6 +59,8 @@ def _requires_grad_(t, requires_grad=True):
 @_answers(T.detach)
 def _detach(t):
     t._check_usable()
+    if not torch.is_grad_enabled():  # inside a Function's forward, the detached handle may be its output
+        refuse_custom_function(T.detach)
     tid = t._session.new_id()
     out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},

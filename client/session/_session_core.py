@@ -27,6 +27,7 @@ from ..transport._protocol_advice import explain
 from ..transport._transport import Transport, error_from
 from . import _caller_memo
 from ._banner import announce
+from ._callsite import refuse_custom_function
 from ._queue_globals import QueueGlobals
 from ._routes import RouteTable
 
@@ -233,6 +234,8 @@ class SessionCore:
     # -- fetching ---------------------------------------------------------------------------
 
     def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
+        if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
+            refuse_custom_function(None)
         index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
         message = self.take_result(index)["tensor"]
         return message

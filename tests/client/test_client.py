@@ -162,22 +162,6 @@ def test_pickle_stores_values_not_the_handle(sess):
     assert type(back) is torch.Tensor and back.tolist() == [0.0, 1.0, 2.0, 3.0] and back.requires_grad
 
 
-@pytest.mark.parametrize("grad_mode", [torch.enable_grad, torch.no_grad])
-def test_user_autograd_function_is_refused(sess, grad_mode):
-    class Double(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-    x = sess.tensor(torch.randn(3), requires_grad=True)
-    with grad_mode(), pytest.raises(RuntimeError, match="Register the Function as a server op"):
-        Double.apply(x)
-
-
 def test_every_autograd_function_forward_runs_with_forward_ad_off():
     """refuse_custom_function skips its stack walk while forward-mode AD is on (every op of an optimizer's
     step, under no_grad): torch turns it off around each Function's forward, in both styles."""
