@@ -29,8 +29,10 @@ class ProgramRun:
 
     ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
 
-    ``watch``: the program's ``ProgramWatch`` (its time limit and cancel), asked between the steps
-    of a template too (``templates``).
+    ``watch``: the program's ``ProgramWatch`` (its time limit, its time left and cancel; ``None`` when
+    nothing watches it), asked between the steps of a template too (``templates``); ``untimed``: the
+    work up to which a call needs no ``step_cost.hold`` (``step_cost.untimed``); ``flops``: the work
+    of its calls so far (a CUDA graph's capture keeps it: ``graph_steps``).
     """
 
     session: Session
@@ -40,3 +42,5 @@ class ProgramRun:
     omit_known_meta: bool = False
     plan: Any = None
     watch: Any = None
+    untimed: float = 0.0
+    flops: float = 0.0
