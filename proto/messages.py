@@ -347,6 +347,7 @@ class Limits(_Model):
     answer_timeout_seconds: float | None = None
     max_body_bytes_in_flight: int | None = None
     max_templates_per_session: int | None = None
+    max_step_flops: int | None = None
 
 
 class SessionCreated(_Model):

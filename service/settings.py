@@ -37,6 +37,8 @@ ADVERTISED_LIMITS = (
     "max_body_bytes_in_flight",
     # torch.compile's templates (issue 29): see docs/limits.md
     "max_templates_per_session",
+    # a step's cost, known before its kernel runs (issue 31): see docs/limits.md
+    "max_step_flops",
 )
 
 
@@ -104,6 +106,10 @@ class Settings:
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     max_templates_per_session: int = 64  # captured graphs a session keeps (service/engine/templates.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
+    # -- a step's cost, estimated on meta before its kernel runs (service/engine/step_cost.py). 0: the
+    #    device's default (_STEP_COST; docs/limits.md says how they were chosen) --
+    max_step_flops: int = 0  # the work one call step may do, in FLOPs (service/engine/cost_formulas.py)
+    device_flops_per_second: float = 0.0  # the device's rate: what the time a program has left is worth in FLOPs
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +119,9 @@ class Settings:
             if getattr(self, name) == 0:
                 share = getattr(self, whole) // (fraction if self.tokens else without_tokens)
                 object.__setattr__(self, name, max(1, share))
+        for name, by_device in _STEP_COST.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, by_device["cuda" if self._device_type() == "cuda" else "cpu"])
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -163,6 +172,13 @@ class Settings:
             raise ValueError(f"REMOTE_AUTOGRAD_CUDA_GRAPHS={self.cuda_graphs!r}: use off, on or emulate")
         return self.cuda_graphs
 
+    def _device_type(self) -> str:
+        """``resolved_device``'s type, or "cpu" for a device torch cannot name (its own error comes later)."""
+        try:
+            return self.resolved_device().type
+        except RuntimeError:
+            return "cpu"
+
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -176,6 +192,16 @@ _SHARES = {
     "max_bytes_per_token": ("max_total_bytes", 4, 1),
     "max_programs_per_token": ("max_concurrent_programs", 4, 1),
     "max_programs_per_session": ("max_concurrent_programs", 8, 8),
+}
+
+
+# A step's cost settings left at 0 (``service/engine/step_cost.py``): per device type. The rates are
+# float32 matmul rates: 33-39 GFLOP/s measured on the 2 threads of the CPU the project runs on
+# (``python -m bench cost``), 19.5 TFLOP/s for an A100's float32 (no GPU measured yet; an H100's
+# is about 3x). The budgets are about 3 s (CPU) and 5 s (GPU) of work at those rates.
+_STEP_COST = {
+    "max_step_flops": {"cpu": 10**11, "cuda": 10**14},
+    "device_flops_per_second": {"cpu": 3e10, "cuda": 2e13},
 }
 
 

@@ -18,7 +18,7 @@ steps before the failing one stay done, as in a program). Its error names the te
 **How a template runs** is ``Template.runner``, one per template, chosen in one place: ``run_plainly``
 unless something sets another. It runs each step through the runner's own handlers (the
 ``execute`` the runner passes in), so every check applies on every run: the meta check before each
-kernel, value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
+kernel (with its outputs' elements and its cost: ``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
 every run), the time limit between steps. The template's names live in the session's tensor table
 under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
 bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
@@ -294,7 +294,7 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     table for the run; the outputs kept under ``step.out``, the rest freed (all of them on a failure)."""
     session = run.session
     tensors = session.tensors
-    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch)
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is _GradStandIn]
     tensors.update(zip(template.inputs, bound))
     tid = template.step.id
