@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import sys
 
 import uvicorn
 
+from . import openmp_wait
 from .gc_freeze import freeze_startup_objects
 from .settings import Settings
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,13 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error", "critical"))
     args = parser.parse_args(argv)
     settings = Settings.from_env(host=args.host, port=args.port, device=args.device, log_level=args.log_level)
-    if not settings.tokens and not settings.insecure and not _is_loopback(settings.host):
+    if not settings.tokens and not settings.insecure and not openmp_wait.is_loopback(settings.host):
         print(
             f"refusing to listen on {settings.host} without REMOTE_AUTOGRAD_TOKENS; "
             "set tokens, or REMOTE_AUTOGRAD_INSECURE=1 to accept the risk",
             file=sys.stderr,
         )
         return 2
+    openmp_wait.settle(settings.host)  # before torch loads its OpenMP runtime, which reads it once
 
     from . import logs
     from .http.app import create_app

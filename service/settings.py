@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _PREFIX = "REMOTE_AUTOGRAD_"
 
@@ -161,6 +163,8 @@ class Settings:
         return self.cuda_graphs
 
     def resolved_device(self) -> torch.device:
+        import torch  # here, not at the top: the entry point reads settings before torch loads (openmp_wait.py)
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
