@@ -100,6 +100,10 @@ class Settings:
     # "on": a repeated program runs as a CUDA graph on a cuda device (service/engine/graph_steps.py);
     # "emulate": the same with graph_capture.RecordedGraph on any device (tests). Off until a GPU run vouches for it
     cuda_graphs: str = "off"
+    # "on"/"auto": a template runs compiled by inductor once compiled in the background (after its first
+    # run, or its third in a row); "off": always the plain way (service/engine/compiled_templates.py)
+    compile: str = "off"
+    compile_budget_seconds: float = 600.0  # compile time each tenant may take in all (template_compile.py)
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
@@ -161,6 +165,12 @@ class Settings:
         if self.cuda_graphs not in ("off", "on", "emulate"):
             raise ValueError(f"REMOTE_AUTOGRAD_CUDA_GRAPHS={self.cuda_graphs!r}: use off, on or emulate")
         return self.cuda_graphs
+
+    def compile_mode(self) -> str:
+        """Whether templates compile (``service/engine/compiled_templates.py``): off, on or auto."""
+        if self.compile not in ("off", "on", "auto"):
+            raise ValueError(f"REMOTE_AUTOGRAD_COMPILE={self.compile!r}: use off, on or auto")
+        return self.compile
 
     def resolved_device(self) -> torch.device:
         import torch  # here, not at the top: the entry point reads settings before torch loads (openmp_wait.py)

@@ -85,6 +85,7 @@ def make_backend(settings: Settings):
     none, in this process (the fast path: no hop between processes)."""
     settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
     settings.graph_mode()  # and REMOTE_AUTOGRAD_CUDA_GRAPHS
+    settings.compile_mode()  # and REMOTE_AUTOGRAD_COMPILE
     if settings.backend == "inprocess":
         return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":
