@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_TENSOR = "unknown_tensor"
     UNKNOWN_OP = "unknown_op"
     UNKNOWN_MODEL = "unknown_model"  # no such file in the server's model directory
+    UNKNOWN_TEMPLATE = "unknown_template"  # run_template of a template the session does not hold (send it again)
     CONFLICT = "conflict"
     SESSION_EXPIRED = "session_expired"
     SESSION_LOST = "session_lost"  # its Ray worker or node died; other sessions go on
@@ -46,6 +47,7 @@ _STATUS = {
     ErrorCode.UNKNOWN_TENSOR: 404,
     ErrorCode.UNKNOWN_OP: 404,
     ErrorCode.UNKNOWN_MODEL: 404,
+    ErrorCode.UNKNOWN_TEMPLATE: 404,
     ErrorCode.CONFLICT: 409,
     ErrorCode.SESSION_EXPIRED: 410,
     ErrorCode.SESSION_LOST: 410,

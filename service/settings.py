@@ -37,6 +37,8 @@ ADVERTISED_LIMITS = (
     # memory outside the tensors (issue 19 item 2): see docs/limits.md
     "answer_timeout_seconds",
     "max_body_bytes_in_flight",
+    # torch.compile's templates (issue 29): see docs/limits.md
+    "max_templates_per_session",
 )
 
 
@@ -106,6 +108,7 @@ class Settings:
     compile_budget_seconds: float = 600.0  # compile time each tenant may take in all (template_compile.py)
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
+    max_templates_per_session: int = 64  # captured graphs a session keeps (service/engine/templates.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     extra: dict = field(default_factory=dict, compare=False)
 

@@ -28,6 +28,9 @@ class ProgramRun:
     grad still answer their metadata (only the server knows it).
 
     ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
+
+    ``watch``: the program's ``ProgramWatch`` (its time limit and cancel), asked between the steps
+    of a template too (``templates``).
     """
 
     session: Session
@@ -36,3 +39,4 @@ class ProgramRun:
     views: bool = False
     omit_known_meta: bool = False
     plan: Any = None
+    watch: Any = None

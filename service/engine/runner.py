@@ -25,8 +25,10 @@ from remote_autograd.proto.messages import (
     Program,
     PutStep,
     RetainGradStep,
+    RunTemplateStep,
     SetGradStep,
     SetRequiresGradStep,
+    TemplateStep,
 )
 from remote_autograd.proto.tensors import decode_tensor_data
 
@@ -35,7 +37,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import graph_steps
+from . import graph_steps, templates
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
@@ -64,7 +66,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     ``watch`` is asked before each step whether the program must stop there (its time limit, its
     client gone): the stop is that step's failure, the steps before it stay done.
     """
-    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
+    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch)
     run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
     steps = StepLoop(run, program, observe, watch)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
@@ -136,6 +138,24 @@ class StepLoop:
             if observe is not None:
                 observe(_step_op(step), perf_counter() - began)
         return True
+
+
+def _execute(run: ProgramRun, step, index: int) -> Any:
+    """One step of a template (``templates.run_plainly``) through the handler of its kind: the time
+    limit asked first, a failure raised as a ``ProtocolError``, what the graph let go settled after."""
+    if run.watch is not None:
+        run.watch.check()
+    try:
+        return _call(run, step, index) if type(step) is CallStep else _HANDLERS[type(step)](run, step)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # as StepLoop.execute: every failure becomes data
+        err = _as_protocol_error(exc, index, _step_op(step))
+        exc.__traceback__ = exc.__context__ = None
+        raise err from None
+    finally:
+        if run.session.storages.dead:
+            run.session.storages.settle(run.session)
 
 
 def _views_from(steps: list) -> int:
@@ -434,4 +454,6 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     FreeStep: _free,
     FetchStep: _fetch,
     LoadStep: load_step,
+    TemplateStep: templates.define_template,
+    RunTemplateStep: lambda run, step: templates.run_template(run, step, _execute),
 }

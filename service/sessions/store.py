@@ -78,6 +78,7 @@ class Session:
     programs: OrderedDict = field(default_factory=OrderedDict)
     plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
     graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
+    templates: dict = field(default_factory=dict)  # by id: the graphs torch.compile sent (service.engine.templates)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
 
@@ -127,6 +128,7 @@ class Session:
         self.programs.clear()
         self.plans.clear()
         self.graphs.clear()  # a capture's memory goes with its last tensor
+        self.templates.clear()
         self.storages.close()
         self.release(self.bytes_held)
 

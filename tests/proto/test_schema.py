@@ -24,7 +24,7 @@ SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
 # Shown inside another message's example instead of on their own.
 EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList", "ModelFile": "ModelList",
-            "ModelTensor": "ModelInfo"}
+            "ModelTensor": "ModelInfo", "TemplateInput": "TemplateStep", "TemplateScalar": "TemplateStep"}
 
 
 def test_schema_file_is_current():

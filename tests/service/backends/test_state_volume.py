@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import torch
 
-from remote_autograd.proto import MSGPACK
+from remote_autograd.proto import MSGPACK, decode_tensor
 from remote_autograd.service.backends import state_volume
 from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
@@ -126,6 +126,26 @@ def test_a_restored_session_goes_on_as_the_uninterrupted_one(tmp_path: Path):
     assert _program(second, sid, "tok", "p2", DRAW) == uninterrupted  # the same draw, the same w and grad
     with pytest.raises(Exception, match="unknown session"):
         asyncio.run(second.describe_session(sid, "other"))  # still the token's own
+    first.shutdown(), second.shutdown()
+
+
+def test_templates_are_not_written_a_run_after_the_restart_asks_for_the_template_again(tmp_path: Path):
+    load_configured_ops((), test_ops=False)
+    settings = Settings(tenant_processes="off", state_dir=str(tmp_path))
+    double = {"kind": "template", "id": "T", "inputs": [{"id": "x", "dtype": "float32", "shape": [3]}],
+              "steps": [call("mul", ref("x"), 2.0, out=["y"])], "outputs": ["y"]}
+    run = {"kind": "run_template", "template": "T", "inputs": [ref("w")], "out": ["y1"]}
+    first = LocalSessions(settings)
+    sid = asyncio.run(first.create_session(None))["session_id"]
+    assert _program(first, sid, None, "p1", [put("w", [1.0, 2.0, 3.0]), double, run])[0] == 200
+    state_volume.save_all(first, settings)
+    second = LocalSessions(settings)
+    state_volume.restore_all(second, settings)
+    status, body = _program(second, sid, None, "p2", [{**run, "out": ["y2"]}])
+    assert status == 404 and body["error"]["code"] == "unknown_template", body
+    status, body = _program(second, sid, None, "p3", [double, {**run, "out": ["y2"]}, {"kind": "fetch", "id": "y2"}])
+    assert status == 200 and decode_tensor(body["results"][2]["tensor"]["value"]).tolist() == [2.0, 4.0, 6.0]
+    assert _program(second, sid, None, "p4", [{"kind": "fetch", "id": "y1"}])[0] == 200  # the first run's output stays
     first.shutdown(), second.shutdown()
 
 
