@@ -171,10 +171,14 @@ def server_times(case: Case, repeat: int = 30, device: torch.device | None = Non
             return {"state": cold.state, "reason": cold.reason}
         with inductor_cache(cache):
             warm = compile_case(case, device, cuda_graphs=cuda_graphs)
-    plain = measure(plain_run(case, case.session(settings, device), settings), repeat=repeat, warmup=3)
-    compiled = measure(compiled_run(case, cold, case.session(settings, device), settings), repeat=repeat, warmup=3)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
+
+    def synced(once: Callable[[], None]) -> Callable[[], None]:  # a run's device work done, on a GPU
+        return lambda: (once(), sync())
+
+    plain = measure(synced(plain_run(case, case.session(settings, device), settings)), repeat=repeat, warmup=3)
+    compiled = measure(synced(compiled_run(case, cold, case.session(settings, device), settings)), repeat=repeat,
+                       warmup=3)
     return {"state": "ready", "plain": plain, "compiled": compiled, "cold_s": cold.seconds, "warm_s": warm.seconds}
 
 

@@ -55,19 +55,33 @@ log = logging.getLogger("remote_autograd.service.engine.compiled_templates")
 _told_missing = False
 
 
-def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
-    """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
-    compiles (see the module's docstring)."""
+def available(settings: Settings) -> bool:
+    """Whether templates compile here: the setting (a misspelt one raises) and a C++ compiler for
+    inductor (its absence logged once, as the server starts)."""
     mode = settings.compile_mode()
     if mode == "off":
-        return plain
+        return False
     missing = compiler_missing()
     if missing is not None:
         global _told_missing
         if not _told_missing:
             _told_missing = True
             log.warning("REMOTE_AUTOGRAD_COMPILE=%s, but %s: templates run on the runner", mode, missing)
+        return False
+    return True
+
+
+def compile_state(settings: Settings) -> str:
+    """What ``/healthz`` says: the setting, or ``off`` where templates cannot compile here."""
+    return settings.compile_mode() if available(settings) else "off"
+
+
+def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
+    """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
+    compiles (see the module's docstring)."""
+    if not available(settings):
         return plain
+    mode = settings.compile_mode()
     cuda_graphs = settings.cuda_graphs == "on" and session.device.type == "cuda"
     return CompilingRunner(plain, mode, tenant_tag(session.owner), session.device, settings.compile_budget_seconds,
                            cuda_graphs)
@@ -171,9 +185,8 @@ def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str
     """Run ``variant``'s compiled graph for ``step``: ``RAN``, or where the plain way must run instead,
     ``REFUSED`` (a limit, or kernels that failed before writing anything) or ``CHECK_REFUSED``."""
     session, settings, graph = run.session, run.settings, variant.graph
-    watch = getattr(run, "watch", None)
-    if watch is not None:
-        watch.check()  # its own error, before anything ran: as the plain run's first step
+    if run.watch is not None:
+        run.watch.check()  # its own error, before anything ran: as the plain run's first step
     values = [ct.value for ct in bound]
     if len(session.tensors) + len(step.out) > settings.max_tensors_per_session:
         return REFUSED
@@ -197,6 +210,7 @@ def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str
                 return REFUSED
             raise ProtocolError(ErrorCode.OP_ERROR, f"template {getattr(step, 'template', '?')!r} (compiled): "
                                 f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from None
+        variant.runs += 1
         outputs = results[:graph.outputs]
         store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(step.out, outputs)])
         _give_grads(session, graph, bound, values, results)

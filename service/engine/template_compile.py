@@ -64,7 +64,7 @@ class Variant:
     """One template's compiled form for one set of layouts and numbers. ``state``: ``compiling``,
     ``ready`` (``fn``, ``graph``), ``failed`` or ``unfit`` (``reason``): those two run plainly for good."""
 
-    __slots__ = ("state", "fn", "graph", "reason", "seconds")
+    __slots__ = ("state", "fn", "graph", "reason", "seconds", "runs")
 
     def __init__(self) -> None:
         self.state = "compiling"
@@ -72,6 +72,7 @@ class Variant:
         self.graph: TemplateGraph | None = None
         self.reason = ""
         self.seconds = 0.0
+        self.runs = 0  # compiled runs
 
 
 class _Tenant:
@@ -152,13 +153,16 @@ class Compiler:
         log.info("template %s (tenant %s) compiled in %.1f s", name, tenant, seconds)
 
     def figures(self) -> dict:
-        """Counts for /healthz: variants by state, compile seconds spent."""
+        """What this process's compiles came to: variants by state, their compiled runs, seconds spent."""
         with self._lock:
             states: dict[str, int] = {}
+            runs = 0
             for found in self._tenants.values():
                 for variant in found.variants.values():
                     states[variant.state] = states.get(variant.state, 0) + 1
-            return {"variants": states, "seconds": round(sum(t.seconds for t in self._tenants.values()), 1)}
+                    runs += variant.runs
+            return {"variants": states, "compiled_runs": runs,
+                    "seconds": round(sum(t.seconds for t in self._tenants.values()), 1)}
 
     def wait(self, timeout: float | None = None) -> None:
         """Until every compile submitted so far has ended (tests, the bench)."""

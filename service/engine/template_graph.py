@@ -212,8 +212,10 @@ class _Builder:
             if state is None:
                 cleared.append(k)
             elif state is not self.grad_args.get(k):  # a grad found and added to in place stays where it is
-                given.append((k, len(results), state in self.fresh))
-                results.append(state)
+                if state not in results:
+                    results.append(state)
+                # an output that is also a grad given is one tensor, as the runner's set_grad shares it
+                given.append((k, results.index(state), state in self.fresh))
         self.graph.output(tuple(results))
         module = fx.GraphModule(torch.nn.Module(), self.graph)
         found = {StorageWeakRef(self.fakes[n].untyped_storage()) for n in self.nodes.values() if n.op == "placeholder"}

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from bench.server_compile import Case, _run, _written, compiled_run, eager_variant
+from remote_autograd.proto import dtype_name
 from remote_autograd.service.engine.template_compile import Variant
 from remote_autograd.service.settings import Settings
 
@@ -63,14 +64,15 @@ def graph_of(case: Case):
 # -- the cases ----------------------------------------------------------------------------------
 
 
-def _mlp_inputs(seed: int, grads: bool) -> dict:
+def _mlp_inputs(seed: int, grads: tuple[str, ...] = ()) -> dict:
+    """The MLP's parameters (those named in ``grads`` holding a grad), a batch and its labels."""
     g = torch.Generator().manual_seed(seed)
-    w1, b1 = torch.randn(32, 20, generator=g) * 0.2, torch.randn(32, generator=g) * 0.1
-    w2, b2 = torch.randn(5, 32, generator=g) * 0.2, torch.randn(5, generator=g) * 0.1
+    params = {"w1": torch.randn(32, 20, generator=g) * 0.2, "b1": torch.randn(32, generator=g) * 0.1,
+              "w2": torch.randn(5, 32, generator=g) * 0.2, "b2": torch.randn(5, generator=g) * 0.1}
     x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
-    grad = (lambda t: torch.randn(t.shape, generator=g)) if grads else (lambda t: None)
-    return {"w1": (w1, True, grad(w1)), "b1": (b1, True, None), "w2": (w2, True, grad(w2)), "b2": (b2, True, None),
-            "x": (x, False, None), "y": (y, False, None)}
+    inputs = {name: (p, True, torch.randn(p.shape, generator=g) if name in grads else None)
+              for name, p in params.items()}
+    return {**inputs, "x": (x, False, None), "y": (y, False, None)}
 
 
 _FORWARD = [call("nn.functional.linear", ref("x"), ref("w1"), ref("b1"), out=["h"]),
@@ -79,7 +81,7 @@ _FORWARD = [call("nn.functional.linear", ref("x"), ref("w1"), ref("b1"), out=["h
             call("nn.functional.cross_entropy", ref("o"), ref("y"), out=["loss"])]
 
 
-def mlp_backward(seed: int = 0, grads: bool = False) -> Case:
+def mlp_backward(seed: int = 0, grads: tuple[str, ...] = ()) -> Case:
     """Forward and ``loss.backward()`` (grads added into those the leaves hold, given to the others)."""
     return Case("mlp-backward", [*_FORWARD, {"kind": "backward", "tensors": ["loss"]},
                                  call("Tensor.detach", ref("loss"), out=["out"])],
@@ -90,7 +92,7 @@ def mlp_grad_then_sgd(seed: int = 0, lr: float = 0.1) -> Case:
     """As dynamo traces a step: ``autograd.grad``, each grad set on its leaf, then SGD with momentum
     as torch's foreach path runs it, in place on the parameters and the buffers, its lr a number."""
     params = ["w1", "b1", "w2", "b2"]
-    inputs = _mlp_inputs(seed, False)
+    inputs = _mlp_inputs(seed)
     g = torch.Generator().manual_seed(seed + 1)
     for p in params:
         inputs[f"m_{p}"] = (torch.randn(inputs[p][0].shape, generator=g), False, None)
@@ -136,3 +138,22 @@ def attention_block(seed: int = 0) -> Case:
              {"kind": "backward", "tensors": ["loss"]},
              call("Tensor.detach", ref("loss"), out=["out"])]
     return Case("attention", steps, inputs, ["out"])
+
+
+def train_step(seed: int = 0) -> Case:
+    """A training step in one template: forward, ``backward`` (its grads added into those the
+    parameters hold), then SGD in place on two parameters, its lr a number."""
+    base = mlp_backward(seed, grads=("w1", "b1", "w2", "b2"))
+    sgd = call("_foreach_add_", [ref("w1"), ref("b1")], [{"grad_of": "w1"}, {"grad_of": "b1"}],
+               alpha={"scalar": "neg_lr"}, grad_enabled=False)
+    return Case("train-step", [*base.steps, sgd], base.inputs, base.outputs, {"neg_lr": -0.1})
+
+
+def template_step(case: Case, tid: str) -> dict:
+    """The case as a ``template`` step (proto/SPEC.md §5): its inputs' declared layouts, its numbers."""
+    kinds = {bool: "bool", int: "int", float: "float"}
+    return {"kind": "template", "id": tid,
+            "inputs": [{"id": name, "dtype": dtype_name(v.dtype), "shape": list(v.shape), "requires_grad": rg}
+                       for name, (v, rg, _) in case.inputs.items()],
+            "scalars": [{"id": name, "kind": kinds[type(v)]} for name, v in case.scalars.items()],
+            "steps": case.steps, "outputs": case.outputs}

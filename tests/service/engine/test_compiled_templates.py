@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import logging
 
+import httpx
 import pytest
 import torch
+
+from remote_autograd import client
+from remote_autograd.client.transport._embedded import service_app
+from remote_autograd.proto import decode_tensor, encode_tensor
 
 from remote_autograd.service.engine import template_compile
 from remote_autograd.service.engine.template_compile import Compiler
 
-from .template_cases import Case, by_compiled_way, by_runner, call, mlp_backward, ref
+from ...conftest import PROTOCOL_HEADERS
+from ..wire import new_id
+from .template_cases import Case, by_compiled_way, by_runner, call, ref, template_step, train_step
 
 pytestmark = pytest.mark.inductor
 
@@ -30,15 +37,6 @@ def inductor_cache(tmp_path_factory):
         yield
 
 
-def _backward_then_sgd() -> Case:
-    """A training step in one template: forward, ``backward`` (grads added into the two a leaf holds,
-    given to the others), then SGD in place on two parameters, its lr a number."""
-    base = mlp_backward(grads=True)
-    sgd = call("_foreach_add_", [ref("w1"), ref("b1")], [{"grad_of": "w1"}, {"grad_of": "b1"}],
-               alpha={"scalar": "neg_lr"}, grad_enabled=False)
-    return Case("train-step", [*base.steps, sgd], base.inputs, base.outputs, {"neg_lr": -0.1})
-
-
 def _submit(compiler: Compiler, case: Case, tenant: str = "open", key=None, budget: float = 600.0):
     return compiler.submit(tenant, key or (case.name,), case.template(), case.layouts(CPU), case.scalars, CPU,
                            budget=budget, cuda_graphs=False)
@@ -47,7 +45,7 @@ def _submit(compiler: Compiler, case: Case, tenant: str = "open", key=None, budg
 def test_a_compiled_template_gives_the_runners_answers_within_torchs_tolerance():
     if template_compile.compiler_missing():
         pytest.skip(template_compile.compiler_missing())
-    case, compiler = _backward_then_sgd(), Compiler()
+    case, compiler = train_step(), Compiler()
     variant = _submit(compiler, case)
     compiler.wait(timeout=600)
     assert variant.state == "ready", variant.reason
@@ -106,3 +104,52 @@ def test_a_spent_budget_compiles_nothing_more_and_says_so_once(caplog):
         assert _submit(compiler, _DROPOUT, key=("one",), budget=0.0) is None
         assert _submit(compiler, _DROPOUT, key=("two",), budget=0.0) is None
     assert caplog.text.count("compile budget") == 1
+
+
+# -- through run_template, on the service's app ------------------------------------------------------
+
+
+def _app(**settings) -> httpx.Client:
+    return httpx.Client(transport=client.InProcessTransport(service_app(**settings)), base_url="http://in-process",
+                        headers=PROTOCOL_HEADERS, timeout=600)
+
+
+def _program(c: httpx.Client, sid: str, steps: list) -> list:
+    r = c.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": steps})
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+def _train(c: httpx.Client, runs: int, between=lambda: None) -> dict:
+    """``runs`` runs of the training-step template on a new session: the losses, then the parameters."""
+    case = train_step()
+    sid = c.post("/v1/sessions").json()["session_id"]
+    puts = [{"kind": "put", "id": name, "value": encode_tensor(v, as_json=True), "requires_grad": rg,
+             **({"grad": encode_tensor(g, as_json=True)} if g is not None else {})}
+            for name, (v, rg, g) in case.inputs.items()]
+    _program(c, sid, [*puts, template_step(case, "step")])
+    losses = []
+    for n in range(runs):
+        run = {"kind": "run_template", "template": "step", "inputs": [{"ref": name} for name in case.inputs],
+               "scalars": [case.scalars["neg_lr"]], "out": [f"loss{n}"]}
+        losses.append(decode_tensor(_program(c, sid, [run, {"kind": "fetch", "id": f"loss{n}"}])[1]["tensor"]["value"]))
+        between()
+    params = {}
+    for name in ("w1", "b1", "w2", "b2"):
+        got = _program(c, sid, [{"kind": "fetch", "id": name}])[0]["tensor"]
+        params[name] = (decode_tensor(got["value"]), decode_tensor(got["grad"]))
+    return {"losses": losses, "params": params}
+
+
+def test_a_template_runs_compiled_after_its_first_run_with_the_plain_ways_answers():
+    """REMOTE_AUTOGRAD_COMPILE=on: the first run plain (its variant compiles meanwhile), the rest compiled;
+    losses, parameters and grads as the plain way's, within torch's tolerance."""
+    if template_compile.compiler_missing():
+        pytest.skip(template_compile.compiler_missing())
+    before = template_compile.COMPILER.figures()["compiled_runs"]
+    with _app(compile="on") as c:
+        compiled = _train(c, 4, between=lambda: template_compile.COMPILER.wait(timeout=600))
+    assert template_compile.COMPILER.figures()["compiled_runs"] - before == 3
+    with _app() as c:  # off, the default
+        plain = _train(c, 4)
+    torch.testing.assert_close(compiled, plain)
