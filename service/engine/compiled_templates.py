@@ -35,6 +35,7 @@ them once per write: either way a graph that saved the old value refuses to use 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, Callable
 
@@ -94,15 +95,15 @@ class CompilingRunner:
                  cuda_graphs: bool) -> None:
         self.plain, self.mode, self.tenant, self.device = plain, mode, tenant, device
         self.budget, self.cuda_graphs = budget, cuda_graphs
-        self.static: tuple | None = None  # the template's steps, canonical (made at its first run)
+        self.static: str | None = None  # a digest of the template's steps, canonical (made at its first run)
         self.last: tuple | None = None  # the last plain run's key, and how many runs in a row had it
         self.streak = 0
         self.submitted: set[tuple] = set()
         self.told = False
 
     def __call__(self, run, template, step, bound: list[CustomTensor], scalars: dict, execute) -> None:
-        if self.static is None:
-            self.static = canonical(template)
+        if self.static is None:  # a digest: the steps themselves would be hashed on every run
+            self.static = hashlib.blake2b(repr(canonical(template)).encode(), digest_size=16).hexdigest()
         layouts = _layouts(bound)
         key = None if layouts is None else (self.static, layouts, _numbers(scalars), self.device)
         variant = COMPILER.get(self.tenant, key) if key is not None else None
@@ -157,19 +158,27 @@ def canonical(template) -> tuple:
 
 
 def _layouts(bound: list[CustomTensor]) -> tuple | None:
-    """Each bound tensor's ``Layout``; None when two of them (or their grads) share memory: a compiled
-    graph assumes its arguments apart, so such a run goes the plain way."""
-    seen: set[int] = set()
+    """Each bound tensor's ``Layout``; None when two of them share memory (or two grads do): a compiled
+    graph assumes its arguments apart, so such a run goes the plain way. A grad that is also bound as
+    an input's value (``{grad_of: p}`` beside ``p``) is said in the layout (``grad_bound``)."""
+    values: dict[int, int] = {}
+    for k, ct in enumerate(bound):
+        if ct.value.numel():
+            where = ct.value.untyped_storage().data_ptr()
+            if where in values:
+                return None
+            values[where] = k
+    grads: set[int] = set()
     out = []
     for ct in bound:
-        value, grad = ct.value, ct.grad
-        for t in (value, grad):
-            if t is not None:
-                key = t.untyped_storage().data_ptr()
-                if key in seen and t.numel():
-                    return None
-                seen.add(key)
-        out.append(Layout.of(value, grad))
+        grad, bound_as = ct.grad, None
+        if grad is not None and grad.numel():
+            where = grad.untyped_storage().data_ptr()
+            bound_as = values.get(where)
+            if where in grads:
+                return None
+            grads.add(where)
+        out.append(Layout.of(ct.value, grad, bound_as))
     return tuple(out)
 
 

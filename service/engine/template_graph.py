@@ -58,7 +58,8 @@ class Unfit(Exception):
 @dataclass(frozen=True)
 class Layout:
     """What a compiled variant assumes of one bound input: its value's layout, whether it requires grad
-    (and is a leaf), and its grad's layout (None: it has none)."""
+    (and is a leaf), its grad's layout (None: it has none), and whether that grad is also bound as an
+    input's value (``grad_bound``: that input; an optimizer binds ``{grad_of: p}`` beside ``p``)."""
 
     shape: tuple
     stride: tuple
@@ -67,12 +68,13 @@ class Layout:
     requires_grad: bool
     is_leaf: bool
     grad: tuple | None  # (shape, stride, offset, dtype)
+    grad_bound: int | None = None
 
     @classmethod
-    def of(cls, value: torch.Tensor, grad: torch.Tensor | None) -> "Layout":
+    def of(cls, value: torch.Tensor, grad: torch.Tensor | None, grad_bound: int | None = None) -> "Layout":
         return cls(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.requires_grad,
                    value.is_leaf, None if grad is None else (tuple(grad.shape), grad.stride(), grad.storage_offset(),
-                                                             grad.dtype))
+                                                             grad.dtype), grad_bound)
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,8 @@ class _Builder:
             return state
         if self.layouts[k].grad is None:
             return None
+        if self.layouts[k].grad_bound is not None:  # two arguments of one graph on one tensor
+            raise Unfit(f"input {k}'s grad is read or added to, and is bound as input {self.layouts[k].grad_bound}")
         node = self.grad_args.get(k)
         if node is None:
             with self.graph.inserting_after(self._last_placeholder):

@@ -74,3 +74,21 @@ def test_a_non_leaf_input_that_requires_grad_is_refused():
     case = Case("nonleaf", [call("mul", ref("w"), 2.0, out=["m"])], {"w": (w.detach(), True, None)}, ["m"])
     with pytest.raises(template_graph.Unfit, match="not a leaf"):
         template_graph.build(case.template(), layouts, {}, torch.device("cpu"))
+
+
+def test_a_grad_bound_beside_its_tensor_is_said_and_never_read_twice():
+    """An optimizer binds ``p`` and ``{grad_of: p}``: one tensor is p's grad and input 1's value. The
+    variant says so; a graph that also reads p's grad would take one tensor as two arguments."""
+    from remote_autograd.service.engine.compiled_templates import _layouts
+    from remote_autograd.service.sessions.custom_tensor import CustomTensor
+
+    p = CustomTensor(torch.randn(3, requires_grad=True), torch.randn(3))
+    layouts = _layouts([p, CustomTensor(p.grad)])
+    assert layouts[0].grad_bound == 1 and layouts[1].grad_bound is None
+    assert _layouts([p, p]) is None  # one tensor bound twice: the plain way
+    sgd = Case("sgd", [call("Tensor.sub_", ref("p"), {"grad_of": "p"}, grad_enabled=False)],
+               {"p": (p.value.detach(), True, p.grad), "g": (p.grad, False, None)}, [])
+    with pytest.raises(template_graph.Unfit, match="bound as input 1"):
+        template_graph.build(sgd.template(), layouts, {}, torch.device("cpu"))
+    reads_g = Case("sgd", [call("Tensor.sub_", ref("p"), ref("g"), grad_enabled=False)], sgd.inputs, [])
+    assert template_graph.build(reads_g.template(), layouts, {}, torch.device("cpu")).effects.grads_read == ()
