@@ -176,10 +176,22 @@ def server_times(case: Case, repeat: int = 30, device: torch.device | None = Non
     def synced(once: Callable[[], None]) -> Callable[[], None]:  # a run's device work done, on a GPU
         return lambda: (once(), sync())
 
-    plain = measure(synced(plain_run(case, case.session(settings, device), settings)), repeat=repeat, warmup=3)
-    compiled = measure(synced(compiled_run(case, cold, case.session(settings, device), settings)), repeat=repeat,
-                       warmup=3)
-    return {"state": "ready", "plain": plain, "compiled": compiled, "cold_s": cold.seconds, "warm_s": warm.seconds}
+    plain_once = synced(plain_run(case, case.session(settings, device), settings))
+    compiled_once = synced(compiled_run(case, cold, case.session(settings, device), settings))
+    plain, compiled = measure(plain_once, repeat=repeat, warmup=3), measure(compiled_once, repeat=repeat, warmup=3)
+    return {"state": "ready", "plain": plain, "compiled": compiled, "cold_s": cold.seconds, "warm_s": warm.seconds,
+            "plain_cpu": _thread_seconds(plain_once, repeat), "compiled_cpu": _thread_seconds(compiled_once, repeat)}
+
+
+def _thread_seconds(fn: Callable[[], object], repeat: int) -> list[float]:
+    """CPU seconds of this thread per call: what a run costs, whatever else the machine's cores run (all
+    of it, with one intra-op thread; on a GPU, the host's part)."""
+    times = []
+    for _ in range(repeat):
+        start = time.thread_time()
+        fn()
+        times.append(time.thread_time() - start)
+    return times
 
 
 def print_server_times(label: str, case: Case, repeat: int = 30, device: torch.device | None = None,
@@ -190,6 +202,8 @@ def print_server_times(label: str, case: Case, repeat: int = 30, device: torch.d
         return
     plain = row(f"{label}: server, plain (runner)", times["plain"])
     row(f"{label}: server, compiled", times["compiled"], plain)
+    plain_cpu = row(f"{label}: the same in this thread's CPU time, plain", times["plain_cpu"])
+    row(f"{label}: the same in this thread's CPU time, compiled", times["compiled_cpu"], plain_cpu)
     print(f"  {label + ': compile, cold / warm':<48} {times['cold_s']:9.1f} s / {times['warm_s']:.1f} s")
 
 

@@ -92,3 +92,13 @@ def test_a_grad_bound_beside_its_tensor_is_said_and_never_read_twice():
         template_graph.build(sgd.template(), layouts, {}, torch.device("cpu"))
     reads_g = Case("sgd", [call("Tensor.sub_", ref("p"), ref("g"), grad_enabled=False)], sgd.inputs, [])
     assert template_graph.build(reads_g.template(), layouts, {}, torch.device("cpu")).effects.grads_read == ()
+
+
+def test_the_sdks_training_step_as_a_template_runs_as_a_graph_with_the_runners_answers():
+    """The MLP step the SDK sends (forward, backward, SGD with momentum in torch's foreach path), made
+    a template as the bench does (``bench/server_compile.program_case``): one graph, the same bits."""
+    from bench import server_compile
+
+    case = server_compile.program_case("mlp", server_compile.mlp_loop(steps=3))
+    assert any(step["kind"] == "backward" for step in case.steps) and case.outputs
+    _assert_same_bits(by_compiled_way(case), by_runner(case))
