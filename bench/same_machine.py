@@ -25,7 +25,6 @@ import time
 from typing import Callable, Iterator
 
 import torch
-from torch import nn
 
 from ._util import ROOT, serve, summary
 
@@ -62,7 +61,7 @@ def torch_clone_copies() -> Iterator[None]:
 
 def mlp_step(sess) -> Callable[[bool], float]:
     """``step(upload)``: one SGD step of the MLP, its batch uploaded first or already on the device."""
-    from .training import _mlp
+    from .training import _mlp, _step_fn
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(_BATCH, 784, generator=g), torch.randint(0, 10, (_BATCH,), generator=g)
@@ -71,12 +70,7 @@ def mlp_step(sess) -> Callable[[bool], float]:
     on_device = sess.tensor(x), sess.tensor(y)
 
     def step(upload: bool) -> float:
-        xs, ys = (x.to(sess.device), y.to(sess.device)) if upload else on_device
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(xs), ys)
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return _step_fn(model, opt, *((x.to(sess.device), y.to(sess.device)) if upload else on_device))()
 
     return step
 

@@ -202,8 +202,8 @@ def print_server_times(label: str, case: Case, repeat: int = 30, device: torch.d
         return
     plain = row(f"{label}: server, plain (runner)", times["plain"])
     row(f"{label}: server, compiled", times["compiled"], plain)
-    plain_cpu = row(f"{label}: the same in this thread's CPU time, plain", times["plain_cpu"])
-    row(f"{label}: the same in this thread's CPU time, compiled", times["compiled_cpu"], plain_cpu)
+    plain_cpu = row(f"{label}: server CPU time, plain", times["plain_cpu"])
+    row(f"{label}: server CPU time, compiled", times["compiled_cpu"], plain_cpu)
     print(f"  {label + ': compile, cold / warm':<48} {times['cold_s']:9.1f} s / {times['warm_s']:.1f} s")
 
 
