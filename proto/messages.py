@@ -310,6 +310,8 @@ class Limits(_Model):
     max_header_bytes: int | None = None
     header_timeout_seconds: float | None = None
     idle_timeout_seconds: float | None = None
+    answer_timeout_seconds: float | None = None
+    max_body_bytes_in_flight: int | None = None
     max_templates_per_session: int | None = None
 
 

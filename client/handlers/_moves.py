@@ -17,11 +17,13 @@ object and keeps it. Optimizers built before or after the move hold the same Par
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ..device._device import DEVICE_TYPE
 from ..dispatch._dispatch import call_op
@@ -65,21 +67,66 @@ def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str)
         )
 
 
+def _become(src: torch.Tensor, remote: RemoteTensor, session: SessionCore) -> torch.Tensor:
+    """``src`` (a module's parameter or buffer) turned into ``remote`` in place, keeping its identity."""
+    remote._is_param = isinstance(src, nn.Parameter)
+    _swap(src, remote)
+    if src._rg:  # the weakly held map of leaves must name the object that stays
+        session._grad_tracked[src._id] = src
+    return src
+
+
 def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
     """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
+    if is_lazy(src):
+        return _lazy_move(src, session, dtype)
     if _converting_param(src):
         value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
         grad = None if src.grad is None else src.grad.detach().to(value.dtype)
         remote = RemoteTensor._upload(session, value, requires_grad=src.requires_grad, grad=grad)
-        remote._is_param = True
         src.grad = None  # its grad now lives on the server; the local one would pin a use of the tensor
-        _swap(src, remote)
-        if src._rg:  # the weakly held map of leaves must name the object that stays
-            session._grad_tracked[src._id] = src
-        return src
+        return _become(src, remote, session)
     _refuse_differentiable_move(src, src.requires_grad, f"Tensor.to({session.device})")
     value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
     return RemoteTensor._upload(session, value, requires_grad=False, grad=None)
+
+
+# -- lazy modules: materialized on the device at their first forward ----------------------------
+
+
+def _lazy_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
+    """A lazy module's ``UninitializedParameter`` (or buffer) moved to the remote device: it stays
+    uninitialized, with no shape to upload, and learns to materialize there.
+
+    On CUDA the uninitialized tensor's empty ``data`` moves, and ``materialize`` makes the real one
+    where that data is. Our device has no plain tensors to hold as ``data`` (a handle is not one),
+    so the tensor keeps a local empty ``data`` of the asked dtype and an instance ``materialize``
+    that makes the real tensor in the session instead: the lazy module's ``initialize_parameters``
+    then runs ``reset_parameters`` on it there, as torch does on CUDA, drawing from the session's
+    generator. ``Module._apply`` sets a parameter's ``data`` to what this returns (so the dtype
+    follows ``.to(device, dtype)``, ``.double()``, ...) and stores a buffer as it is.
+    """
+    lazy = src
+    if not _converting_param(src):  # a buffer: _apply stores this one
+        lazy = type(src)(requires_grad=src.requires_grad, dtype=dtype or src.dtype)
+        lazy.__dict__.update(src.__dict__)  # persistent, _is_buffer
+    lazy.materialize = functools.partial(_materialize, lazy, session)
+    if lazy is not src:
+        return lazy
+    return torch.empty(0, dtype=dtype or src.dtype)  # _apply: `param.data = this`
+
+
+def _materialize(lazy: torch.Tensor, session: SessionCore, shape, device=None, dtype=None) -> None:
+    """``UninitializedTensorMixin.materialize`` for a tensor moved to ``session``'s device: ``lazy``
+    becomes a tensor of that device (zeros until ``reset_parameters`` fills it), in place."""
+    if device is not None and torch.device(device) != session.device:  # asked for elsewhere: torch's own
+        del lazy.materialize
+        return lazy.materialize(shape, device=device, dtype=dtype)
+    with torch.no_grad():
+        remote = torch.empty(tuple(shape), dtype=dtype or lazy.dtype, device=session.device)
+    if lazy.requires_grad:
+        remote.requires_grad_()
+    _become(lazy, remote, session)
 
 
 def _download(t, device: torch.device, dtype: torch.dtype | None, what: str) -> torch.Tensor:

@@ -48,6 +48,8 @@ def user_name(func: Callable) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)] + (" = ..." if suffix == ".__set__" else "")
     name = name.replace("torch._C.TensorBase.", "Tensor.").replace("torch.Tensor.", "Tensor.")
+    if name.startswith("torch.functional."):  # torch.istft, torch.meshgrid: defined there, called as torch.*
+        name = "torch." + name[len("torch.functional."):]
     return _USER_NAMES.get(name, name)
 
 
@@ -58,11 +60,17 @@ def not_in_table(func: Callable) -> Exception:
         return RuntimeError(f"{name} is not supported on a remote tensor: {why}")
     if name.startswith("torch._") or name.startswith("nn."):
         return NotImplementedError(f"{name} is not supported on a remote tensor yet: the server's op table has no "
-                                   "entry for it (GET /v1/ops lists the table)")
+                                   f"entry for it (GET /v1/ops lists the table). {_LOCALLY}")
     return NotImplementedError(
         f"{name} is not supported on RemoteTensor: the server's op table has no entry for it "
-        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
+        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README). {_LOCALLY}"
     )
+
+
+# What works today for any call the table lacks: the call on local copies. Moves are not differentiable
+# (client/handlers/_moves.py), so the copies are detached and the result comes back as a constant.
+_LOCALLY = ("To run it anyway, call it on local copies (`x.detach().cpu()`) and move the result back with "
+            "`.to(x.device)`; no gradient flows through these moves")
 
 
 def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:

@@ -139,8 +139,10 @@ def test_requires_grad_flags(sess):
 
 def test_unknown_op_raises_not_implemented(sess):
     x = sess.tensor(torch.randn(3, 3))
-    with pytest.raises(NotImplementedError, match="torch.geqrf"):  # refused: it has no meta kernel
+    with pytest.raises(NotImplementedError, match="torch.geqrf") as info:  # refused: it has no meta kernel
         torch.geqrf(x)
+    assert "call it on local copies (`x.detach().cpu()`)" in str(info.value)  # and how to run it anyway
+    assert "`.to(x.device)`; no gradient" in str(info.value)
 
 
 def test_remote_error_carries_code_step_op_and_message(sess):

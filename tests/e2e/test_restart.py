@@ -9,6 +9,7 @@ process (no tokens) and once with a worker process per tenant (two tokens).
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def _train(sess: client.Session, between) -> tuple[list[float], dict]:
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}
 
 
+def _lifecycle(logged: str, words: str) -> list[dict]:
+    """The log's lines about sessions saved or restored: info records, shown at the default level."""
+    lines = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    return [line for line in lines if words in line["message"] and line["level"] == "info"]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: Path):
     env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), **CASES[case]}
@@ -71,6 +78,8 @@ def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: P
                     return
                 assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once done
                 assert any(tmp_path.iterdir()), "nothing was written on SIGTERM"
+                assert _lifecycle(server.logged(), "saved for the next start"), server.logged()
+                assert f"; sessions saved to {tmp_path} on SIGTERM;" in server.logged()  # the startup line
                 server = launch(port, **env)
 
             got_losses, got_state = _train(sess, restart)
@@ -79,6 +88,7 @@ def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: P
                 with api(server.url, token) as c:  # restored as the other token's: still not ours
                     error_of(c.get(f"/v1/sessions/{other.id}"), 404, "unknown_session")
         assert got_losses == want_losses
+        assert _lifecycle(server.logged(), "restored from"), server.logged()
         for k, v in want_state.items():
             assert torch.equal(got_state[k], v), k
     finally:
