@@ -425,12 +425,14 @@ class ModelInfo(_Model):
 
 class Health(_Model):
     """``GET /healthz``. ``cuda_graphs``: the server's ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` (off, on or emulate;
-    absent on the Ray backend's front)."""
+    absent on the Ray backend's front). ``compile``: whether templates run compiled, ``off``, ``on`` or
+    ``auto`` (the server's ``REMOTE_AUTOGRAD_COMPILE``; ``off`` where the host has no C++ compiler)."""
 
     status: str
     device: str
     protocol: str
     cuda_graphs: str | None = None
+    compile: str | None = None
 
 
 class Readiness(_Model):

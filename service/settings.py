@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _PREFIX = "REMOTE_AUTOGRAD_"
 
@@ -102,6 +104,10 @@ class Settings:
     # "on": a repeated program runs as a CUDA graph on a cuda device (service/engine/graph_steps.py);
     # "emulate": the same with graph_capture.RecordedGraph on any device (tests). Off until a GPU run vouches for it
     cuda_graphs: str = "off"
+    # "on"/"auto": a template runs compiled by inductor once compiled in the background (after its first
+    # run, or its third in a row); "off": always the plain way (service/engine/compiled_templates.py)
+    compile: str = "off"
+    compile_budget_seconds: float = 600.0  # compile time each tenant may take in all (template_compile.py)
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     max_templates_per_session: int = 64  # captured graphs a session keeps (service/engine/templates.py)
@@ -179,7 +185,15 @@ class Settings:
         except RuntimeError:
             return "cpu"
 
+    def compile_mode(self) -> str:
+        """Whether templates compile (``service/engine/compiled_templates.py``): off, on or auto."""
+        if self.compile not in ("off", "on", "auto"):
+            raise ValueError(f"REMOTE_AUTOGRAD_COMPILE={self.compile!r}: use off, on or auto")
+        return self.compile
+
     def resolved_device(self) -> torch.device:
+        import torch  # here, not at the top: the entry point reads settings before torch loads (openmp_wait.py)
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
