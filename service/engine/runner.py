@@ -42,6 +42,7 @@ from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .error_text import scrubbed
 from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
@@ -190,6 +191,7 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
     else:  # a bug of ours, but the client still gets data, never a 500
         log.exception("unexpected error in step %d (%s)", step, op)
         err = ProtocolError(ErrorCode.OP_ERROR, f"{type(exc).__name__}: {_first_line(exc)}")
+    err.message = scrubbed(err.message)  # torch's words reach the client, the server's addresses do not
     err.step, err.op = step, op
     return err
 
