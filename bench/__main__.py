@@ -6,10 +6,10 @@ import argparse
 import contextlib
 import os
 
-from . import bulk, gpu, latency, ray_backend, real_model, runner_overhead, tenant_processes, training, wan
+from . import bulk, compile, gpu, latency, ray_backend, real_model, runner_overhead, tenant_processes, training, wan
 from ._util import serve
 
-SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run,
+SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run, "compile": compile.run,
             "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run,
             "tenants": tenant_processes.run, "wan": wan.run, "gpu": gpu.run}
 WITHOUT_LOOPBACK_SERVER = {"runner", "tenants", "wan", "gpu"}  # in process, or servers of their own

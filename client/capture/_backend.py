@@ -55,7 +55,7 @@ def remote_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str 
         warnings.warn(f"torch.compile(backend=\"remote\"): a graph of {len(gm.graph.nodes)} nodes runs call by call "
                       f"(one step per op, as without torch.compile): {why}", RuntimeWarning, stacklevel=2)
         return gm.forward
-    return CompiledGraph(plan, gm)
+    return CompiledGraph(plan, gm, device)
 
 
 def _remote_device(gm: torch.fx.GraphModule) -> torch.device | None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from ..device._device import session_for
 from ..device._device_rule import mixed_devices
 from ..session._callsite import where
 from ..session._session_core import _Origin
@@ -28,8 +29,8 @@ from ._translate import Plan
 class CompiledGraph:
     """A graph made a template: calling it queues one step and returns the graph's outputs."""
 
-    def __init__(self, plan: Plan, gm: torch.fx.GraphModule) -> None:
-        self.plan, self.gm = plan, gm
+    def __init__(self, plan: Plan, gm: torch.fx.GraphModule, device: torch.device) -> None:
+        self.plan, self.gm, self.device = plan, gm, device
         self.tid = plan.template["id"]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.arg_index = {n: k for k, n in enumerate(self.placeholders)}
@@ -37,7 +38,7 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list:
         plan, gm = self.plan, self.gm
         handles = [args[where] if kind == "arg" else getattr(gm, where) for kind, where in plan.remote]
-        session = handles[0]._session
+        session = handles[0]._session if handles else session_for(self.device, "a compiled graph")
         env = self._run_locals(args) if plan.locals else {}
         bindings = plan.symbols.bind(args, env) if plan.dynamic else None
         inputs = []

@@ -127,7 +127,7 @@ class _Translation:
                 for k, n in enumerate(n for n in nodes if n.op == "placeholder"):
                     self.placeholders.append(n)
                     self.env[n] = self._placeholder(n, k)
-                before = {id(h): (_views.version(h), h._rg, h._is_leaf, h._leaves) for h in self._input_handles()}
+                before = {id(h): _facts(h) for h in self._input_handles()}
                 for n in nodes:
                     if n.op == "placeholder":
                         continue
@@ -349,13 +349,25 @@ class _Translation:
         return tuple(sorted(r for r in range(len(self.plan.remote)) if f"i{r}" in h._leaves))
 
     def _bumps(self, before: dict) -> None:
-        """The inputs the graph wrote in place: how many times, and whether that recorded a graph on them."""
+        """The inputs the graph wrote in place: how many times, and whether that recorded a graph on them.
+        Any other change of an input's facts would have to be made on each call's handles: refused."""
         for h in self._input_handles():
-            version, rg, is_leaf, leaves = before.get(id(h), (0, h._rg, h._is_leaf, h._leaves))
+            version, autograd, layout, has_grad = before.get(id(h), _facts(h))
             times = _views.version(h) - version
+            if layout != _facts(h)[2]:
+                raise Untranslatable("the graph changes an input's shape or strides in place")
+            if has_grad != h._has_grad:
+                raise Untranslatable("the graph sets an input's .grad")
+            recorded = autograd != _facts(h)[1]
+            if recorded and not times:
+                raise Untranslatable("the graph changes an input's requires_grad")
             if times:
-                recorded = (h._rg, h._is_leaf, h._leaves) != (rg, is_leaf, leaves)
                 self.plan.bumps.append((self.remote_of[id(h)], times, recorded, self._leaves_of(h)))
+
+
+def _facts(h: RemoteTensor) -> tuple:
+    """What a call's input handle must match after the graph ran: version, autograd facts, layout, grad."""
+    return _views.version(h), (h._rg, h._is_leaf, h._leaves), (h._shape, h._dtype, h._strides), h._has_grad
 
 
 def _declared(name: str, example: torch.Tensor, dtype: torch.dtype, requires_grad: bool) -> dict:

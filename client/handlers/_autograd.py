@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..dispatch._dispatch import Encoder
+from ..session import _caller_memo
 from ..session._callsite import where
 from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
@@ -103,7 +104,8 @@ def _grad_set(t, value):
         if not isinstance(value, RemoteTensor):  # torch's own rule and words (a CUDA tensor's grad on the CPU)
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
-    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
+    # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
+    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", _caller_memo.where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 

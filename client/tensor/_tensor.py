@@ -255,7 +255,7 @@ class RemoteTensor(torch.Tensor):
 # copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
 HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
                            "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
-                           "_strides", "_ver", "_fake"})
+                           "_strides", "_ver", "_fake", "_grad_stand_in"})
 
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
@@ -298,7 +298,11 @@ def set_has_grad(t: RemoteTensor, value: bool) -> None:
 
 
 def _grad_stand_in(t: RemoteTensor) -> RemoteTensor:
-    g = _MAKE_WRAPPER(RemoteTensor, t._shape, dtype=t._dtype, device=t._session.device)
+    g = t.__dict__.get("_grad_stand_in")  # kept: zero_grad and every backward set it again
+    if g is not None and g._shape == t._shape and g._dtype == t._dtype:
+        return g
+    g = t.__dict__["_grad_stand_in"] = _MAKE_WRAPPER(RemoteTensor, t._shape, dtype=t._dtype,
+                                                     device=t._session.device)
     g._session, g._id, g._shape, g._dtype, g._rg, g._is_leaf, g._leaves = t._session, None, t._shape, t._dtype, \
         False, True, frozenset()
     g._error = RuntimeError("the C++ .grad of a remote tensor stands in for its layout only; read it as `t.grad`")

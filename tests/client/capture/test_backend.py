@@ -127,12 +127,8 @@ def test_mode_options_and_fullgraph(tapped):
 def test_a_graph_that_is_no_template_runs_call_by_call_and_says_so(sess):
     """A graph reading a remote tensor's values on the client (``.cpu()``) cannot run on the server alone."""
     x = torch.arange(3.0, device=sess.device)
-
-    def fn(t):
-        return (t + 1).cpu() * 2
-
     with pytest.warns(RuntimeWarning, match="runs call by call"):
-        out = torch.compile(fn, backend="remote")(x)
+        out = torch.compile(lambda t: (t + 1).cpu() * 2, backend="remote")(x)
     assert out.tolist() == [2.0, 4.0, 6.0] and out.device.type == "cpu"
 
 
