@@ -23,15 +23,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..models import gpt, resnet, transformer_classifier
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("fresh_dynamo")]
 SEED = 2026
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @contextlib.contextmanager

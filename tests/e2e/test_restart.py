@@ -18,6 +18,7 @@ from torch import nn
 
 from remote_autograd import client
 
+from ..client.capture.test_backend import train_step
 from ..servers import _free_port, api, error_of, launch
 from .test_training import _data
 
@@ -90,16 +91,9 @@ def test_a_compiled_step_goes_on_across_a_restart_its_templates_sent_again(tmp_p
     sends the template and the rest of the program again, unseen (``SessionCore.flush``)."""
     X, Y = _data()
 
-    def step(model, opt, x, y):
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
     def train(sess: client.Session, between) -> tuple[list[float], list[torch.Tensor]]:
         torch._dynamo.reset()
-        compiled = torch.compile(step, backend="remote")
+        compiled = torch.compile(train_step, backend="remote")
         model = sess.module(_model().eval())
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         losses = []

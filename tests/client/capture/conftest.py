@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-import torch
 
 from bench import _hot
 from remote_autograd import client
@@ -16,10 +15,8 @@ from ...conftest import _Shared
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def _reset(fresh_dynamo) -> None:
+    """Every test here compiles (``tests/conftest.py``'s ``fresh_dynamo``)."""
 
 
 @pytest.fixture
