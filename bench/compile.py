@@ -1,7 +1,10 @@
 """``compile``: a training step under ``torch.compile(..., backend="remote")`` beside the same step eager, and
 beside local torch eager and compiled (inductor, on this CPU).
 
-For the MLP (SGD with momentum) and the model section's small GPT (AdamW in two groups, clipping, a
+Remote compiled two ways: the whole training step (forward, backward, the optimizer's step: graphs
+between torch's own eager code), and the model alone (``torch.compile(model)``, nanoGPT's way: the
+forward a template, the backward one step, the optimizer eager). For the MLP (SGD with momentum) and
+the model section's small GPT (AdamW in two groups, clipping, a
 cosine schedule, ``loss.item()`` every step): the step's time, its requests and request bytes, the
 client's part (every request answered at once from memory: ``_hot.client_alone``), the server's (each
 answer's ``Server-Timing``), and the compile times: the first call, and each later call that recompiled
@@ -95,15 +98,19 @@ def _case(label: str, build: Callable[[], nn.Module], make_step: Callable, url: 
         row("local torch, torch.compile (inductor)", times, local, _compile_times(first, statistics.median(times)))
     except Exception as exc:  # inductor needs a C++ compiler on the CPU
         print(f"  local torch.compile (inductor): not measured here: {type(exc).__name__}: {str(exc)[:120]}")
-    for compiled in (False, True):
+    for compiled in ("no", "step", "model"):
         torch._dynamo.reset()
         tap = _hot.Tap()
         with client.connect(url, transport=tap) as sess:
-            compile_with = (lambda fn: torch.compile(fn, backend="remote")) if compiled else None
-            step = make_step(copy.deepcopy(base), sess.device, compile_with)
+            compile_with = (lambda fn: torch.compile(fn, backend="remote")) if compiled == "step" else None
+            model = copy.deepcopy(base)
+            if compiled == "model":  # nanoGPT's way: the model compiled, backward and optimizer eager
+                model = torch.compile(model, backend="remote")
+            step = make_step(model, sess.device, compile_with)
             first = _warm_up(step)
             times = measure(step, repeat=repeat, warmup=2)
-            name = "remote, torch.compile(backend=\"remote\")" if compiled else "remote, eager"
+            name = {"no": "remote, eager", "step": "remote, the step compiled (backend=\"remote\")",
+                    "model": "remote, the model compiled (backend=\"remote\")"}[compiled]
             extra = f"{requests_per_step(sess, step):.1f} requests/step, {_bytes_per_step(tap, step):6.0f} bytes/step"
             row(name, times, local, extra)
             parts = step_parts(sess, tap, step, repeat=repeat)
@@ -111,7 +118,7 @@ def _case(label: str, build: Callable[[], nn.Module], make_step: Callable, url: 
             print(f"  {'  its parts (median step)':<48} client alone {client_us:6.0f} us | worker "
                   f"{parts.worker * 1e6:6.0f} us (steps {parts.steps * 1e6:6.0f} us) | {parts.queued:.0f} steps "
                   f"queued per step")
-            if compiled:
+            if compiled != "no":
                 print(f"  {'  ' + _compile_times(first, statistics.median(times)):<48}")
     torch._dynamo.reset()
 
