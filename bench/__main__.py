@@ -6,11 +6,11 @@ import argparse
 import contextlib
 import os
 
-from . import (bulk, gpu, latency, ray_backend, real_model, runner_overhead, same_machine, step_cost, tenant_processes,
-               training, wan)
+from . import (bulk, compile, gpu, latency, ray_backend, real_model, runner_overhead, same_machine, step_cost,
+               tenant_processes, training, wan)
 from ._util import serve
 
-SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run,
+SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run, "compile": compile.run,
             "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run,
             "tenants": tenant_processes.run, "wan": wan.run, "same_machine": same_machine.run, "gpu": gpu.run,
             "cost": step_cost.run}

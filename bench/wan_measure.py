@@ -5,7 +5,8 @@ at ``URL`` and torch's dist_autograd against its peer (``bench.torch_peer``), bo
 delayed link. Both training steps are the same work on both sides (``torch_like_step``: the batch
 sent each step, as torch's ``rpc_sync`` sends it; torch's GPT step has no clipping and no LR
 schedule, its distributed optimizer has neither, and one AdamW group), timed in turns, one of each
-per round (``_pair``); the SDK's row gives its ratio to torch's. The model section's GPT step,
+per round (``_pair``); the SDK's row gives its ratio to torch's, and so does the same step compiled
+(``torch.compile(..., backend="remote")``: one template run per graph). The model section's GPT step,
 which does more, follows for reference. The upload is timed torch first, then the SDK.
 """
 
@@ -28,6 +29,7 @@ from .real_model import build_gpt, gpt_batch, gpt_data, gpt_step
 from .step_parts import print_breakdown, step_parts
 
 UPLOAD_BYTES = 64 << 20
+COMPILED_FROM_REPEAT = 5  # a compiled step takes seconds to compile: left out of the shortest runs (the tests')
 
 
 def wait_healthy(url: str, timeout: float = 120) -> None:
@@ -75,22 +77,49 @@ def torch_like_step(sess, name: str, x: torch.Tensor, y: torch.Tensor) -> Callab
     return step
 
 
+def compiled_like_step(sess, name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """``torch_like_step`` with its step compiled (``torch.compile(..., backend="remote")``): the batch still
+    sent each step, the loss read as a number after it."""
+    model = torch_peer.build_model(name).to(sess.device)
+    kind, options = torch_peer.OPTIMIZERS[name]
+    optimizer = kind(model.parameters(), **options)
+
+    @torch.compile(backend="remote")
+    def compiled(x, y):
+        loss = torch_peer.model_loss(name, model, x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return lambda: compiled(x.to(sess.device), y.to(sess.device)).item()
+
+
 def mlp_step(url: str, repeat: int) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
     with client.connect(url) as sess:
+        theirs = torch_peer.training_step("mlp", x, y)
         ours = torch_like_step(sess, "mlp", x, y)
-        _pair("MLP 64x784 step, SGD", torch_peer.training_step("mlp", x, y), ours,
-              f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
+        _pair("MLP 64x784 step, SGD", theirs, ours, f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
+        if repeat < COMPILED_FROM_REPEAT:
+            return
+        compiled = compiled_like_step(sess, "mlp", x, y)
+        _pair("MLP 64x784 step, SGD", theirs, compiled,
+              f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
 
 
 def gpt_training_step(url: str, repeat: int) -> None:
     batch = gpt_batch(gpt_data(), torch.Generator().manual_seed(0))
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
+        theirs = torch_peer.training_step("gpt", *batch)
         same = torch_like_step(sess, "gpt", *batch)
-        base = _pair("GPT step, AdamW", torch_peer.training_step("gpt", *batch), same,
-                     f"{requests_per_step(sess, same):.1f} requests/step", repeat)
+        base = _pair("GPT step, AdamW", theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
+        if repeat >= COMPILED_FROM_REPEAT:
+            compiled = compiled_like_step(sess, "gpt", *batch)
+            _pair("GPT step, AdamW", theirs, compiled,
+                  f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
         step = gpt_step(build_gpt(), sess.device, gpt_data())
         full = measure(step, repeat=repeat, warmup=3)
         row("GPT step: SDK, the model section's", full, base, "of torch's (+ clipping, LR schedule, 2 groups)",

@@ -15,6 +15,7 @@ circles. ``tests/client/test_layers.py`` reads this list and checks every import
     handle:     tensor/
     steps:      dispatch/
     handlers:   handlers/
+    capture:    capture/
     by name:    _ops
     public:     _session
     wiring:     __init__
@@ -22,7 +23,9 @@ circles. ``tests/client/test_layers.py`` reads this list and checks every import
 ``transport/`` speaks HTTP to a server; ``device/`` is torch's ``remote`` device and its rules;
 ``session/`` the server session's queue of steps and op routes; ``tensor/`` the ``RemoteTensor``
 handle and its shared-memory bookkeeping; ``dispatch/`` the one builder of steps (``call_op``);
-``handlers/`` what a handle answers itself and the device's factory kernels; ``_session`` the
+``handlers/`` what a handle answers itself and the device's factory kernels; ``capture/``
+``torch.compile(..., backend="remote")`` (loaded by its entry point, never here: dynamo is slow to
+import); ``_session`` the
 public ``Session`` (uploads, factories, ops by name) and ``_ops`` its ``sess.ops`` namespace.
 
 ``RemoteTensor.__torch_function__`` needs the handlers and dispatch, which sit above it

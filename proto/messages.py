@@ -175,11 +175,12 @@ TemplateId = Annotated[str, Field(min_length=1, max_length=128, pattern=TENSOR_I
 
 
 class TemplateInput(_Model):
-    """An input of a template: its name inside the template and the layout every run must bind."""
+    """An input of a template: its name inside the template and the layout every run must bind
+    (a dim ``null``: any size, as a graph traced with dynamic shapes takes it)."""
 
     id: TensorId
     dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
-    shape: list[Annotated[StrictInt, Field(ge=0)]]
+    shape: list[Annotated[StrictInt, Field(ge=0)] | None]
     requires_grad: bool = False
 
 

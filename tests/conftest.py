@@ -185,3 +185,14 @@ def http(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
         where = {"base_url": request.getfixturevalue("server_url"), "event_hooks": {"response": [response_hook]}}
     with httpx.Client(headers=PROTOCOL_HEADERS, timeout=30, **where) as c:
         yield c
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """dynamo's caches emptied around a torch.compile test: a function compiled in one test must not be
+    found by the next, whose session (and device) is another."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

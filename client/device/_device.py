@@ -10,10 +10,11 @@ PrivateUse1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
@@ -142,10 +143,25 @@ def release_index(device: torch.device) -> None:
         _SESSIONS.pop(device.index, None)
 
 
+_RECORDERS: dict[int, object] = {}  # device index -> what torch.compile's backend records a graph into
+
+
+@contextlib.contextmanager
+def recording_into(device: torch.device, recorder: object) -> Iterator[None]:
+    """While the remote backend records a graph (``capture``), a factory naming ``device`` is recorded too."""
+    _RECORDERS[device.index] = recorder
+    try:
+        yield
+    finally:
+        _RECORDERS.pop(device.index, None)
+
+
 def session_for(device: torch.device | str | int | None, what: str) -> "Session":
     """The open session a ``remote`` device names; a clear error for any other index."""
     device = torch.device(device) if not isinstance(device, torch.device) else device
     index = 0 if device.index is None else device.index
+    if _RECORDERS and index in _RECORDERS:
+        return _RECORDERS[index]  # type: ignore[return-value]
     ref = _SESSIONS.get(index)
     session = ref() if ref is not None else None
     if session is None or session._closed:

@@ -31,7 +31,7 @@ from ..session._routes import Route
 from ..session._session_core import SessionCore, _Origin, meta_from_result
 from ..session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
 from . import _meta_memo
 
 _DROPPED_KWARGS = frozenset({"device", "memory_format", "layout", "pin_memory", "non_blocking"})
@@ -319,6 +319,7 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
             is_leaf=False)
         if new_leaves:
             o._rg, o._is_leaf, o._leaves = True, True, frozenset({tid})
+            set_requires_grad_flag(o, True)
             session._grad_tracked[tid] = o
         ids.append(tid)
         outs.append(o)

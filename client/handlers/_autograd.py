@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from ..dispatch._dispatch import Encoder
+from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
 
 T = torch.Tensor
@@ -48,6 +49,7 @@ def _requires_grad_(t, requires_grad=True):
     t._session.enqueue({"kind": "set_requires_grad", "id": t._id, "requires_grad": requires_grad},
                        _Origin("requires_grad_", where()))
     t._rg, t._is_leaf = requires_grad, True
+    set_requires_grad_flag(t, requires_grad)
     if requires_grad:
         t._leaves = frozenset({t._id})
         t._session._grad_tracked[t._id] = t
@@ -104,8 +106,9 @@ def _grad_set(t, value):
         if not isinstance(value, RemoteTensor):  # torch's own rule and words (a CUDA tensor's grad on the CPU)
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
-    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", where()))
-    t._has_grad = value is not None
+    # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
+    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", _caller_memo.where()))
+    set_has_grad(t, value is not None)
     t._grad_cache = None
 
 
@@ -166,13 +169,12 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 ids = ids | t._leaves
         reached = [session._grad_tracked.get(i) for i in ids]
     newly = [leaf for leaf in reached if leaf is not None and not leaf._has_grad]
-    for leaf in reached:
-        if leaf is not None:
-            leaf._has_grad = True
+    for leaf in newly:
+        set_has_grad(leaf, True)
 
     def undo() -> None:
         for leaf in newly:
-            leaf._has_grad = False
+            set_has_grad(leaf, False)
 
     # By id, not ``leaf in newly``: a list's ``in`` falls back to ``==``, which on tensors is
     # torch.eq (here a remote op, run from inside a flush, refused for unequal shapes).
@@ -182,7 +184,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         for tid in (result or {}).get("no_grad") or ():
             leaf = session._grad_tracked.get(tid)
             if leaf is not None and tid in newly_ids:
-                leaf._has_grad = False
+                set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
     session.enqueue(step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes)

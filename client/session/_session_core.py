@@ -80,6 +80,7 @@ class SessionCore:
         self._queue_dtype: torch.dtype | None = None
         self._globals = QueueGlobals()
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
+        self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
         self._max_bytes = int(self.limits["max_body_bytes"]) // 2
@@ -162,35 +163,61 @@ class SessionCore:
             self.globals_changed(dtype)
         self._globals.autograd_step(step)
 
+    def ensure_template(self, tid: str, step: dict) -> None:
+        """Queue template ``tid``'s definition unless this session has been sent it (a compiled graph's
+        first call here: ``capture``)."""
+        if tid not in self._templates:
+            self._templates[tid] = step
+            self.enqueue(step, None)
+
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
         _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:
-            steps = steps + [{"kind": "free", "ids": frees}]
+            steps, origins = steps + [{"kind": "free", "ids": frees}], origins + [None]
         if not steps:
             return []
         big = self._queued_bytes >= FRAME_MIN_BYTES
         self._queue, self._origins, self._queued_bytes = [], [], 0
-        # The SDK names every output and infers its metadata: the server need not send it back
-        # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
-        program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps, "omit_known_meta": True}
+        program_id = f"{self._program_prefix}-{next(self._programs)}"
         dtype, self._queue_dtype = self._queue_dtype, None
+        fields: dict = {}
         if dtype is not None:  # a program with ops runs under the torch settings they were queued under
             try:
-                program.update(self._globals.fields(dtype, program["id"], origins))
+                fields = self._globals.fields(dtype, program_id, origins)
             except RemoteError as error:  # changed while they were queued: none of them runs
                 self._frees = frees + self._frees
                 self._fail_all(error, origins, 0)
-        status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
+        sent_origins = origins
+        done: list = []
+        for _ in range(len(self._templates) + 1):
+            status, body = self._post(program_id, steps, fields, big)
+            lost = _lost_template(body, steps) if status == 404 else None
+            if lost not in self._templates:
+                break
+            # the server restarted since it was sent this template (a restart keeps none): send it again,
+            # then the steps from the run that asked for it on (those before it ran)
+            k = body["error"]["step"]
+            done += _kept(body.get("results") or [], origins)
+            steps, origins = [self._templates[lost], *steps[k:]], [_RESENT, *origins[k:]]
+            program_id = f"{self._program_prefix}-{next(self._programs)}"
         if status >= 400:
             self._fail(status, body, origins)
-        results = body["results"]
+        results = done + _kept(body["results"], origins)
+        origins = sent_origins
         for origin, result in zip(origins, results):
             if origin is not None and origin.on_result is not None:
                 origin.on_result(result)
         return results
+
+    def _post(self, program_id: str, steps: list, fields: dict, big: bool) -> tuple[int, Any]:
+        # The SDK names every output and infers its metadata: the server need not send it back
+        # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
+        # ``fields``: the torch settings the steps were queued under (_queue_globals).
+        program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
+        return self._transport.request("POST", self._path + "/programs", program, big=big)
 
     def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
         err = (body or {}).get("error") or {}
@@ -250,6 +277,22 @@ def _route_table(transport: Transport) -> RouteTable:
     if table is None:
         table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])
     return table
+
+
+_RESENT = _Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
+
+
+def _kept(results: list, origins: list) -> list:
+    return [r for r, o in zip(results, origins) if o is not _RESENT]
+
+
+def _lost_template(body: Any, steps: list) -> str | None:
+    """The template a ``run_template`` step asked for that the server did not hold (``unknown_template``)."""
+    err = (body or {}).get("error") if isinstance(body, dict) else None
+    k = (err or {}).get("step")
+    if (err or {}).get("code") != "unknown_template" or not isinstance(k, int) or k >= len(steps):
+        return None
+    return steps[k].get("template")
 
 
 def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:

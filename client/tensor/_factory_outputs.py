@@ -38,7 +38,5 @@ def settle_requires_grad() -> None:
             continue
         with torch._C.DisableTorchFunctionSubclass():
             wanted = torch.Tensor.requires_grad.__get__(t)
-        if wanted:
-            with torch._C.DisableTorchFunctionSubclass():
-                torch.Tensor.requires_grad.__set__(t, False)  # the handle's own flag is the truth
+        if wanted and not t._rg:  # torch set the C++ flag: the handle's follows (and queues its step)
             t.requires_grad_(True)

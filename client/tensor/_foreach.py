@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 
 import torch
+from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 # the optimizers whose foreach path equals their single-tensor path, bit for bit on the CPU
@@ -40,10 +41,17 @@ def take_foreach_paths(tensor_type: type) -> None:
     def before_step(optimizer, args, kwargs) -> None:
         if type(optimizer) not in SAME_BOTH_WAYS:  # exact types: a subclass may compute otherwise
             return
+        compiled = _eval_frame_callback() is not None
         for group in optimizer.param_groups:
-            if (group.get("foreach") is None and not group.get("fused") and not group.get("differentiable")
-                    and group["params"] and all(type(p) is tensor_type for p in group["params"])):
+            if not (group["params"] and all(type(p) is tensor_type for p in group["params"])):
+                continue
+            if group.get("foreach") is None and not group.get("fused") and not group.get("differentiable"):
                 group["foreach"], group[_SET] = True, True
+            if compiled and group.get("capturable") is False and all(p not in optimizer.state for p in group["params"]):
+                # a step torch.compile traces: its state made on the device, as dynamo makes a CUDA
+                # parameter's (its steps made on the CPU would be moved there between two groups'
+                # first steps, the first graph left counting the CPU ones). Kept: the state is there.
+                group["capturable"] = True
 
     def after_step(optimizer, args, kwargs) -> None:
         for group in optimizer.param_groups:

@@ -7,11 +7,12 @@ answered without a round trip; every other torch call becomes a queued step via
 
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.compiler as _compiler
+from torch._C import DisableTorchFunctionSubclass
 
 from remote_autograd.proto import decode_tensor, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
@@ -19,7 +20,7 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin
 from ..session._unsupported import not_in_table
-from . import _views
+from . import _traced, _views
 from ._factory_outputs import MADE, settle_requires_grad
 
 if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
@@ -61,6 +62,7 @@ class RemoteTensor(torch.Tensor):
     _has_grad, _grad_owner, _grad_cache, _error, _retains, _meta_t = False, None, None, None, False, None
     _storage = _view_of = _strides = None
     _ver = _byte_offset = 0
+    _fake = None  # while torch.compile traces: the fake stand-in of a traced wrapper (_traced.py)
 
     @staticmethod
     def __new__(cls, *args, **kwargs):
@@ -70,7 +72,8 @@ class RemoteTensor(torch.Tensor):
     def _new(cls, session: Session, tid: str | None, shape, dtype: torch.dtype, *, requires_grad: bool = False,
              leaves: frozenset = frozenset(), is_leaf: bool = True, grad_owner: "RemoteTensor | None" = None
              ) -> "RemoteTensor":
-        r = _MAKE_WRAPPER(cls, shape, dtype=dtype, device=session.device)
+        # torch.compile's guards read the C++ flag: it is the handle's own (set_requires_grad_flag keeps them one)
+        r = _MAKE_WRAPPER(cls, shape, dtype=dtype, device=session.device, requires_grad=requires_grad)
         r._session, r._id, r._shape, r._dtype = session, tid, tuple(shape), dtype
         r._rg, r._is_leaf, r._leaves = requires_grad, is_leaf, leaves
         if grad_owner is not None:
@@ -98,7 +101,8 @@ class RemoteTensor(torch.Tensor):
         if grad is not None:
             step["grad"] = encode_tensor(grad.to(t.dtype))
         r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
-        r._has_grad = grad is not None
+        if grad is not None:
+            set_has_grad(r, True)
         session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), nbytes)
         if send_now and session.pipeline:
             session.flush()
@@ -193,9 +197,8 @@ class RemoteTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
-            raise RuntimeError("torch.compile cannot trace remote tensors (each call is a step sent to the "
-                               "server); call the function without torch.compile")
+        if _compiler._is_compiling_flag and _traced.is_traced(args, kwargs):  # torch.compile traces: _traced.py
+            return _traced.through(func, args, kwargs)
         if MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
             settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
@@ -204,13 +207,33 @@ class RemoteTensor(torch.Tensor):
         session = args[0]._session if args and type(args[0]) is RemoteTensor else _session_of(args, kwargs)
         route = session._routes.lookup(func)
         if route is None:
+            if _compiler._is_compiling_flag:  # torch.compile reads a handle's C++ facts (_is_view, storage_offset)
+                return _traced.through(func, args, kwargs)
             if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
                 refuse_custom_function(func)
             raise not_in_table(func)
         return _call_op(session, func, args, kwargs, route=route)
 
+    # -- torch.compile (_traced.py) --------------------------------------------------------------
+
+    @property
+    def _stand_in(self) -> torch.Tensor:
+        return _traced.stand_in(self)
+
+    __tensor_flatten__ = _traced.HiddenFromApply(_traced.flatten)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size, outer_stride) -> "RemoteTensor":
+        return _traced.unflatten(RemoteTensor, inner, ctx, outer_size, outer_stride)
+
+    def _stable_hash_for_caching(self) -> str:
+        """What AOTAutograd's cache keys a subclass by (a remote tensor never reaches it: ``_traced``)."""
+        return "remote_autograd.RemoteTensor"
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if _compiler._is_compiling_flag and _traced.is_traced(args, kwargs):
+            return _traced.dispatch(cls, func, args, kwargs or {})
         if func is torch.ops.aten.lift_fresh.default:  # torch.tensor(data, device=remote) marks its result fresh
             return args[0]
         fill = _DISPATCHED_FILLS.get(func)
@@ -232,7 +255,8 @@ class RemoteTensor(torch.Tensor):
 # copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
 HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
                            "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
-                           "_strides", "_ver", "_byte_offset"})
+    _ver = _byte_offset = 0
+    _fake = None  # while torch.compile traces: the fake stand-in of a traced wrapper (_traced.py)
 
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
@@ -250,3 +274,37 @@ def _session_of(args: tuple, kwargs: dict) -> Session:
                 if isinstance(x, RemoteTensor):
                     return x._session
     raise RuntimeError("no RemoteTensor among the arguments")
+
+
+# -- the C++ tensor's autograd facts, kept those of the handle ----------------------------------
+# torch.compile's guards read the C++ tensor (its requires_grad, its .grad), and its epilogue
+# code reads .grad back, so the wrapper's C++ fields are kept in step with the SDK's own.
+
+_SET_REQUIRES_GRAD = torch.Tensor.requires_grad.__set__
+_SET_GRAD = torch.Tensor.grad.__set__
+
+
+def set_requires_grad_flag(t: RemoteTensor, value: bool) -> None:
+    """The C++ ``requires_grad`` of ``t`` made its ``_rg``."""
+    with DisableTorchFunctionSubclass():
+        _SET_REQUIRES_GRAD(t, value)
+
+
+def set_has_grad(t: RemoteTensor, value: bool) -> None:
+    """Whether ``t`` has a ``.grad`` (``_has_grad``), and the C++ ``.grad`` to match: a stand-in of the
+    grad's layout (the C++ grad must not hold ``t``, which holds it: no collector sees that cycle)."""
+    t._has_grad = value
+    with DisableTorchFunctionSubclass():
+        _SET_GRAD(t, _grad_stand_in(t) if value else None)
+
+
+def _grad_stand_in(t: RemoteTensor) -> RemoteTensor:
+    g = t.__dict__.get("_grad_stand_in")  # kept: zero_grad and every backward set it again
+    if g is not None and g._shape == t._shape and g._dtype == t._dtype:
+        return g
+    g = t.__dict__["_grad_stand_in"] = _MAKE_WRAPPER(RemoteTensor, t._shape, dtype=t._dtype,
+                                                     device=t._session.device)
+    g._session, g._id, g._shape, g._dtype, g._rg, g._is_leaf, g._leaves = t._session, None, t._shape, t._dtype, \
+        False, True, frozenset()
+    g._error = RuntimeError("the C++ .grad of a remote tensor stands in for its layout only; read it as `t.grad`")
+    return g

@@ -238,6 +238,8 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
         m._leaves = joined
         if not m._rg or m._is_leaf:
             m._rg, m._is_leaf = True, False
+            with DisableTorchFunctionSubclass():  # torch.compile's guards read the C++ flag
+                T.requires_grad.__set__(m, True)
 
 
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:

@@ -264,12 +264,17 @@ def _bind(session, value: Any, k: int, spec: TemplateStep) -> CustomTensor:
                                 "(it is None)")
         ct = _GradStandIn(ct.grad)
     t = ct.value
-    if (dtype_name(t.dtype) != declared.dtype or list(t.shape) != declared.shape
+    if (dtype_name(t.dtype) != declared.dtype or not _fits(t.shape, declared.shape)
             or t.requires_grad != declared.requires_grad):
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"input {k} ({declared.id!r}) of template {spec.id!r}: the "
                             f"template takes {declared.dtype} {declared.shape} requires_grad={declared.requires_grad}, "
                             f"the run gives {dtype_name(t.dtype)} {list(t.shape)} requires_grad={t.requires_grad}")
     return ct
+
+
+def _fits(shape, declared: list) -> bool:
+    """A tensor's shape against a declared one, whose ``None`` dims take any size."""
+    return len(shape) == len(declared) and all(d is None or d == n for n, d in zip(shape, declared))
 
 
 class _GradStandIn(CustomTensor):

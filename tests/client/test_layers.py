@@ -32,6 +32,7 @@ IN_FUNCTION_ALLOWED = {
     ("transport._embedded", "remote_autograd.service"):
         "the embedded server: the SDK's one meeting point with the service",
     ("transport._progress", "tqdm"): "an optional dependency, loaded only when a bar is shown",
+    ("tensor._traced", "torch._dynamo"): "loaded while torch.compile runs (dynamo takes seconds to import)",
 }
 
 

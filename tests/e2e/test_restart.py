@@ -20,6 +20,7 @@ from torch import nn
 
 from remote_autograd import client
 
+from ..client.capture.test_backend import train_step
 from ..servers import _free_port, api, call, error_of, launch, program, put, ref
 from .test_training import _data
 
@@ -121,3 +122,40 @@ def test_a_backward_across_a_restart_raises_what_the_spec_promises(case: str, tm
             error_of(program(c, sid, [{"kind": "backward", "tensors": ["y"]}]), 422, "op_error", "server restarted")
     finally:
         server.close()
+
+
+def test_a_compiled_step_goes_on_across_a_restart_its_templates_sent_again(tmp_path: Path):
+    """A restart keeps no template: the first run after it answers unknown_template, and the session
+    sends the template and the rest of the program again, unseen (``SessionCore.flush``)."""
+    X, Y = _data()
+
+    def train(sess: client.Session, between) -> tuple[list[float], list[torch.Tensor]]:
+        torch._dynamo.reset()
+        compiled = torch.compile(train_step, backend="remote")
+        model = sess.module(_model().eval())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for k in range(4):
+            losses.append(compiled(model, opt, sess.tensor(X[:16]), sess.tensor(Y[:16])).item())
+            between(k)
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    port = _free_port()
+    server = launch(port, REMOTE_AUTOGRAD_STATE_DIR=str(tmp_path))
+    try:
+        with client.connect(server.url) as sess:
+            want_losses, want_params = train(sess, lambda k: None)
+        with client.connect(server.url) as sess:
+            def restart(k: int) -> None:
+                nonlocal server
+                if k == 1:
+                    assert server.stop() in (0, -signal.SIGTERM)
+                    server = launch(port, REMOTE_AUTOGRAD_STATE_DIR=str(tmp_path))
+
+            got_losses, got_params = train(sess, restart)
+        assert got_losses == want_losses
+        for got, want in zip(got_params, want_params):
+            assert torch.equal(got, want)
+    finally:
+        server.close()
+        torch._dynamo.reset()

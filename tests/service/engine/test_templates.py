@@ -147,6 +147,18 @@ def test_a_run_must_bind_the_layouts_and_numbers_the_template_declares(wire: Wir
     assert _tensors(wire, sid) == held
 
 
+def test_a_dim_declared_null_takes_any_size(wire: Wire, sid: str):
+    """A graph traced with dynamic shapes: its batch dim is any size, the others as declared."""
+    rows = {"kind": "template", "id": "rows", "inputs": [{"id": "x", "dtype": "float32", "shape": [None, 3]}],
+            "steps": [call_step("sum", ref("x"), 1, out=["s"])], "outputs": ["s"]}
+    wire.ok(sid, [put_step("a", wire.tensor(torch.ones(2, 3))), put_step("b", wire.tensor(torch.ones(5, 3))),
+                  put_step("c", wire.tensor(torch.ones(2, 4))), rows])
+    wire.ok(sid, [{"kind": "run_template", "template": "rows", "inputs": [ref(t)], "out": [f"s{t}"]} for t in "ab"])
+    assert _fetch(wire, sid, "sa").tolist() == [3.0] * 2 and _fetch(wire, sid, "sb").tolist() == [3.0] * 5
+    st, body = wire.program(sid, [{"kind": "run_template", "template": "rows", "inputs": [ref("c")], "out": ["sc"]}])
+    assert st == 400 and "[None, 3]" in body["error"]["message"] and "[2, 4]" in body["error"]["message"], body
+
+
 def test_a_failing_step_inside_a_run_keeps_no_output_and_names_the_step(wire: Wire, sid: str):
     bad = {"kind": "template", "id": "bad",
            "inputs": [{"id": "a", "dtype": "float32", "shape": [2, 2]}, {"id": "b", "dtype": "float32", "shape": [3]}],

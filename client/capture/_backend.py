@@ -1,0 +1,71 @@
+"""``remote_backend``: the ``torch.compile`` backend named ``"remote"`` (registered by the package's entry
+point ``torch_dynamo_backends``, so ``backend="remote"`` works once the SDK is installed).
+
+Dynamo hands it each graph it captured, once, with fake example inputs. A graph with remote tensors
+becomes a template (``_translate``) and each later call one ``run_template`` step (``CompiledGraph``).
+A graph without any runs as dynamo gave it (local torch). A graph that cannot be a template runs call
+by call through the SDK's eager path, exactly as without ``torch.compile``, and says so once.
+
+``mode`` (``torch.compile``'s) travels with the template as a hint to the server, which may compile it
+(``"default"`` is no hint); ``options`` are inductor's, which this backend has none of.
+
+Dynamo must never compile the SDK's own frames, which a compiled region calls at run time (a
+``.grad =`` its epilogue sets, an op after a graph break): traced there, ``__torch_function__`` would
+take its tracing path on real handles. ``trace_rules.add`` marks the SDK's files as dynamo's own
+skipped modules (as torch's are): dynamo runs them as they are, and never inlines them into a graph. All of
+the package's folders: the SDK's frames call the wire's (``proto``), and the embedded app the service's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+from torch._dynamo import trace_rules
+
+from ..device._device import DEVICE_TYPE, session_for
+from ..tensor._tensor import RemoteTensor
+from ._compiled import CompiledGraph
+from ._recorder import Untranslatable
+from ._translate import translate
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+for _package in ("remote_autograd", "remote_autograd.client", "remote_autograd.proto", "remote_autograd.service"):
+    trace_rules.add(_package)  # each maps to a folder of its own (pyproject's package-dir)
+
+
+def remote_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | None = None,
+                   options: dict | None = None) -> Any:
+    """``torch.compile(fn, backend="remote")``: each graph dynamo captures, made a template of the session."""
+    if mode not in MODES:
+        raise ValueError(f"torch.compile(backend=\"remote\", mode={mode!r}): mode is one of {list(MODES[1:])}")
+    if options:
+        raise ValueError(f"torch.compile(backend=\"remote\", options=...): the remote backend takes no options "
+                         f"(got {sorted(options)}); they are inductor's")
+    device = _remote_device(gm)
+    if device is None:
+        return gm.forward  # nothing remote: local torch, as dynamo traced it
+    session = session_for(device, "torch.compile(backend=\"remote\")")
+    try:
+        plan = translate(gm, session, None if mode == "default" else mode)
+    except Untranslatable as why:
+        warnings.warn(f"torch.compile(backend=\"remote\"): a graph of {len(gm.graph.nodes)} nodes runs call by call "
+                      f"(one step per op, as without torch.compile): {why}", RuntimeWarning, stacklevel=2)
+        return gm.forward
+    return CompiledGraph(plan, gm, device)
+
+
+def _remote_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The remote device a graph's tensors are on (an input's, or a factory's), or None."""
+    for n in gm.graph.nodes:
+        example = n.meta.get("example_value")
+        for t in (example if isinstance(example, (tuple, list)) else (example,)):
+            if isinstance(t, torch.Tensor):
+                with DisableTorchFunctionSubclass():
+                    device = t.device
+                if isinstance(t, RemoteTensor) or device.type == DEVICE_TYPE:
+                    return device
+    return None

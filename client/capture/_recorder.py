@@ -1,0 +1,86 @@
+"""``Recorder``: what a graph's torch calls are queued into while the remote backend records them.
+
+The backend runs the graph's remote nodes once, through the SDK's own eager path (``call_op``, the
+handlers), on handles whose session is a ``Recorder``: every step the SDK would send for those calls
+lands in the recorder instead of a queue, named by the recorder (``v0``, ``v1``, ...), and becomes a
+step of the template. So a template holds exactly the steps eager code would send for the same
+calls: the same routes, arguments, in-place spellings and grad modes.
+
+Where eager code would wait for the server (an op whose outputs only the server can describe, an
+``allow_unused`` grad), the recorder answers from the graph's own metadata (the node's
+``example_value``); where it would need a value on the client, or send a step a template may not
+hold (a ``put``, a ``fetch``), the graph cannot be a template (``Untranslatable``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from remote_autograd.proto import dtype_name
+
+TEMPLATE_STEP_KINDS = frozenset({"call", "grad", "backward", "set_grad", "set_requires_grad"})
+
+
+class Untranslatable(Exception):
+    """The graph cannot run as a template (the backend runs it call by call instead, saying why)."""
+
+
+class Recorder:
+    """A session as far as the SDK's eager path asks one, that keeps the steps it is given."""
+
+    pipeline = True
+    _closed = False
+
+    def __init__(self, session: Any) -> None:
+        self.device: torch.device = session.device
+        self._routes = session._routes
+        self.remote_device = session.remote_device
+        self.limits = session.limits
+        self._grad_tracked: dict = {}
+        self._names = itertools.count()
+        self.steps: list[dict] = []
+        self.node: Any = None  # the FX node being recorded: its example value answers take_result
+
+    def new_id(self) -> str:
+        return f"v{next(self._names)}"
+
+    def enqueue(self, step: dict, origin: Any = None, nbytes: int = 0) -> int:
+        kind = step["kind"]
+        if kind not in TEMPLATE_STEP_KINDS:
+            what = "a local tensor it uploads" if kind == "put" else f"a {kind} step"
+            raise Untranslatable(f"the graph needs {what}, which a template cannot hold")
+        self.steps.append(step)
+        return len(self.steps) - 1
+
+    def take_result(self, index: int) -> dict:
+        """The result the server would give step ``index`` (a step eager code waits for), from the graph."""
+        step = self.steps[index]
+        example = None if self.node is None else self.node.meta.get("example_value")
+        if step["kind"] == "call" and step.get("out_many"):  # outputs only the server could describe
+            outs = list(example) if isinstance(example, (tuple, list)) else [example]
+            step.pop("out_many")
+            step["out"] = [self.new_id() for _ in outs]
+            return {"tensors": [_meta(tid, o) for tid, o in zip(step["out"], outs)],
+                    "tuple": isinstance(example, (tuple, list))}
+        if step["kind"] == "grad" and isinstance(example, (tuple, list)):  # which grads allow_unused leaves None
+            return {"tensors": [None if g is None else _meta(tid, g) for tid, g in zip(step["out"], example)]}
+        raise Untranslatable(f"the graph waits for the server's answer to a {step['kind']} step")
+
+    def flush(self) -> list:
+        raise Untranslatable("the graph needs a value on the client (a read of a remote tensor's values)")
+
+    def fetch(self, tid: str, **kwargs) -> dict:
+        return self.flush()
+
+    def _free_later(self, tid: str) -> None:
+        pass  # the recording's handles name tensors of the template, which a run frees itself
+
+
+def _meta(tid: str, t: Any) -> dict:
+    if not isinstance(t, torch.Tensor):
+        raise Untranslatable(f"an op of the graph returns {type(t).__name__} where the SDK expects a tensor")
+    return {"id": tid, "dtype": dtype_name(t.dtype), "shape": [int(d) for d in t.shape],
+            "requires_grad": t.requires_grad}
