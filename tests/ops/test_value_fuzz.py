@@ -43,10 +43,14 @@ def test_no_finding_is_left_and_each_one_is_a_checks():
 
 
 @pytest.mark.optable
-def test_the_known_crashers_crash_without_their_checks_and_are_refused_with_them():
+def test_the_known_crashers_misbehave_without_their_checks_and_are_refused_with_them():
     known = _calls.known()
     without = values.fuzz(known, checks=False, as_recorded=True)
-    assert [r["outcome"] for r in without] == ["crash"] * len(known), without
+    # without its check each reaches its kernel, which trusts the values: a read past the data crashes
+    # most runs, not every one (the bytes past it may be mapped and hold no canary), so every call must
+    # get past the meta check and some must show a memory finding (value_fuzz.json records each one's)
+    assert not [r for r in without if r["outcome"] == "refused"], without
+    assert [r for r in without if r["outcome"] in values.FINDINGS], without
     now = values.fuzz(known, as_recorded=True)
     assert [(r["outcome"], r["status"]) for r in now] == [("refused", 422)] * len(known), now
 
