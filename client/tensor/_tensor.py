@@ -255,8 +255,7 @@ class RemoteTensor(torch.Tensor):
 # copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
 HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
                            "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
-    _ver = _byte_offset = 0
-    _fake = None  # while torch.compile traces: the fake stand-in of a traced wrapper (_traced.py)
+                           "_strides", "_ver", "_byte_offset", "_fake", "_grad_stand_in"})
 
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
