@@ -55,6 +55,14 @@ class CompiledGraph:
                 inputs.append(RemoteTensor._upload(session, t.detach(), requires_grad=False, grad=None)._ref())
         scalars = [_number(env[node] if node in env else args[self.arg_index[node]], path, kind, item)
                    for node, path, kind, item in plan.scalars]
+        dtype = torch.get_default_dtype()  # dynamo guards it: the one the template was recorded under
+        if dtype is not session._queue_dtype:  # the program runs under it, as call_op's would
+            session.globals_changed(dtype)
+        if torch.is_anomaly_enabled() and plan.autograd:  # dynamo does not guard it: never baked in, never lost
+            raise RuntimeError(
+                f"torch.autograd.detect_anomaly() around a compiled graph that runs a backward ({where()}): the "
+                "remote backend cannot check that backward's nodes; call the function without torch.compile "
+                "while detecting anomalies")
         session.ensure_template(self.tid, plan.template)
         outs, ids = [], []
         for spec in plan.outputs:

@@ -47,6 +47,17 @@ class Recorder:
     def new_id(self) -> str:
         return f"v{next(self._names)}"
 
+    # torch's settings (``SessionCore``'s, from ``_queue_globals``): a template's steps are recorded
+    # under the default dtype dynamo guards, and the program that runs it carries the settings of the
+    # call (``_compiled``); anomaly detection is the call's too, never recorded into the template.
+    _queue_dtype: torch.dtype | None = None
+
+    def globals_changed(self, dtype: torch.dtype) -> None:
+        self._queue_dtype = dtype
+
+    def autograd_step(self, step: dict) -> None:
+        pass
+
     def enqueue(self, step: dict, origin: Any = None, nbytes: int = 0) -> int:
         kind = step["kind"]
         if kind not in TEMPLATE_STEP_KINDS:

@@ -99,6 +99,11 @@ class Plan:
     symbols: Symbols = field(default_factory=Symbols)
     dynamic: bool = False
 
+    @property
+    def autograd(self) -> bool:
+        """Whether the template runs a backward or a grad (anomaly detection would check its nodes)."""
+        return any(step["kind"] in ("backward", "grad") for step in self.template["steps"])
+
 
 def translate(gm: torch.fx.GraphModule, session: Any, mode: str | None) -> Plan:
     """``gm``'s template (``Untranslatable`` when it cannot be one)."""

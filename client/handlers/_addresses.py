@@ -151,7 +151,7 @@ class RemoteStorage:
         return False
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
+        if name.startswith("_"):  # torch's private probes (``hasattr(s, "_fix_weakref")`` in torch.utils.weak)
             raise AttributeError(name)
         raise NotImplementedError(f"storage.{name}() of a remote tensor: its bytes live on the server; the client "
                                   "answers only which memory it is (data_ptr, nbytes, size)")

@@ -244,3 +244,30 @@ def test_anomaly_detection_names_the_forward_call_in_an_eager_session(eager_sess
                 pytest.raises(client.RemoteError, match="returned nan values") as raised:
             loss.backward()
     assert f"by the forward call Tensor.sqrt at {_SQRT}" in str(raised.value)
+
+
+def test_a_compiled_graph_runs_under_the_default_dtype_it_was_recorded_under(sess, fresh_dynamo):
+    """A template's program carries the call's default dtype (dynamo guards it, so a change recompiles):
+    its run made float32 on the server while the client said float64 when only its step was queued."""
+    torch.set_default_dtype(torch.float64)
+    made = torch.compile(lambda x: x.sqrt() + torch.full((4,), 1 / 3, device=x.device), backend="remote")
+    x = torch.arange(4, device=sess.device)
+    sess.sync()  # the run's program holds its step alone
+    out = made(x)
+    want = torch.arange(4).sqrt() + torch.full((4,), 1 / 3)
+    assert out.dtype == torch.float64 and torch.equal(out.cpu(), want)
+
+
+def test_anomaly_detection_around_a_compiled_backward_is_refused_at_the_call(sess, fresh_dynamo):
+    """Dynamo does not guard anomaly detection: a template with a backward, recorded without it, would
+    let a NaN through where torch raises. The call under it raises, naming the way out."""
+    w = torch.ones(2, device=sess.device, requires_grad=True)
+
+    def step(w):
+        return torch.autograd.grad((w * 2).sum(), [w])[0]
+
+    compiled = torch.compile(step, backend="remote")
+    with torch._dynamo.config.patch(trace_autograd_ops=True):  # the grad in the graph (docs/compile.md)
+        torch.testing.assert_close(compiled(w).cpu(), torch.full((2,), 2.0))
+        with torch.autograd.detect_anomaly(), pytest.raises(RuntimeError, match="without torch.compile"):
+            compiled(w)
