@@ -75,6 +75,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                 steps.execute(0, len(program.steps))
     finally:
         reset(token)
+        if watch is not None:
+            watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
     if steps.failed is not None:
         return steps.failed
     if run.plan is not None:
@@ -111,7 +113,7 @@ class StepLoop:
             began = perf_counter()
             try:
                 if watch is not None:
-                    watch.check()
+                    watch.check(index, step)
                 kind = type(step)
                 if kind is CallStep:
                     results.append(_call(run, step, index))
@@ -152,6 +154,9 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
         err = exc
     elif isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # the device's allocator, or the host's
         err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"device out of memory in {op}: {_first_line(exc)}")
+    elif _host_allocator_refused(exc):  # the host's memory, or a tenant worker's bound (process_guards.limit_data)
+        err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"host memory refused in {op} (a tenant worker holds at most "
+                            f"worker_memory_bytes above its start): {_first_line(exc)}")
     elif isinstance(exc, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, ZeroDivisionError,
                           OverflowError, AssertionError)):
         err = ProtocolError(ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__)
@@ -160,6 +165,12 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
         err = ProtocolError(ErrorCode.OP_ERROR, f"{type(exc).__name__}: {_first_line(exc)}")
     err.step, err.op = step, op
     return err
+
+
+def _host_allocator_refused(exc: Exception) -> bool:
+    """torch's CPU allocator refusing memory: a plain ``RuntimeError`` (c10's enforce), told by its
+    fixed prefix (``c10/core/impl/alloc_cpu.cpp``): it has no type of its own to be told by."""
+    return type(exc) is RuntimeError and "DefaultCPUAllocator: " in str(exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -43,6 +43,8 @@ LIMITS = {
     "idle_timeout_seconds": 5.0,
     "answer_timeout_seconds": 60.0,
     "max_body_bytes_in_flight": 100000,
+    "step_grace_seconds": 10.0,
+    "min_answer_bytes_per_second": 65536,
 }
 FLOATS = [0.5] * 1000  # 4000 bytes as float32
 
