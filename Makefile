@@ -15,7 +15,7 @@ PIP := $(PY) -m pip
 # like the package (ours are mapped on purpose: pyproject.toml); the one line it would print is noise.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 
-.PHONY: serve test test-fast bench install install-test clean gpu-wheels gpu-check-dry-run
+.PHONY: serve notebook notebook-kernel test test-fast bench install install-test clean gpu-wheels gpu-check-dry-run
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ install-test: $(VENV)/.installed-test
 
 serve: $(VENV)/.installed
 	$(PY) -m remote_autograd.service --host $(HOST) --port $(PORT)
+
+# JupyterLab on examples/quickstart.ipynb, on a kernel that is this venv's Python. The kernel goes
+# into the venv itself (--sys-prefix: $(VENV)/share/jupyter, which the venv's Jupyter reads), so
+# nothing is registered for the user. REMOTE_AUTOGRAD_URL=http://... make notebook: a server of yours.
+KERNEL ?= remote-autograd
+
+notebook-kernel: $(VENV)/.installed
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python ($(KERNEL))" >/dev/null
+
+notebook: notebook-kernel
+	$(VENV)/bin/jupyter lab examples/quickstart.ipynb
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)

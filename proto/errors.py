@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_TENSOR = "unknown_tensor"
     UNKNOWN_OP = "unknown_op"
     UNKNOWN_MODEL = "unknown_model"  # no such file in the server's model directory
+    UNKNOWN_TEMPLATE = "unknown_template"  # run_template of a template the session does not hold (send it again)
     CONFLICT = "conflict"
     SESSION_EXPIRED = "session_expired"
     SESSION_LOST = "session_lost"  # its Ray worker or node died; other sessions go on
@@ -46,6 +47,7 @@ _STATUS = {
     ErrorCode.UNKNOWN_TENSOR: 404,
     ErrorCode.UNKNOWN_OP: 404,
     ErrorCode.UNKNOWN_MODEL: 404,
+    ErrorCode.UNKNOWN_TEMPLATE: 404,
     ErrorCode.CONFLICT: 409,
     ErrorCode.SESSION_EXPIRED: 410,
     ErrorCode.SESSION_LOST: 410,
@@ -70,19 +72,24 @@ class ProtocolError(Exception):
         *,
         step: int | None = None,
         op: str | None = None,
+        forward: dict | None = None,
     ) -> None:
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
         self.step = step
         self.op = op
+        self.forward = forward  # a backward under anomaly detection: the step whose call made the failing node
 
     @property
     def status(self) -> int:
         return self.code.status
 
     def to_wire(self) -> dict:
-        return {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
+        wire = {"code": self.code.value, "message": self.message, "step": self.step, "op": self.op}
+        if self.forward is not None:
+            wire["forward"] = self.forward
+        return wire
 
     def answer(self, results: list | None = None, program_id: str | None = None) -> dict:
         """The protocol's error body: this error, the results of the steps before it, the program's id."""

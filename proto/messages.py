@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, WithJsonSchema
 
 from .dtypes import DTYPES
 
@@ -55,7 +55,8 @@ class TensorData(_Model):
 _VALUE_SCHEMA = {
     "description": "An argument: null, boolean, number, string, a list of values, or one of "
     "{ref: id} (a tensor of this session), {grad_of: id} (that tensor's .grad), "
-    "{dtype: name}, {slice: [start, stop, step]}, {ellipsis: true}.",
+    "{dtype: name}, {slice: [start, stop, step]}, {ellipsis: true}, and inside a template "
+    "{scalar: name} (one of its numbers).",
 }
 Value = Annotated[Any, WithJsonSchema(_VALUE_SCHEMA)]
 
@@ -100,6 +101,9 @@ class BackwardStep(_Model):
     retain_graph: bool | None = None
     create_graph: bool = False
     inputs: list[TensorRef] | None = None
+    # as under ``torch.autograd.detect_anomaly(check_nan=...)``: a node whose gradient has a NaN raises torch's error
+    detect_anomaly: bool = False
+    check_nan: bool = True
 
 
 class GradStep(_Model):
@@ -113,6 +117,8 @@ class GradStep(_Model):
     create_graph: bool = False
     allow_unused: bool = False
     out: list[TensorId]
+    detect_anomaly: bool = False
+    check_nan: bool = True
 
 
 class SetGradStep(_Model):
@@ -159,11 +165,82 @@ class LoadStep(_Model):
     tensors: dict[Annotated[str, Field(max_length=1024)], TensorId] = Field(min_length=1)
 
 
-Step = Annotated[
-    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
-          LoadStep],
+# What a template's own steps may be: the steps a captured graph needs. Never put, fetch, load,
+# free or another template: a template reads only its inputs and numbers, and names only its own tensors.
+TemplateBodyStep = Annotated[
+    Union[CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep],
     Field(discriminator="kind"),
 ]
+TemplateId = Annotated[str, Field(min_length=1, max_length=128, pattern=TENSOR_ID_PATTERN)]
+
+
+class TemplateInput(_Model):
+    """An input of a template: its name inside the template and the layout every run must bind."""
+
+    id: TensorId
+    dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
+    shape: list[Annotated[StrictInt, Field(ge=0)]]
+    requires_grad: bool = False
+
+
+class TemplateScalar(_Model):
+    """A number each run gives (``{scalar: id}`` reads it in the template's steps)."""
+
+    id: TensorId
+    kind: Literal["float", "int", "bool"]
+
+
+class TemplateStep(_Model):
+    """Define a template: steps run again by ``run_template`` with other tensors and numbers.
+
+    Its steps name only its ``inputs`` and the tensors its own steps make (names of the
+    template, not of the session); an argument ``{scalar: id}`` reads one of its ``scalars``;
+    ``outputs`` are the tensors a run keeps (under the run's ``out`` ids). The server
+    validates it once (every op in the table, every name made before it is read) and keeps
+    it for the session (``max_templates_per_session``); a restart keeps none.
+    ``mode``: how the client would like it compiled, as ``torch.compile``'s ``mode`` says (a hint).
+    """
+
+    kind: Literal["template"]
+    id: TemplateId
+    inputs: list[TemplateInput] = Field(default_factory=list, json_schema_extra={"default": []})
+    scalars: list[TemplateScalar] = Field(default_factory=list, json_schema_extra={"default": []})
+    steps: list[TemplateBodyStep] = Field(min_length=1)
+    outputs: list[TensorId] = Field(default_factory=list, json_schema_extra={"default": []})
+    mode: str | None = Field(default=None, max_length=64)
+
+
+class RunTemplateStep(_Model):
+    """Run a template: ``inputs`` bound in order (``{ref}`` or ``{grad_of}``), ``scalars`` its numbers,
+    its outputs kept under ``out`` (one id each). Atomic: a run that fails keeps no output."""
+
+    kind: Literal["run_template"]
+    template: TemplateId
+    inputs: list[Value] = Field(default_factory=list, json_schema_extra={"default": []})
+    scalars: list[StrictBool | StrictInt | StrictFloat] = Field(default_factory=list,
+                                                                  json_schema_extra={"default": []})
+    out: list[TensorId] = Field(default_factory=list, json_schema_extra={"default": []})
+
+
+Step = Annotated[
+    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
+          LoadStep, TemplateStep, RunTemplateStep],
+    Field(discriminator="kind"),
+]
+
+
+class TorchGlobals(_Model):
+    """The client's process-global torch settings that change an op's result (``proto/torch_globals.py``);
+    the server runs the program's steps under them. A field left out is torch's default."""
+
+    default_dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
+    deterministic_algorithms: bool = False
+    deterministic_warn_only: bool = False
+    fill_uninitialized_memory: bool = True
+    float32_matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    cudnn_allow_tf32: bool = True
+    cudnn_deterministic: bool = False
+    cudnn_benchmark: bool = False
 
 
 class Program(_Model):
@@ -171,11 +248,15 @@ class Program(_Model):
 
     ``omit_known_meta``: the client names every output and infers its metadata itself, so the
     steps whose result would only repeat that answer ``null`` (SPEC §6 lists which).
+    ``torch_globals``: run under these (null: torch's defaults). ``detect_anomaly``: the call steps
+    record which step made each autograd node, for a backward under anomaly detection to name.
     """
 
     id: str = Field(min_length=1, max_length=128)
     steps: list[Step]
     omit_known_meta: bool = False
+    torch_globals: TorchGlobals | None = None
+    detect_anomaly: bool = False
 
 
 class TensorMeta(_Model):
@@ -206,11 +287,22 @@ class StepResult(_Model):
     tensor: TensorMessage | None = None
 
 
+class ForwardStep(_Model):
+    """The step of a program whose call made the autograd node a backward under anomaly detection
+    failed in (torch's "Traceback of forward call that caused the error")."""
+
+    program: str
+    step: int
+    op: str
+    node: str  # the node's name (``SqrtBackward0``)
+
+
 class ErrorBody(_Model):
     code: str
     message: str
     step: int | None = None
     op: str | None = None
+    forward: ForwardStep | None = None
 
 
 class ProgramResult(_Model):
@@ -252,6 +344,9 @@ class Limits(_Model):
     max_header_bytes: int | None = None
     header_timeout_seconds: float | None = None
     idle_timeout_seconds: float | None = None
+    answer_timeout_seconds: float | None = None
+    max_body_bytes_in_flight: int | None = None
+    max_templates_per_session: int | None = None
 
 
 class SessionCreated(_Model):

@@ -16,6 +16,9 @@ import uuid
 from contextvars import ContextVar
 from datetime import datetime, timezone
 
+# Once-a-process events an operator needs whatever the level (sessions saved at SIGTERM, restored at
+# start): info records, not warnings (nothing is wrong), shown at the default level (``configure``).
+LIFECYCLE = "remote_autograd.service.lifecycle"
 REQUEST_ID: ContextVar[str | None] = ContextVar("remote_autograd_request_id", default=None)
 FIELDS = ("request_id", "route", "status", "duration_ms", "session")
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -48,9 +51,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str = "warning") -> None:
-    """Send every logger's records (uvicorn's too) to stderr as JSON lines, at ``level``."""
+    """Send every logger's records (uvicorn's too) to stderr as JSON lines, at ``level``.
+
+    The ``LIFECYCLE`` logger's info records pass at ``warning`` too (the default: a line per
+    request is ``info``'s, too many for it, while a restart's saves and restores are a few lines
+    an operator looks for); ``error`` and above silence them as everything else.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger(LIFECYCLE).setLevel(logging.INFO if root.level <= logging.WARNING else root.level)

@@ -36,6 +36,8 @@ ADVERTISED_LIMITS = (
     # memory outside the tensors (issue 19 item 2): see docs/limits.md
     "answer_timeout_seconds",
     "max_body_bytes_in_flight",
+    # torch.compile's templates (issue 29): see docs/limits.md
+    "max_templates_per_session",
     # isolation (issue 31): a step cut by ending its worker; slow readers (see docs/limits.md)
     "step_grace_seconds",
     "min_answer_bytes_per_second",
@@ -104,6 +106,7 @@ class Settings:
     cuda_graphs: str = "off"
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
+    max_templates_per_session: int = 64  # captured graphs a session keeps (service/engine/templates.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
     # -- isolation (issue 31): a step stopped by ending its worker, a worker's memory, a restart's
     #    grace, slow readers (service/backends/step_deadline.py, service/backends/tenant_worker.py,

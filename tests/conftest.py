@@ -32,6 +32,7 @@ import pytest
 
 from remote_autograd import client
 
+from .answer_schema import check_answer, response_hook
 from .servers import running
 
 
@@ -98,7 +99,9 @@ class _Shared(httpx.BaseTransport):
         self.transport = transport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self.transport.handle_request(request)
+        response = self.transport.handle_request(request)
+        check_answer(request, response)  # what every client/ops test reads holds to proto/schema.json
+        return response
 
     def close(self) -> None:
         pass
@@ -179,6 +182,6 @@ def http(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
     if _in_process(request):
         where = {"transport": _Shared(request.getfixturevalue("in_process_app")), "base_url": client.IN_PROCESS_URL}
     else:
-        where = {"base_url": request.getfixturevalue("server_url")}
+        where = {"base_url": request.getfixturevalue("server_url"), "event_hooks": {"response": [response_hook]}}
     with httpx.Client(headers=PROTOCOL_HEADERS, timeout=30, **where) as c:
         yield c

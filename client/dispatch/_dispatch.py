@@ -29,7 +29,7 @@ from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
 from ..session._routes import Route
 from ..session._session_core import SessionCore, _Origin, meta_from_result
-from ..session._unsupported import not_in_table, refuse_local_leaf
+from ..session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
 from . import _meta_memo
@@ -39,6 +39,8 @@ _SETITEM = torch.Tensor.__setitem__
 _COPY = torch.Tensor.copy_
 _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _ANY_AUTOCAST = torch._C._is_any_autocast_enabled  # no autocast anywhere (most ops): no call into _autocast
+_DEFAULT_DTYPE = torch.get_default_dtype
+_SAVED_TENSORS_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 
 
 class Encoder:
@@ -132,7 +134,10 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return _into_out(session, func, route, args, kwargs)
     origin_where = _caller_memo.where()
     grad_on = torch.is_grad_enabled()
-    if not grad_on and func is not None:
+    default_dtype = _DEFAULT_DTYPE()  # the outputs' dtypes are inferred under it, and the program runs under it
+    if default_dtype is not session._queue_dtype and n_out != 0:  # the queue's first op, or it changed
+        session.globals_changed(default_dtype)
+    if not grad_on:  # inside a Function's forward? (its own ops, factories and session ops alike)
         refuse_custom_function(func)
     inplace = route.inplace
     if kwargs and func is not None:
@@ -179,6 +184,8 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
                 rg = True
                 break
     leaves = _union_leaves(grad_inputs) if rg else frozenset()
+    if rg and _SAVED_TENSORS_HOOKS(False) is not None:  # a graph is recorded on the server: its hooks are not ours
+        refuse_saved_tensors_hooks(_SAVED_TENSORS_HOOKS(False), route.torch_name, origin_where)
 
     if n_out == 0:  # a session op: nothing made, nothing written
         step["out"] = []
@@ -197,7 +204,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         return None if func is _SETITEM else target
 
     if factory is not None:
-        metas, container, views = _meta_memo.answer("meta", factory, args, {**kwargs, "device": "meta"})
+        metas, container, views = _meta_memo.answer("meta", factory, args, {**kwargs, "device": "meta"}, default_dtype)
     else:
         rule = route.op.shape_rule
         if route.by_name and rule != "elementwise":
@@ -206,7 +213,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
             if _value_dependent_index(args[1]):
                 rule = "none"
             args = (args[0], _normalise_index(args[1]), *args[2:])  # infer with the index as it is sent
-        metas, container, views = _meta_memo.answer(rule, func, args, kwargs)
+        metas, container, views = _meta_memo.answer(rule, func, args, kwargs, default_dtype)
         if autocast is not None and not _views.is_view_call(views):
             metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:

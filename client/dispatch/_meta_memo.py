@@ -63,15 +63,17 @@ class MetaMemo:
         self._new: dict = {}
         self._old: dict = {}
 
-    def answer(self, rule: str, func: Callable | None, args: tuple, kwargs: dict) -> Answer:
-        """What ``_outputs.infer`` answers, from the memo when the same question was asked before."""
+    def answer(self, rule: str, func: Callable | None, args: tuple, kwargs: dict,
+               default_dtype: torch.dtype | None = None) -> Answer:
+        """What ``_outputs.infer`` answers, from the memo when the same question was asked before.
+        ``default_dtype``: torch's, when the caller has read it already."""
         tensors: list = []
         key = None
         if self.enabled:
             try:
                 key = (rule, func, tuple([_key(a, tensors) for a in args]),
                        tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else (),
-                       _GRAD_ENABLED(), _DEFAULT_DTYPE(), _ANY_AUTOCAST() and _autocast_state())
+                       _GRAD_ENABLED(), default_dtype or _DEFAULT_DTYPE(), _ANY_AUTOCAST() and _autocast_state())
                 found = self._new.get(key)
             except (_NoKey, TypeError):  # an argument it cannot key, or an unhashable callable
                 key, tensors = None, []
@@ -102,8 +104,8 @@ class MetaMemo:
 
 
 MEMO = MetaMemo()
-# answer(rule, func, args, kwargs): ``(metas, container, views)`` of ``func(*args, **kwargs)`` under shape
-# rule ``rule``, the views' sources as the RemoteTensors themselves; ``(None, None, ())`` to ask the server
+# answer(rule, func, args, kwargs[, default_dtype]): ``(metas, container, views)`` of ``func(*args, **kwargs)``
+# under shape rule ``rule``, the views' sources as the RemoteTensors themselves; ``(None, None, ())`` to ask the server
 answer = MEMO.answer
 
 

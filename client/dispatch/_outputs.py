@@ -23,7 +23,8 @@ from ..tensor._tensor import RemoteTensor
 from . import _infer
 
 # (metas, container type or None, views): metas are (shape, dtype) pairs; views one
-# (source position or None, layout) per meta output, empty when a cheap rule answered
+# (source position or None, layout, byte offset from the source's start) per meta output, empty
+# when a cheap rule answered
 Answer = tuple[Any, Any, tuple]
 NOTHING: Answer = (None, None, ())
 _CHEAP: Answer = ()  # the views of a cheap rule's answer: none (those ops never return views)
@@ -66,8 +67,8 @@ def on_meta(func: Callable, args: tuple, kwargs: dict, tensors: list) -> Answer:
         metas = _infer.mark_non_differentiable(metas, func, _to_grad_meta(args), _to_grad_meta(kwargs))
     if raw and not tensors:
         tensors_of((args, kwargs), tensors)
-    views = tuple((None if src is None else _position(src, tensors), layout)
-                  for src, layout in _views.describe(raw, tensors))
+    views = tuple((None if src is None else _position(src, tensors), layout, offset)
+                  for src, layout, offset in _views.describe(raw, tensors))
     return tuple(metas), container, views
 
 
@@ -91,8 +92,8 @@ def with_sources(found: Answer, tensors: list) -> Answer:
     if not views:
         return found
     sourced = []
-    for pos, layout in views:  # a loop, not tuple(genexpr): no generator frame per op
-        sourced.append((None if pos is None else tensors[pos], layout))
+    for pos, layout, offset in views:  # a loop, not tuple(genexpr): no generator frame per op
+        sourced.append((None if pos is None else tensors[pos], layout, offset))
     return metas, container, tuple(sourced)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..dispatch._dispatch import Encoder
-from ..session._callsite import where
+from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
@@ -59,6 +59,8 @@ def _requires_grad_(t, requires_grad=True):
 @_answers(T.detach)
 def _detach(t):
     t._check_usable()
+    if not torch.is_grad_enabled():  # inside a Function's forward, the detached handle may be its output
+        refuse_custom_function(T.detach)
     tid = t._session.new_id()
     out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
@@ -146,6 +148,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
+    session.autograd_step(step)  # first: it may send what is queued
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -196,6 +199,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     for t in (*outputs, *inputs):
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
+    session.autograd_step(step)  # first: it may send what is queued
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)

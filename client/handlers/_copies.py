@@ -28,8 +28,10 @@ import torch
 from ..device._device import DEVICE_TYPE, session_for
 from ..dispatch._dispatch import call_op
 from ..session._unsupported import not_in_table
+from ..tensor import _views
 from ..tensor._tensor import HANDLE_FIELDS
 from ..tensor._views import contiguous_strides
+from ._addresses import took_memory
 from ._handler_table import HandlerTable
 
 T = torch.Tensor
@@ -114,9 +116,10 @@ def _set_(t, source, storage_offset=0, size=None, stride=None):
     # Queued as the session's ops themselves: below __torch_function__, torch calls on t would not reach us.
     with torch.no_grad():
         call_op(session, "set_data", [t, flat], {})  # t now holds the storage's memory on the server
+        took_memory(t, flat)
         if (size, stride, storage_offset) != (tuple(flat.shape), (1,), 0):
             call_op(session, "as_strided_", [t, list(size), list(stride), storage_offset], {})
-    t._ver = 1  # what torch's set_ leaves: one write (the steps above are one set_ to the user)
+    _views.set_version(t, 1)  # what torch's set_ leaves: one write (the steps above are one set_ to the user)
     return t
 
 

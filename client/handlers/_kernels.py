@@ -24,6 +24,7 @@ import torch
 from ..device._device import session_for
 from ..dispatch._dispatch import call_op
 from ..tensor._factory_outputs import MADE
+from ..tensor._tensor import RemoteTensor
 from ._moves import upload_move
 
 KERNELS: dict[str, Callable] = {}  # aten overload name -> our kernel for it on the PrivateUse1 key
@@ -128,7 +129,8 @@ def _randperm(n, generator=None, **kw):
 def _to_copy(src: torch.Tensor, **kw):
     """A local tensor moved to the remote device: uploaded (its dtype converted locally first)."""
     out = upload_move(src, session_for(kw.get("device"), "Tensor.to(device)"), kw.get("dtype"))
-    MADE.refs.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
+    if isinstance(out, RemoteTensor):  # not a lazy module's uninitialized tensor, which stays local until used
+        MADE.refs.append(weakref.ref(out))  # torch.tensor(data, device=..., requires_grad=True) sets the flag afterwards
     return out
 
 

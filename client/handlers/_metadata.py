@@ -41,7 +41,7 @@ _answers(T.layout.__get__)(lambda t: torch.strided)
 _answers(T.is_floating_point, torch.is_floating_point)(lambda t: t._dtype.is_floating_point)
 _answers(T.is_complex, torch.is_complex)(lambda t: t._dtype.is_complex)
 _answers(T.element_size)(lambda t: t._dtype.itemsize)
-_answers(T.numel, T.nelement)(lambda t: _numel(t._shape))
+_answers(T.numel, T.nelement, torch.numel)(lambda t: _numel(t._shape))
 _answers(T.is_contiguous)(lambda t, memory_format=torch.contiguous_format: t._meta().is_contiguous(memory_format=memory_format))
 _answers(T.__hash__)(lambda t: id(t))
 _answers(T._version.__get__)(lambda t: _views.version(t))
@@ -87,7 +87,9 @@ def _grad_fn(t):
 
 
 class _RemoteNode:
-    """Stands in for ``grad_fn`` of a non-leaf RemoteTensor: the graph lives on the server."""
+    """Stands in for ``grad_fn`` of a non-leaf RemoteTensor: the graph lives on the server, so the node's
+    hooks and its links to other nodes are refused loudly (``nn.Module.register_backward_hook`` registers
+    on the output's ``grad_fn``; ``register_multi_grad_hook`` walks ``next_functions``)."""
 
     def __init__(self, t) -> None:
         self.tensor_id = t._id
@@ -97,6 +99,16 @@ class _RemoteNode:
 
     def __repr__(self) -> str:
         return "<RemoteBackward (graph on the server)>"
+
+    def __getattr__(self, name: str):
+        # An AttributeError, as before, so that hasattr() probes still answer False; its words say why.
+        if name.startswith("__"):  # Python's own protocol probes (copy, pickle)
+            raise AttributeError(name)
+        why = ("a hook on an autograd node (nn.Module.register_backward_hook puts one on its output's grad_fn) "
+               "would run inside the server's backward, where a hook written on the client cannot run yet; read "
+               "`.grad` after backward instead" if "hook" in name
+               else "the autograd graph lives on the server; the client holds no node of it")
+        raise AttributeError(f"grad_fn.{name} of a remote tensor: {why}")
 
 
 # -- values: these flush --------------------------------------------------------------------

@@ -17,17 +17,20 @@ object and keeps it. Optimizers built before or after the move hold the same Par
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ..device._device import DEVICE_TYPE
 from ..dispatch._dispatch import call_op
-from ..session._callsite import where
+from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import SessionCore, _Origin
 from ..tensor._tensor import RemoteTensor
+from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 
 T = torch.Tensor
@@ -37,16 +40,57 @@ _answers = HANDLERS.on
 _APPLY_CODE = nn.Module._apply.__code__
 
 
-def _converting_param(t: torch.Tensor) -> bool:
-    """Whether ``nn.Module._apply`` is converting the parameter ``t`` right now (a few frames up)."""
+def _param_conversion(t: torch.Tensor):
+    """The frame of ``nn.Module._apply`` if it is converting the parameter ``t`` right now (a few frames up)."""
     f = sys._getframe(2)
     for _ in range(12):
         if f is None:
-            return False
+            return None
         if f.f_code is _APPLY_CODE:
-            return f.f_locals.get("param") is t
+            return f if f.f_locals.get("param") is t else None
         f = f.f_back
-    return False
+    return None
+
+
+# Where torch keeps a tensor's own hooks (on the Python tensor), and the call that put them there
+_TENSOR_HOOKS = (("_backward_hooks", "Tensor.register_hook"),
+                 ("_post_accumulate_grad_hooks", "Tensor.register_post_accumulate_grad_hook"))
+_CHECKED_MOVES: weakref.WeakSet = weakref.WeakSet()  # the conversion functions (one per Module.to) already checked
+
+
+def _refuse_tensor_hooks(apply_frame, device: torch.device) -> None:
+    """Refuse a move that would drop a parameter's hooks, before any parameter moves.
+
+    A parameter's hooks live on its local tensor; on the device its backward runs on the server,
+    where a hook written here cannot run yet, and the converted parameter would silently stop
+    calling it (a clipping hook would stop clipping). The whole module being moved (the outermost
+    ``_apply``) is checked at its first parameter, once per ``Module.to`` call: a refused move
+    leaves every parameter where it was."""
+    convert = apply_frame.f_locals.get("fn")
+    try:
+        if convert in _CHECKED_MOVES:
+            return
+    except TypeError:  # a conversion function that cannot be weakly held: checked at every parameter
+        convert = None
+    root, f = apply_frame.f_locals.get("self"), apply_frame.f_back
+    while f is not None:
+        if f.f_code is _APPLY_CODE and f.f_locals.get("fn") is convert:
+            root = f.f_locals.get("self")
+        f = f.f_back
+    for name, p in root.named_parameters():
+        if isinstance(p, RemoteTensor):  # moved before: a remote tensor takes no hooks
+            continue
+        for attr, registered_by in _TENSOR_HOOKS:
+            if getattr(p, attr, None):
+                raise RuntimeError(
+                    f"{type(root).__name__}.to({device}): parameter '{name}' has a hook ({registered_by}) that the "
+                    "move would drop: a tensor hook runs inside backward, which runs on the server on this device, "
+                    "where a hook written on the client cannot run yet. Remove it before the move (the handle's "
+                    ".remove()) and do its work after backward on `.grad` (clipping: torch.nn.utils.clip_grad_norm_ "
+                    f"or clip_grad_value_ after loss.backward()) ({where() or '?'})"
+                )
+    if convert is not None:
+        _CHECKED_MOVES.add(convert)
 
 
 def _swap(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -65,26 +109,73 @@ def _refuse_differentiable_move(t: torch.Tensor, requires_grad: bool, what: str)
         )
 
 
+def _become(src: torch.Tensor, remote: RemoteTensor, session: SessionCore) -> torch.Tensor:
+    """``src`` (a module's parameter or buffer) turned into ``remote`` in place, keeping its identity."""
+    remote._is_param = isinstance(src, nn.Parameter)
+    _swap(src, remote)
+    if src._rg:  # the weakly held map of leaves must name the object that stays
+        session._grad_tracked[src._id] = src
+    return src
+
+
 def upload_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
     """``local.to(remote)``: a new remote leaf, or ``src`` itself converted when it is a module's parameter."""
-    if _converting_param(src):
+    if is_lazy(src):
+        return _lazy_move(src, session, dtype)
+    conversion = _param_conversion(src)
+    if conversion is not None:
+        _refuse_tensor_hooks(conversion, session.device)
         value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
         grad = None if src.grad is None else src.grad.detach().to(value.dtype)
         remote = RemoteTensor._upload(session, value, requires_grad=src.requires_grad, grad=grad)
-        remote._is_param = True
         src.grad = None  # its grad now lives on the server; the local one would pin a use of the tensor
-        _swap(src, remote)
-        if src._rg:  # the weakly held map of leaves must name the object that stays
-            session._grad_tracked[src._id] = src
-        return src
+        return _become(src, remote, session)
     _refuse_differentiable_move(src, src.requires_grad, f"Tensor.to({session.device})")
     value = src.detach() if dtype in (None, src.dtype) else src.detach().to(dtype)
     return RemoteTensor._upload(session, value, requires_grad=False, grad=None)
 
 
+# -- lazy modules: materialized on the device at their first forward ----------------------------
+
+
+def _lazy_move(src: torch.Tensor, session: SessionCore, dtype: torch.dtype | None) -> torch.Tensor:
+    """A lazy module's ``UninitializedParameter`` (or buffer) moved to the remote device: it stays
+    uninitialized, with no shape to upload, and learns to materialize there.
+
+    On CUDA the uninitialized tensor's empty ``data`` moves, and ``materialize`` makes the real one
+    where that data is. Our device has no plain tensors to hold as ``data`` (a handle is not one),
+    so the tensor keeps a local empty ``data`` of the asked dtype and an instance ``materialize``
+    that makes the real tensor in the session instead: the lazy module's ``initialize_parameters``
+    then runs ``reset_parameters`` on it there, as torch does on CUDA, drawing from the session's
+    generator. ``Module._apply`` sets a parameter's ``data`` to what this returns (so the dtype
+    follows ``.to(device, dtype)``, ``.double()``, ...) and stores a buffer as it is.
+    """
+    lazy = src
+    if _param_conversion(src) is None:  # a buffer: _apply stores this one
+        lazy = type(src)(requires_grad=src.requires_grad, dtype=dtype or src.dtype)
+        lazy.__dict__.update(src.__dict__)  # persistent, _is_buffer
+    lazy.materialize = functools.partial(_materialize, lazy, session)
+    if lazy is not src:
+        return lazy
+    return torch.empty(0, dtype=dtype or src.dtype)  # _apply: `param.data = this`
+
+
+def _materialize(lazy: torch.Tensor, session: SessionCore, shape, device=None, dtype=None) -> None:
+    """``UninitializedTensorMixin.materialize`` for a tensor moved to ``session``'s device: ``lazy``
+    becomes a tensor of that device (zeros until ``reset_parameters`` fills it), in place."""
+    if device is not None and torch.device(device) != session.device:  # asked for elsewhere: torch's own
+        del lazy.materialize
+        return lazy.materialize(shape, device=device, dtype=dtype)
+    with torch.no_grad():
+        remote = torch.empty(tuple(shape), dtype=dtype or lazy.dtype, device=session.device)
+    if lazy.requires_grad:
+        remote.requires_grad_()
+    _become(lazy, remote, session)
+
+
 def _download(t, device: torch.device, dtype: torch.dtype | None, what: str) -> torch.Tensor:
     """A remote tensor brought to a local device (a parameter of a module being moved: in place)."""
-    if _converting_param(t):
+    if _param_conversion(t) is not None:
         value, grad = t._fetch(value=True, grad=t._has_grad)
         local = nn.Parameter(value.to(device=device, dtype=dtype or value.dtype), requires_grad=t._rg)
         if grad is not None:
@@ -135,6 +226,20 @@ def _parse_to(args: tuple, kwargs: dict) -> tuple[torch.device | None, torch.dty
     return device, dtype
 
 
+@_answers(torch._C._nn._parse_to)
+def _module_to_arguments(*args, **kwargs):
+    """``Module.to(tensor)`` (botorch's ``self.to(train_X)``) asks torch's ``_parse_to`` for (device, dtype,
+    non_blocking, memory_format): torch's own parsing, a remote tensor read as its dtype and device."""
+    remote = next(a for a in (*args, *kwargs.values()) if isinstance(a, RemoteTensor))
+
+    def stand_in(a):
+        return torch.empty(0, dtype=a._dtype, device="meta") if isinstance(a, RemoteTensor) else a
+
+    _, dtype, non_blocking, memory_format = torch._C._nn._parse_to(
+        *map(stand_in, args), **{k: stand_in(v) for k, v in kwargs.items()})
+    return remote._session.device, dtype, non_blocking, memory_format
+
+
 @_answers(T.cpu)
 def _cpu(t, memory_format=None):
     return _download(t, torch.device("cpu"), None, "Tensor.cpu()")
@@ -144,6 +249,9 @@ def _cpu(t, memory_format=None):
 def _to(t, *args, **kwargs):
     """``.to(dtype)`` is a server op; ``.to('cpu')`` a download; ``.to(t.device)`` is t; other devices refuse."""
     device, dtype = _parse_to(args, kwargs)
+    if not isinstance(t, RemoteTensor):  # local.to(remote_tensor): its device and dtype, an upload as any other
+        return t.to(device, dtype, *[a for a in args if isinstance(a, bool)],
+                    **{k: v for k, v in kwargs.items() if k not in ("device", "dtype")})
     if device is not None and device != t._session.device:
         if device.type == DEVICE_TYPE:
             raise RuntimeError(
@@ -211,8 +319,11 @@ def _data_get(t):
     """A new handle on the same server storage, cut from the graph, with its own version counter (so,
     unlike ``detach()``, not joined to ``t``'s storage here), laid out as ``t``. Queued: no round trip."""
     t._check_usable()
+    if not torch.is_grad_enabled():  # inside a Function's forward, the handle may be its output
+        refuse_custom_function(T.data.__get__)
     out = RemoteTensor._new(t._session, t._session.new_id(), t._shape, t._dtype)
     out._strides = t._strides
+    share_memory(out, t)
     t._session.enqueue({"kind": "call", "op": "data", "args": [t._ref()], "out": [out._id]},
                        _Origin("data", where(), [weakref.ref(out)]))
     return out
@@ -234,6 +345,7 @@ def _data_set(t, value):
         return
     with torch.no_grad():
         call_op(t._session, "set_data", [t, value], {})  # the handle adopts value's metadata as it is queued
+    took_memory(t, value)
 
 
 # -- x.new_*: factories on x's device with x's dtype --------------------------------------------

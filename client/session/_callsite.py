@@ -1,5 +1,6 @@
 """Where the user's call came from: the ``file:line`` errors name, and the ``autograd.Function``
-whose forward we might be inside. Both read the Python stack; neither needs any other module of ours.
+whose forward we might be inside (run, or refused where torch would record it: ``_frame_return``
+waits for its ``apply`` to return). Both read the Python stack.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import sys
 from typing import Callable
 
 import torch
+
+from ..device._device import DEVICE_TYPE
+from . import _frame_return
 
 _CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # client/, not client/session/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -52,32 +56,82 @@ _KIND_OF_CODE: dict[int, tuple] = {}
 
 
 def refuse_custom_function(func: Callable) -> None:
-    """Raise if we are inside a user's ``autograd.Function.forward``: its backward would be lost.
+    """Inside a user's ``autograd.Function``: let its forward run unless its gradient would be lost.
 
-    torch runs a Function's forward with grad disabled and never shows us ``apply``
-    itself, so we look for ``Function.apply`` on the stack (only when grad is off).
+    torch runs a Function's forward with grad off and never shows us ``apply`` itself, so we
+    look for ``Function.apply`` on the stack. Where torch records nothing (no tensor input
+    requires grad, or the caller's grad mode was off) the forward's ops are ordinary calls and
+    the result is torch's. Where it records the call, the node lives in the client's autograd,
+    which the server's backward never reaches: a remote input would get no gradient, nor would
+    a local one through a remote output. Such a call is refused. (A Function on local tensors
+    whose forward only reads remote values, with local outputs, is an ordinary local node.)
+    Which case it is shows only as ``apply`` returns (the caller's grad mode is hidden until
+    then): each enclosing ``apply`` with an input that requires grad is watched
+    (``_frame_return``) and refused at its return if grad mode is on there.
     torch also turns forward-mode AD off around every Function's forward: while it is on,
     no forward is running and the walk (an optimizer's every op, under no_grad) is skipped.
     """
     if _FWD_GRAD_ENABLED():
         return
     f = sys._getframe(2)
-    for _ in range(64):
-        if f is None:
-            return
-        if f.f_code is _APPLY_CODE:
-            cls = f.f_locals.get("cls")
-            name = getattr(cls, "__name__", "a torch.autograd.Function")
-            if name == "BackwardHookFunction":  # torch's own, for nn.Module full backward hooks
-                raise RuntimeError(
-                    "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is "
-                    "set on a module run on remote tensors: the hook would have to run inside the server's "
-                    "backward, so it would never be called. Remove the hook, or read `.grad` after backward."
-                )
-            raise RuntimeError(
-                f"{name}.apply was called on RemoteTensors: its forward would run as plain remote ops "
-                f"and its backward on the client, so the gradient would be silently lost. Register the "
-                f"Function as a server op instead (@op in a module named by REMOTE_AUTOGRAD_OP_MODULES; "
-                f"see README 'Custom ops') and call it as sess.ops.<name>(...)."
-            )
+    while f is not None:  # the whole stack: an outer Function around an inner one needs its check too
+        if f.f_code is _APPLY_CODE and not _frame_return.watching(f):
+            _watch_apply(f)
         f = f.f_back
+
+
+def _watch_apply(apply_frame) -> None:
+    apply_locals = apply_frame.f_locals
+    remote_needs, local_needs = False, False  # torch's rule: a tensor argument (positional or named) requires grad
+    for a in (*apply_locals.get("args", ()), *(apply_locals.get("kwargs") or {}).values()):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            if _on_the_device(a):
+                remote_needs = True
+            else:
+                local_needs = True
+    if not (remote_needs or local_needs) or torch.is_inference_mode_enabled():  # (kept on around the forward)
+        return
+    error = _recorded_error(apply_locals.get("cls"), user_line(apply_frame.f_back))
+
+    def check(output) -> None:  # output None: the forward raised (or made nothing)
+        if output is None or not torch.is_grad_enabled():
+            return
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        if remote_needs or any(isinstance(o, torch.Tensor) and _on_the_device(o) for o in outputs):
+            raise error
+
+    if not _frame_return.watch(apply_frame, check):  # another profiler is set: no way to wait for the return
+        raise RuntimeError(f"{error} (A profiler is active, so the SDK cannot tell whether grad mode is on at this "
+                           "call: it refuses either way.)")
+
+
+def _on_the_device(t: torch.Tensor) -> bool:
+    return t.device.type == DEVICE_TYPE
+
+
+def _recorded_error(cls, line: str | None) -> RuntimeError:
+    """The error for a Function torch records on remote tensors, in the words of what the user wrote."""
+    name = getattr(cls, "__name__", "a torch.autograd.Function")
+    module = getattr(cls, "__module__", "")
+    at = f" ({line})" if line else ""
+    if name == "BackwardHookFunction" and module.startswith("torch."):  # torch's own, for full backward hooks
+        return RuntimeError(
+            "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is set on a "
+            "module run on remote tensors with grad on: the hook would have to run inside the server's backward, "
+            f"so it would never be called. Remove the hook, or read `.grad` after backward{at}"
+        )
+    if name == "CheckpointFunction" and module == "torch.utils.checkpoint":
+        return RuntimeError(
+            "torch.utils.checkpoint(..., use_reentrant=True) on remote tensors: its backward recomputes the "
+            "forward in Python on the client, which cannot join the server's backward. Pass use_reentrant=False "
+            "(same gradients; Hugging Face: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            f"{{'use_reentrant': False}})){at}"
+        )
+    return RuntimeError(
+        f"{name}.apply with grad mode on and an input that requires grad, on remote tensors: torch would record "
+        f"the call and run {name}.backward from the client's autograd, which the server's backward never reaches "
+        "(a Function written on the client cannot run inside it yet): its gradient would be lost. Its forward "
+        "alone runs where torch records nothing (under torch.no_grad() or torch.inference_mode(), or on inputs "
+        "that need no gradient). For the gradient, register the Function as a server op (@op in a module named "
+        f"by REMOTE_AUTOGRAD_OP_MODULES; see README 'Custom ops') and call it as sess.ops.<name>(...){at}"
+    )

@@ -27,6 +27,8 @@ from ..transport._protocol_advice import explain
 from ..transport._transport import Transport, error_from
 from . import _caller_memo
 from ._banner import announce
+from ._callsite import refuse_custom_function
+from ._queue_globals import QueueGlobals
 from ._routes import RouteTable
 
 if TYPE_CHECKING:
@@ -73,6 +75,10 @@ class SessionCore:
         self._origins: list[_Origin | None] = []
         self._queued_bytes = 0
         self._frees: list[str] = []
+        # the default dtype the queued ops were inferred under (None: no op queued), and torch's other
+        # settings they run under (_queue_globals)
+        self._queue_dtype: torch.dtype | None = None
+        self._globals = QueueGlobals()
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
@@ -141,6 +147,21 @@ class SessionCore:
             self._pending_results = self.flush()
         return index
 
+    def globals_changed(self, dtype: torch.dtype) -> None:
+        """An op is queued under default dtype ``dtype``, not the queue's: the queue's first op, or a
+        change since its last (the ops so far are sent first: a program runs under one)."""
+        if self._queue_dtype is not None:
+            self.flush()
+        self._globals.start()
+        self._queue_dtype = dtype
+
+    def autograd_step(self, step: dict) -> None:
+        """A backward or grad step about to be queued: torch's settings as for an op, anomaly detection its own."""
+        dtype = torch.get_default_dtype()
+        if dtype is not self._queue_dtype:
+            self.globals_changed(dtype)
+        self._globals.autograd_step(step)
+
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
         _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
@@ -155,6 +176,13 @@ class SessionCore:
         # The SDK names every output and infers its metadata: the server need not send it back
         # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
         program = {"id": f"{self._program_prefix}-{next(self._programs)}", "steps": steps, "omit_known_meta": True}
+        dtype, self._queue_dtype = self._queue_dtype, None
+        if dtype is not None:  # a program with ops runs under the torch settings they were queued under
+            try:
+                program.update(self._globals.fields(dtype, program["id"], origins))
+            except RemoteError as error:  # changed while they were queued: none of them runs
+                self._frees = frees + self._frees
+                self._fail_all(error, origins, 0)
         status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
         if status >= 400:
             self._fail(status, body, origins)
@@ -172,6 +200,12 @@ class SessionCore:
         error = error_from(status, body, where=origin.where if origin else None, session=self.id)
         if origin is not None and not error.op:
             error.op = origin.op
+        if isinstance(err.get("forward"), dict):  # a backward under anomaly detection: the call that made the node
+            self._globals.name_forward(error, err["forward"])
+        self._fail_all(error, origins, k)
+
+    def _fail_all(self, error: RemoteError, origins: list[_Origin | None], k: int) -> None:
+        """Raise ``error``, the steps from ``k`` on marked failed: their outputs raise it where used."""
         for o in origins[k:]:
             if o is None:
                 continue
@@ -200,6 +234,8 @@ class SessionCore:
     # -- fetching ---------------------------------------------------------------------------
 
     def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
+        if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
+            refuse_custom_function(None)
         index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
         message = self.take_result(index)["tensor"]
         return message

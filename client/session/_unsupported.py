@@ -33,9 +33,6 @@ _WHY_NOT = {
                             "cannot join; compute what the hook would do after backward, on `.grad`",
     "Tensor.register_post_accumulate_grad_hook": "hooks run inside the server's backward; act on `.grad` "
                                                  "after backward instead",
-    "Tensor.data_ptr": "the values live on the server: there is no client memory to point at",
-    "Tensor.untyped_storage": "the values live on the server: there is no client storage",
-    "Tensor.storage": "the values live on the server: there is no client storage",
     "Tensor.share_memory_": "the values live on the server",
     "Tensor.pin_memory": "the values live on the server",
 }
@@ -48,6 +45,8 @@ def user_name(func: Callable) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)] + (" = ..." if suffix == ".__set__" else "")
     name = name.replace("torch._C.TensorBase.", "Tensor.").replace("torch.Tensor.", "Tensor.")
+    if name.startswith("torch.functional."):  # torch.istft, torch.meshgrid: defined there, called as torch.*
+        name = "torch." + name[len("torch.functional."):]
     return _USER_NAMES.get(name, name)
 
 
@@ -58,11 +57,17 @@ def not_in_table(func: Callable) -> Exception:
         return RuntimeError(f"{name} is not supported on a remote tensor: {why}")
     if name.startswith("torch._") or name.startswith("nn."):
         return NotImplementedError(f"{name} is not supported on a remote tensor yet: the server's op table has no "
-                                   "entry for it (GET /v1/ops lists the table)")
+                                   f"entry for it (GET /v1/ops lists the table). {_LOCALLY}")
     return NotImplementedError(
         f"{name} is not supported on RemoteTensor: the server's op table has no entry for it "
-        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README)"
+        f"(GET /v1/ops lists the table; custom ops are registered on the server, see README). {_LOCALLY}"
     )
+
+
+# What works today for any call the table lacks: the call on local copies. Moves are not differentiable
+# (client/handlers/_moves.py), so the copies are detached and the result comes back as a constant.
+_LOCALLY = ("To run it anyway, call it on local copies (`x.detach().cpu()`) and move the result back with "
+            "`.to(x.device)`; no gradient flows through these moves")
 
 
 def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
@@ -72,4 +77,25 @@ def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
         f"a local tensor that requires grad (shape {list(t.shape)}) is used with remote tensors: it would be "
         f"uploaded as a constant and never get a gradient. Move it to the remote device first "
         f"(`t.to(device)`, or `model.to(device)` for the module that owns it) ({where or '?'})"
+    )
+
+
+# saved_tensors_hooks that change nothing a backward computes (where tensors wait, not their values): allowed.
+# torch.utils.checkpoint(use_reentrant=False) sets its own around the forward; save_on_cpu offloads.
+_HARMLESS_PACK_HOOKS = frozenset({("torch.utils.checkpoint", "_checkpoint_hook.__init__.<locals>.pack_hook"),
+                                  ("torch.autograd.graph", "save_on_cpu.__init__.<locals>.pack_to_cpu")})
+
+
+def refuse_saved_tensors_hooks(hooks: tuple, op_name: str, where: str | None) -> None:
+    """A graph recorded on remote tensors inside ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)``:
+    the server's autograd saves what its backward needs and never calls the client's hooks, so an unpack
+    that changes values (quantised activations) would change the gradient silently. Raised, never ignored."""
+    pack = hooks[0]
+    if (getattr(pack, "__module__", None), getattr(pack, "__qualname__", None)) in _HARMLESS_PACK_HOOKS:
+        return
+    raise RuntimeError(
+        f"{op_name} on remote tensors that require grad inside torch.autograd.graph.saved_tensors_hooks: the "
+        "server's autograd saves the tensors its backward needs and cannot call hooks written on the client, so "
+        "they would be skipped silently. Run the forward outside the hooks (torch.utils.checkpoint("
+        f"use_reentrant=False) and save_on_cpu are allowed: they change no value) ({where or '?'})"
     )

@@ -57,10 +57,10 @@ class RemoteTensor(torch.Tensor):
     # What most handles keep all their life, read through the class until a handle sets its own:
     # ``_new`` then sets only what differs per handle. Shared memory (see _views): the storage it
     # shares, the base of a view, strides (None: contiguous), and its own version counter while it
-    # shares memory with nothing.
+    # shares memory with nothing; where it starts in that memory, in bytes (None: only the server knows).
     _has_grad, _grad_owner, _grad_cache, _error, _retains, _meta_t = False, None, None, None, False, None
     _storage = _view_of = _strides = None
-    _ver = 0
+    _ver = _byte_offset = 0
 
     @staticmethod
     def __new__(cls, *args, **kwargs):
@@ -232,7 +232,7 @@ class RemoteTensor(torch.Tensor):
 # copies; anything else in its ``__dict__`` is the user's (``copy.deepcopy`` copies those)
 HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_leaf", "_leaves", "_has_grad",
                            "_grad_owner", "_grad_cache", "_error", "_retains", "_meta_t", "_storage", "_view_of",
-                           "_strides", "_ver"})
+                           "_strides", "_ver", "_byte_offset"})
 
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",

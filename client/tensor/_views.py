@@ -12,6 +12,8 @@ as in torch. The client mirrors what torch would answer locally without a round 
   (``CopySlices``; a view's ``grad_fn`` is regenerated from its base).
 - Strides: views keep their layout (``x.t()`` is not contiguous), read from torch's
   meta kernels; they decide whether ``reshape`` gives a view, and answer ``stride()``.
+  The same kernels give a view's place in its storage (``_byte_offset``: ``x[2:]`` starts
+  8 bytes in), which ``storage_offset()`` and ``data_ptr()`` answer; None where unknown.
   A tensor whose layout the client cannot know (``UNKNOWN``: an op's output computed
   from a non-contiguous input) may make ``reshape``/``flatten``/``contiguous`` a view
   or a copy; such a result joins its input's storage as *uncertain*, and an in-place
@@ -37,12 +39,16 @@ T = torch.Tensor
 class Storage:
     """Server memory shared by several RemoteTensors: its version counter and its live members."""
 
-    __slots__ = ("version", "members", "uncertain")
+    __slots__ = ("version", "members", "uncertain", "memory")
 
     def __init__(self, version: int) -> None:
         self.version = version
         self.members: dict[int, weakref.ref] = {}  # id -> ref: a WeakSet would compare tensors with ==
         self.uncertain: list[weakref.ref] = []  # members that may be a view or a copy on the server
+        self.memory = None  # what data_ptr() names this memory by, once asked (handlers/_storage_ids)
+
+    def is_uncertain_member(self, t) -> bool:
+        return any(r() is t for r in self.uncertain)
 
     def is_uncertain(self) -> bool:
         self.uncertain = [r for r in self.uncertain if r() is not None]
@@ -83,6 +89,14 @@ def version(t) -> int:
     return t._storage.version if t._storage is not None else t._ver
 
 
+def set_version(t, value: int) -> None:
+    """Set the version counter ``t`` reads (its Storage's, when it has one)."""
+    if t._storage is not None:
+        t._storage.version = value
+    else:
+        t._ver = value
+
+
 def strides(t) -> tuple[int, ...]:
     """What ``t.stride()`` answers: the tracked strides, contiguous ones where unknown."""
     s = t._strides
@@ -94,11 +108,17 @@ def _layout(o: torch.Tensor):
     return None if s == contiguous_strides(tuple(o.shape)) else s
 
 
-def _join(out, base, *, differentiable: bool, uncertain: bool = False) -> None:
-    storage = base._storage
+def storage_of(t) -> Storage:
+    """``t``'s Storage, made for it alone if it shares memory with no other handle yet."""
+    storage = t._storage
     if storage is None:
-        storage = Storage(base._ver)
-        storage.add(base)
+        storage = Storage(t._ver)
+        storage.add(t)
+    return storage
+
+
+def _join(out, base, *, differentiable: bool, uncertain: bool = False) -> None:
+    storage = storage_of(base)
     storage.add(out)
     if uncertain:
         storage.uncertain.append(weakref.ref(out))
@@ -108,7 +128,7 @@ def _join(out, base, *, differentiable: bool, uncertain: bool = False) -> None:
 
 def alias(out, base, *, differentiable: bool) -> None:
     """``out`` shares ``base``'s memory (``detach()``: not a differentiable view)."""
-    out._strides = base._strides
+    out._strides, out._byte_offset = base._strides, base._byte_offset
     _join(out, base, differentiable=differentiable)
 
 
@@ -119,13 +139,18 @@ def _source(o: torch.Tensor, inputs: list):
 
 def describe(raw: list, inputs: list) -> list[tuple]:
     """What ``settle`` reads of torch's meta outputs ``raw``: for each, the input RemoteTensor it is
-    (a view of) or None, and its layout (None: contiguous, else its strides)."""
-    return [(_source(o, inputs), _layout(o)) for o in raw]
+    (a view of) or None, its layout (None: contiguous, else its strides), and where it starts in bytes
+    from where that input starts (an input's stand-in starts its own storage: ``meta_of``)."""
+    found = []
+    for o in raw:
+        src = _source(o, inputs)
+        found.append((src, _layout(o), 0 if src is None else o.storage_offset() * o.element_size()))
+    return found
 
 
 def is_view_call(views: list) -> bool:
     """Whether torch on meta returned a view of (or the same) input: a view op (``views``: ``describe``'s)."""
-    return any(src is not None for src, _ in views)
+    return any(v[0] is not None for v in views)
 
 
 def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: bool) -> None:
@@ -144,7 +169,7 @@ def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: 
                 break
         return
     maybe = op_name in MAYBE_VIEWS
-    for out, (src, layout) in zip(outs, views):
+    for out, (src, layout, offset) in zip(outs, views):
         if out is None:  # an optional output torch left out (attention weights with need_weights=False)
             continue
         if src is None and maybe and inputs and inputs[0]._strides is UNKNOWN:
@@ -158,6 +183,8 @@ def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: 
             out._strides = layout if known and layout is None else UNKNOWN
             continue
         out._strides = UNKNOWN if src._strides is UNKNOWN else layout
+        if offset or src._byte_offset != 0:  # a view starts where its source does, plus what meta says
+            out._byte_offset = None if src._byte_offset is None else src._byte_offset + offset
         _join(out, src, differentiable=differentiable, uncertain=maybe and src._strides is UNKNOWN)
 
 
@@ -168,7 +195,7 @@ def index_view(outs: list, base, index) -> None:
     tensors = [i for i in items if isinstance(i, torch.Tensor)]
     if all(t.dim() == 0 and not (t.dtype == torch.bool or t.dtype == torch.uint8) for t in tensors):
         for out in outs:
-            out._strides = UNKNOWN
+            out._strides, out._byte_offset = UNKNOWN, None  # where it starts: the index's values say
             _join(out, base, differentiable=True)
 
 
@@ -233,6 +260,8 @@ def set_layout(target, new: torch.Tensor, wrapper_type: type) -> None:
     metadata, which torch reads directly in places (``TensorBase.data.__set__``, as the subclass notes say)."""
     known = target._strides is not UNKNOWN
     target._shape, target._strides, target._meta_t = tuple(new.shape), _layout(new) if known else UNKNOWN, None
+    if new.storage_offset():  # as_strided_: the offset it names is in the storage (the stand-in's starts it)
+        target._byte_offset = new.storage_offset() * new.element_size()
     with DisableTorchFunctionSubclass():
         replacement = T._make_wrapper_subclass(wrapper_type, new.shape, strides=new.stride(), dtype=new.dtype,
                                                device=target.device)

@@ -1,4 +1,5 @@
-"""A protocol mismatch on connect, rewritten as one error naming both versions and the side to upgrade."""
+"""Errors on connect rewritten to say what to do: a protocol mismatch names both versions and the
+side to upgrade; a server with nothing at ``/v1/sessions`` under the URL asks for its base URL."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def explain(transport: "Transport", error: RemoteError) -> RemoteError:
     """``error`` itself, unless it is a protocol mismatch: then one error naming both
     versions and the side to upgrade (the server's version comes from ``/healthz``,
     which answers any client)."""
+    if error.status == 404 and error.code == "not_found":  # a remote-autograd server, a path it does not serve
+        return RemoteError(f"{error.server_message}: the server at {transport.base_url} has no session route "
+                           f"there. Give connect() (or REMOTE_AUTOGRAD_URL) the server's base URL, scheme, host and "
+                           f"port (e.g. 'http://gpu-host:8000'); a proxy's path prefix, if any, and no more",
+                           code=error.code, status=error.status)
     if error.code != "protocol_mismatch":
         return error
     ours = PROTOCOL_VERSION

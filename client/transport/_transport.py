@@ -12,6 +12,7 @@ land in one preallocated buffer that the decoded tensors then view in place.
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from typing import Any
 
@@ -88,7 +89,7 @@ class Transport:
                     response.close()
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
                     httpx.WriteError) as exc:
-                if not idempotent or attempt == self._retries:
+                if not idempotent or attempt == self._retries or tls_failure(exc) is not None:  # TLS fails alike again
                     raise RemoteError(unreachable(self.base_url, exc), code="connection_error") from exc
                 time.sleep(delay)
                 delay *= 4
@@ -123,19 +124,48 @@ class Transport:
 
 
 def checked_url(url: str) -> str:
-    """``url`` if it is an http(s) URL with a host; else a ``ValueError`` saying how to write it."""
+    """``url`` if it is an http(s) URL with a host and no ``/v1`` in its path (the SDK adds the routes);
+    else a ``ValueError`` saying how to write it."""
     parsed = httpx.URL(url) if "://" in url else None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
         guess = f"http://{url.split('://', 1)[-1]}" if url else "http://127.0.0.1:8000"
         raise ValueError(f"{url!r} is not a server URL (connect(url) or REMOTE_AUTOGRAD_URL): it starts with "
                          f"http:// or https://, e.g. {guess!r}")
+    path = parsed.path.rstrip("/")
+    if path == "/v1" or path.endswith("/v1") or "/v1/" in path:
+        base = url[:url.index("/v1", url.index("://") + 3)]
+        raise ValueError(f"{url!r} names the API's /v1 routes: give connect() (or REMOTE_AUTOGRAD_URL) the "
+                         f"server's base URL, {base!r}; the SDK adds /v1/... itself")
     return url
 
 
 def unreachable(url: str, exc: Exception) -> str:
+    tls = tls_failure(exc)
+    if tls is not None and tls.reason in _PLAIN_HTTP_ANSWER:
+        plain = "http://" + url.split("://", 1)[1]
+        return (f"the server at {url} answered without TLS ({tls.reason}): it speaks plain http. Connect to "
+                f"{plain!r}; for https, put a TLS proxy in front of the server (README, Operators)")
+    if tls is not None:
+        return (f"TLS with {url} failed ({exc}): the server's certificate is not one this machine trusts, or "
+                f"the proxy in front of it refused; SSL_CERT_FILE names a CA bundle to trust")
     return (f"cannot reach a remote-autograd server at {url} ({exc}). Start one there (`make serve` or "
             f"`remote-autograd-serve`) and check the URL; or call client.connect() without a URL for a server "
             f"of this process's own")
+
+
+# What OpenSSL says when the other side answers a TLS hello in plain text (an http server's 400 page)
+_PLAIN_HTTP_ANSWER = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                                "HTTP_REQUEST"})
+
+
+def tls_failure(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind a connection error (httpx wraps httpcore's, which wraps the ssl module's)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ssl.SSLError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def not_ours(url: str, status: int, content_type: str | None) -> str:

@@ -41,6 +41,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.frames import pack_frames, unpack_frames
 
 from ..engine.values import store_tensors
+from ..logs import LIFECYCLE
 from ..sessions.store import Outcome, tenant_tag
 from ..sessions.tensor_snapshot import rebuild, snapshot
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 log = logging.getLogger("remote_autograd.service")
+lifecycle = logging.getLogger(LIFECYCLE)
 
 FORMAT = 1
 _FILE = "sessions.raf"
@@ -131,7 +133,7 @@ def restore(local: "LocalSessions", directory: Path, owner: str | None) -> list[
         return []
     shutil.rmtree(directory, ignore_errors=True)
     _sync_dir(directory.parent)
-    log.warning("%d session(s) restored from %s", len(ids), directory)
+    lifecycle.info("%d session(s) restored from %s", len(ids), directory)
     return sorted({sid.partition(".")[0] for sid in ids})
 
 
@@ -160,7 +162,7 @@ def _restore_session(local: "LocalSessions", saved: dict, owner: str | None) -> 
     session.worker = local.workers.least_loaded(s.worker for s in store.sessions() if s is not session)
     with session.lock:
         try:
-            pairs = rebuild(saved, [_on_device(data, session.device) for data in saved["storages"]])
+            pairs = rebuild(saved, [_on_device(data, session.device) for data in saved["storages"]], session.lost_graphs)
             store_tensors(session, local.settings, pairs)  # charged as any new tensor: the limits hold
         except ProtocolError as exc:
             refused = exc.message
@@ -195,7 +197,7 @@ def _ran_before_restart(pid: str) -> Outcome:
 def save_all(local: "LocalSessions", settings: "Settings") -> None:
     root = Path(settings.state_dir)
     for owner in {s.owner for s in local.store.sessions()}:
-        log.warning("%d session(s) saved for the next start", save(local, tenant_dir(root, owner), owner))
+        lifecycle.info("%d session(s) saved for the next start", save(local, tenant_dir(root, owner), owner))
 
 
 def restore_all(local: "LocalSessions", settings: "Settings") -> None:

@@ -40,6 +40,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
+from ..logs import LIFECYCLE
 from ..settings import Settings
 from .byte_grants import BytePool
 from .program_answer import ProgramAnswer
@@ -49,6 +50,7 @@ from .tenant_channel import ChannelClosed
 from .tenant_spawn import WorkerProcess
 
 log = logging.getLogger("remote_autograd.service")
+lifecycle = logging.getLogger(LIFECYCLE)
 
 _ASK_ABOVE_BYTES = 1 << 20  # a smaller body costs less to read than a round trip to its worker
 _LOST_REMEMBERED = 64  # per token: prefixes of its dead workers, answered 410 rather than 404
@@ -349,8 +351,8 @@ class TenantProcesses:
         try:
             if save:
                 fields, _ = await worker.call("save_state")
-                log.warning("%s: %s session(s) saved for the next start", self._tenants[worker.owner].label,
-                            fields.get("sessions"))
+                lifecycle.info("%s: %s session(s) saved for the next start", self._tenants[worker.owner].label,
+                               fields.get("sessions"))
         except (ChannelClosed, ProtocolError) as exc:
             log.error("%s: its sessions could not be saved: %s", self._tenants[worker.owner].label, exc)
         await worker.stop()

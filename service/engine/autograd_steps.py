@@ -6,6 +6,8 @@ failing backward leaves every ``.grad`` as it was.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
@@ -13,8 +15,10 @@ from remote_autograd.proto.messages import BackwardStep, GradStep
 
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Session
+from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings
-from . import grad_ownership
+from . import anomaly, grad_ownership
+from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
 from .program_run import ProgramRun
 from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
@@ -39,35 +43,26 @@ def _candidates(session: Session) -> list[CustomTensor]:
 
 
 def _reached(candidates: list[CustomTensor], roots: list[torch.Tensor]) -> list[CustomTensor]:
-    """Those of ``candidates`` that a backward from ``roots`` reaches (a walk of the graph's nodes)."""
+    """Those of ``candidates`` that a backward from ``roots`` reaches."""
     leaves = {id(ct.value): ct for ct in candidates if ct.value.is_leaf}
-    found: dict[int, CustomTensor] = {}
-    seen: set = set()
-    stack = []
-    for r in roots:
-        if r.grad_fn is None and id(r) in leaves:
-            found[id(r)] = leaves[id(r)]
-        stack.append(r.grad_fn)
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node) is _ACCUMULATE_GRAD:  # these nodes hold their leaf
-            var = node.variable
-            if id(var) in leaves:
-                found[id(var)] = leaves[id(var)]
-        stack.extend(n for n, _ in node.next_functions)
+    found = {id(r) for r in roots if r.grad_fn is None and id(r) in leaves}
+    seen = graph_nodes(roots)
+    for node in seen:
+        if type(node) is ACCUMULATE_GRAD and id(node.variable) in leaves:  # these nodes hold their leaf
+            found.add(id(node.variable))
     return [ct for ct in candidates if id(ct.value) in found or ct.value.grad_fn in seen]
 
 
-def _accumulate_grad_type() -> type:
-    """The class of torch's AccumulateGrad nodes (it has no public name)."""
-    leaf = torch.zeros((), requires_grad=True)
-    return type(leaf.view_as(leaf).grad_fn.next_functions[0][0])
+def _check_graph_kept(session: Session, roots: list[torch.Tensor]) -> None:
+    """A backward through a graph lost in a restart raises (SPEC §10), before anything runs.
 
-
-_ACCUMULATE_GRAD = _accumulate_grad_type()
+    The lost graph ends in a ``GraphLost`` node (``tensor_snapshot``), but ``autograd.grad`` with
+    explicit inputs runs only the nodes on the way to them: it skips that one, and the leaves
+    behind it would silently get no gradient. Only a restored session has such nodes, and only
+    while a graph holds one."""
+    lost = session.lost_graphs
+    if lost and any(node in lost for node in graph_nodes(roots)):
+        raise RuntimeError(LOST)
 
 
 def _grad_outputs(values, session: Session) -> list | None:
@@ -77,8 +72,16 @@ def _grad_outputs(values, session: Session) -> list | None:
 
 
 def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
+    roots = [run.session.tensor(t).value for t in step.tensors]
+    _check_graph_kept(run.session, roots)
+    if not step.detect_anomaly:
+        return _backward(run, step, roots)
+    with anomaly.detecting(roots, step.check_nan):
+        return _backward(run, step, roots)
+
+
+def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) -> dict | None:
     session, settings = run.session, run.settings
-    roots = [session.tensor(t).value for t in step.tensors]
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
     # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
@@ -170,9 +173,11 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     check_new_ids(session, step.out)
     outputs = [session.tensor(t).value for t in step.outputs]
     inputs = [session.tensor(t).value for t in step.inputs]
+    _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
-                                create_graph=step.create_graph, allow_unused=step.allow_unused)
+    with anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext():
+        grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
+                                    create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
         return None

@@ -202,7 +202,10 @@ def check_limits(body: Any, settings: Settings) -> None:
             f"program has {len(steps)} steps, over the limit max_steps_per_program={settings.max_steps_per_program}",
         )
     for index, step in enumerate(steps):
-        if not (isinstance(step, dict) and step.get("kind") == "put"):
+        kind = step.get("kind") if isinstance(step, dict) else None
+        if kind == "template":
+            _check_template_claims(step, index, settings)
+        if kind != "put":
             continue
         for key in ("value", "grad"):
             tensor = step.get(key)
@@ -211,7 +214,22 @@ def check_limits(body: Any, settings: Settings) -> None:
                 check_shape_claim(shape, f"steps.{index}.put.{key}", settings, step=index)
 
 
-def check_shape_claim(shape: list, field: str, settings: Settings, *, step: int | None = None) -> None:
+def _check_template_claims(step: dict, index: int, settings: Settings) -> None:
+    """A template's own steps count against ``max_steps_per_program`` (each run runs them all), and
+    the layouts its inputs claim are capped like a put's shapes (its calls are checked on them)."""
+    inner = step.get("steps")
+    if isinstance(inner, list) and len(inner) > settings.max_steps_per_program:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"template has {len(inner)} steps, over the limit "
+                            f"max_steps_per_program={settings.max_steps_per_program}", step=index, op="template")
+    inputs = step.get("inputs")
+    for k, spec in enumerate(inputs if isinstance(inputs, list) else ()):
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if isinstance(shape, list):
+            check_shape_claim(shape, f"steps.{index}.template.inputs.{k}", settings, step=index, op="template")
+
+
+def check_shape_claim(shape: list, field: str, settings: Settings, *, step: int | None = None,
+                      op: str = "put") -> None:
     """413 for a shape with more dims than ``max_tensor_dims`` or more elements than ``max_tensor_elements``.
 
     Capped before arithmetic: the dim count first, then the product stops at the first partial
@@ -221,7 +239,7 @@ def check_shape_claim(shape: list, field: str, settings: Settings, *, step: int 
     """
     if len(shape) > settings.max_tensor_dims:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"{field}: shape {_shape_text(shape)} has {len(shape)} dims, over "
-                            f"the limit max_tensor_dims={settings.max_tensor_dims}", step=step, op="put")
+                            f"the limit max_tensor_dims={settings.max_tensor_dims}", step=step, op=op)
     if not all(type(d) is int and d >= 0 for d in shape) or 0 in shape:
         return  # validation's 400; or no elements at all, whatever the other dims (checked when built)
     limit, numel = settings.max_tensor_elements, 1
@@ -229,7 +247,7 @@ def check_shape_claim(shape: list, field: str, settings: Settings, *, step: int 
         numel *= d  # numel was at most the limit: this is at most the limit times one dim
         if numel > limit:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{field}: shape {_shape_text(shape)} has more elements than "
-                                f"the limit max_tensor_elements={limit}", step=step, op="put")
+                                f"the limit max_tensor_elements={limit}", step=step, op=op)
 
 
 _SHOWN_DIMS = 8

@@ -44,7 +44,9 @@ from ..ops._context import RunContext, current, reset, set_current
 
 _META = torch.device("meta")
 _MEMO_SIZE = 8192  # distinct (entry, layout) pairs remembered; a full memo starts again
+_MEMOS = 8  # states of torch's settings with a memo of their own
 _memo: dict[tuple, int | tuple[ErrorCode, str]] = {}  # bytes, or a refusal (its code and message)
+_memos: dict[tuple, dict] = {}  # a memo per state of torch's process-global settings (``use_memo``)
 _memo_lock = threading.Lock()
 _MISSING = object()
 _BY_VALUE = object()  # under a call's layouts' key: its answer read a 0-d tensor's value (keyed by the values too)
@@ -117,9 +119,23 @@ def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: int) -> in
 
 
 def forget() -> None:
-    """Empty the memo (tests compare the memoized and the plain path)."""
+    """Empty the memos (tests compare the memoized and the plain path)."""
     with _memo_lock:
         _memo.clear()
+        _memos.clear()
+
+
+def use_memo(state: tuple) -> None:
+    """The memo of ``state`` (``proto/torch_globals.py``) from now on: answers depend on it (the default
+    dtype makes an integer ``sqrt`` 4 or 8 bytes an element). Called by ``globals_turns`` while no
+    program runs; a server keeps torch's defaults, so almost always one memo."""
+    global _memo
+    found = _memos.get(state)
+    if found is None:
+        if len(_memos) >= _MEMOS:
+            _memos.clear()
+        found = _memos[state] = {}
+    _memo = found
 
 
 def _answer(known: int | tuple[ErrorCode, str] | None, entry: OpEntry, args: list, kwargs: dict) -> int:

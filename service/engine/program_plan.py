@@ -94,12 +94,14 @@ class PlanRun:
         self._made = self._all_known = self._float_type = False
 
     @classmethod
-    def start(cls, plans: OrderedDict, steps: list) -> "PlanRun | None":
-        """The run of ``steps`` against the session's ``plans``; None for a program too short to plan."""
+    def start(cls, plans: OrderedDict, steps: list, state: tuple | None = None) -> "PlanRun | None":
+        """The run of ``steps`` against the session's ``plans``; None for a program too short to plan.
+        ``state``: the program's torch settings when they are not torch's defaults (``globals_turns``):
+        what the memo answered under one does not hold under another."""
         key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
         if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:  # a call step keys by its op name
             return None
-        return cls(plans, key)
+        return cls(plans, key if state is None else (state, key))
 
     # -- calls -----------------------------------------------------------------------------
 

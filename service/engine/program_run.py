@@ -28,6 +28,12 @@ class ProgramRun:
     grad still answer their metadata (only the server knows it).
 
     ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
+
+    ``watch``: the program's ``ProgramWatch`` (its time limit and cancel), asked between the steps
+    of a template too (``templates``).
+
+    ``forward``: ``anomaly.Forwards`` when the program was sent with ``detect_anomaly`` (its call
+    steps mark the autograd nodes they make), else ``None``.
     """
 
     session: Session
@@ -36,3 +42,5 @@ class ProgramRun:
     views: bool = False
     omit_known_meta: bool = False
     plan: Any = None
+    watch: Any = None
+    forward: Any = None

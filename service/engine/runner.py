@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name, torch_globals
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
@@ -25,8 +25,10 @@ from remote_autograd.proto.messages import (
     Program,
     PutStep,
     RetainGradStep,
+    RunTemplateStep,
     SetGradStep,
     SetRequiresGradStep,
+    TemplateStep,
 )
 from remote_autograd.proto.tensors import decode_tensor_data
 
@@ -35,10 +37,12 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import graph_steps
+from . import graph_steps, templates
+from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import check_call
@@ -64,17 +68,25 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     ``watch`` is asked before each step whether the program must stop there (its time limit, its
     client gone): the stop is that step's failure, the steps before it stay done.
     """
-    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta)
-    run.plan = PlanRun.start(session.plans, program.steps) if settings.replay == "on" else None
+    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch)
+    if program.detect_anomaly:
+        run.forward = Forwards(program.id)
+    state = torch_globals.from_wire(program.torch_globals)
+    default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
+    if settings.replay == "on":  # plans answer by what the memo answered under the program's state
+        run.plan = PlanRun.start(session.plans, program.steps, None if default else state)
     steps = StepLoop(run, program, observe, watch)
+    TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     try:
         with counting_saved(session, settings.max_session_bytes):  # what the graph saves counts too
-            graphs = session.graphs if settings.cuda_graphs != "off" else None
+            # a replay runs no call step: none is marked for anomaly detection
+            graphs = session.graphs if settings.cuda_graphs != "off" and default and run.forward is None else None
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
     finally:
         reset(token)
+        TURNS.leave()
         if watch is not None:
             watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
     if steps.failed is not None:
@@ -138,6 +150,24 @@ class StepLoop:
             if observe is not None:
                 observe(_step_op(step), perf_counter() - began)
         return True
+
+
+def _execute(run: ProgramRun, step, index: int) -> Any:
+    """One step of a template (``templates.run_plainly``) through the handler of its kind: the time
+    limit asked first, a failure raised as a ``ProtocolError``, what the graph let go settled after."""
+    if run.watch is not None:
+        run.watch.check(index, step)
+    try:
+        return _call(run, step, index) if type(step) is CallStep else _HANDLERS[type(step)](run, step)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # as StepLoop.execute: every failure becomes data
+        err = _as_protocol_error(exc, index, _step_op(step))
+        exc.__traceback__ = exc.__context__ = None
+        raise err from None
+    finally:
+        if run.session.storages.dead:
+            run.session.storages.settle(run.session)
 
 
 def _views_from(steps: list) -> int:
@@ -236,6 +266,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                     _remeasure(session, step)
             if run.plan is not None:
                 run.plan.ran(step, call)
+            if run.forward is not None:
+                run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
             result = _apply(call.fn, step.grad_enabled, args, kwargs)
@@ -244,6 +276,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
         if run.plan is not None:
             run.plan.ran(step, call)
+        if run.forward is not None:
+            run.forward.record(index, step.op, result, [*args, *kwargs.values()])
         return _store_outputs(run, step, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:
@@ -445,4 +479,6 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     FreeStep: _free,
     FetchStep: _fetch,
     LoadStep: load_step,
+    TemplateStep: templates.define_template,
+    RunTemplateStep: lambda run, step: templates.run_template(run, step, _execute),
 }

@@ -5,7 +5,9 @@ Shared by the step handlers in ``runner`` and ``autograd_steps``.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import torch
 
@@ -16,6 +18,18 @@ from ..sessions.store import Session
 from ..settings import Settings
 
 _MAX_VALUE_DEPTH = 8  # lists in lists: [[[[[[[[1]]]]]]]] is the deepest argument (SPEC §5)
+# The numbers of the template run under way on this thread: what ``{scalar: name}`` reads (templates.py)
+_SCALARS: ContextVar[dict | None] = ContextVar("template_scalars", default=None)
+
+
+@contextmanager
+def bound_scalars(values: dict) -> Iterator[None]:
+    """``{scalar: name}`` arguments read ``values`` while a template runs."""
+    token = _SCALARS.set(values)
+    try:
+        yield
+    finally:
+        _SCALARS.reset(token)
 
 
 def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
@@ -63,6 +77,12 @@ def _resolve_tagged(tag: str, payload: Any, value: dict, session: Session) -> An
         return slice(*payload)
     if tag == "ellipsis":
         return Ellipsis
+    if tag == "scalar":
+        scalars = _SCALARS.get()
+        if scalars is None or not isinstance(payload, str) or payload not in scalars:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{_short(value)}: a scalar is read only inside a template "
+                                "that declares it")
+        return scalars[payload]
     raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown argument object {_short(value)}")
 
 

@@ -24,6 +24,7 @@ from ..engine.guards import BodyBytes
 from ..ops import load_configured_ops
 from ..settings import Settings
 from .auth import Tokens
+from .docs_page import API_DESCRIPTION
 from .docs_page import install as install_docs_page
 from .metrics import Metrics
 from .middleware import Gatekeeper
@@ -67,8 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request; the
     # service exports Prometheus metrics instead, so it is off (see service.http.metrics).
-    app = FastAPI(title="remote-autograd", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(title="remote-autograd", version=__version__, description=API_DESCRIPTION, docs_url=None,
+                  redoc_url=None, lifespan=lifespan, telemetry={"tracing": False, "metrics": False, "logs": False})
     install_openapi(app)  # the protocol's message schemas in /docs
     install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.backend, app.state.metrics = settings, backend, metrics

@@ -14,7 +14,9 @@ is patched, and other servers in the process are untouched) adds:
   ``408 request_timeout`` and the connection closes (total time, not silence: a header
   trickled a byte at a time does not hold a connection forever);
 - ``max_header_bytes``: the request line and headers, else ``431 headers_too_large`` and the
-  connection closes, counted as bytes arrive, before httptools has gathered more;
+  connection closes, however the bytes arrive: counted as pieces arrive, before httptools has
+  gathered more, and counted again as httptools hands the head over, so a head that came whole
+  in one piece (or whose last piece completed it) is refused before its request starts;
 - ``answer_timeout_seconds`` and ``min_answer_bytes_per_second``: once an answer has to wait for
   its reader (the transport's buffer full, its writes paused), the reader must take at least
   ``min_answer_bytes_per_second`` times ``answer_timeout_seconds`` bytes of it in each
@@ -39,6 +41,9 @@ from remote_autograd.proto import ErrorCode, ProtocolError, encode_body
 
 from ..settings import Settings
 
+# The request line and the head's end besides the method and URL: " ", " HTTP/1.1\r\n", "\r\n".
+_LINE_AND_END = 1 + len(" HTTP/1.1\r\n") + 2
+
 
 def guarded_http_protocol(settings: Settings) -> type[HttpToolsProtocol]:
     """The protocol class for ``uvicorn.run(http=...)`` with ``settings``' header limits (uvicorn's
@@ -61,7 +66,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._head_open = False  # a request has begun and its headers are not all in
-        self._head_bytes = 0
+        self._head_bytes = 0  # the pieces that arrived while the head was open
+        self._parsed_bytes = 0  # the head as httptools handed it over (the line and each header)
         self._head_timer = None
         self._refused = False  # answered 408 or 431: what else comes is dropped
         self._window = None  # (cycle, its bytes left to write, bytes buffered) when the reader's window began
@@ -151,18 +157,45 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # the whole piece counts while the head is unfinished after it: at most one piece too many
             self._head_bytes += len(data)
             if self._head_bytes > self.max_header_bytes:
-                self._refuse(ErrorCode.HEADERS_TOO_LARGE, f"request line and headers over {self.max_header_bytes} "
-                             f"bytes: limit max_header_bytes={self.max_header_bytes}")
+                self._refuse_size()
+
+    # httptools' callbacks. Once refused, the rest of the piece being parsed is dropped: no request of
+    # it starts, and the body of the refused one is never handed to a cycle (there is none).
 
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._end_head()
-        self._head_open, self._head_bytes = True, 0
+        self._head_open, self._head_bytes, self._parsed_bytes = True, 0, _LINE_AND_END
         self._head_timer = self.loop.call_later(self.header_timeout_seconds, self._head_timed_out)
 
+    def on_url(self, url: bytes) -> None:
+        if not self._refused:
+            self._parsed_bytes += len(url)
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._refused:
+            self._parsed_bytes += len(name) + len(value) + 4  # "name: value\r\n"
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._end_head()
+        if self._parsed_bytes + len(self.parser.get_method()) > self.max_header_bytes:
+            self._refuse_size()  # the head came whole in one piece, or its last piece completed it
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
 
     def _end_head(self) -> None:
         self._head_open = False
@@ -180,6 +213,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._refuse(ErrorCode.REQUEST_TIMEOUT, f"request headers not complete after {self.header_timeout_seconds} s: "
                      f"limit header_timeout_seconds={self.header_timeout_seconds}")
+
+    def _refuse_size(self) -> None:
+        self._refuse(ErrorCode.HEADERS_TOO_LARGE, f"request line and headers over {self.max_header_bytes} bytes: "
+                     f"limit max_header_bytes={self.max_header_bytes}")
 
     def _refuse(self, code: ErrorCode, message: str) -> None:
         """Answer ``code`` with the protocol's error body and close the connection.

@@ -35,3 +35,11 @@ def set_current(ctx: RunContext | None):
 
 def reset(token) -> None:
     _CURRENT.reset(token)
+
+
+def torch_fills_uninitialised() -> bool:
+    """Whether torch fills the memory it hands out uninitialised itself (NaN, an integer's largest
+    value), as under deterministic algorithms (``torch.utils.deterministic.fill_uninitialized_memory``,
+    the program's ``torch_globals``); otherwise the server zeroes it (memory a session receives never
+    shows another's data)."""
+    return torch._C._get_deterministic_algorithms() and torch._C._get_deterministic_fill_uninitialized_memory()

@@ -15,7 +15,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.op_contract import FACTORIES
 
-from ._context import current
+from ._context import current, torch_fills_uninitialised
 from ._registry import op
 from ._samples import S
 
@@ -81,7 +81,9 @@ def ones(*size, dtype=None, device=None, requires_grad=False):
 
 @_factory("empty", _SIZES, torch.zeros)
 def empty(*size, dtype=None, device=None, requires_grad=False):
-    """torch.empty, but zeroed"""
+    """torch.empty, but zeroed (under deterministic algorithms, filled as torch fills it)"""
+    if torch_fills_uninitialised():
+        return torch.empty(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
     return torch.zeros(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
 
 

@@ -9,7 +9,7 @@ from the wire: the runner only looks names up in the table).
 
 - Random ops draw from the session's generator (``session_rng``).
 - Ops that hand out uninitialised memory (``empty_like``, ``new_empty``) give zeros: memory a
-  session receives never shows another's data.
+  session receives never shows another's data (under deterministic algorithms, what torch fills it with).
 - Data-dependent ops (``nonzero``) carry ``data_dependent`` and their bound (``bounds.py``); ops
   whose meta kernel cannot vouch for their arguments carry a check (``arg_checks.py``); a packed
   sequence's ``batch_sizes`` go back to the CPU, where torch wants them (``adapters.py``).
@@ -32,6 +32,7 @@ import torch
 from remote_autograd.proto.op_contract import is_inplace_name, is_shape_inplace
 
 from . import adapters, arg_checks, bounds
+from ._context import torch_fills_uninitialised
 from ._native import draws_nothing, session_rng
 from ._registry import OP_TABLE, OpEntry, OpTable
 
@@ -80,8 +81,9 @@ def _zeroed(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def zeroed(*args, **kwargs):
         out = fn(*args, **kwargs)
-        with torch.no_grad():
-            out.zero_()
+        if not torch_fills_uninitialised():
+            with torch.no_grad():
+                out.zero_()
         return out
     zeroed.torch_callable = fn
     return zeroed

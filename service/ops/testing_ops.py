@@ -17,6 +17,9 @@ import time
 
 import torch
 
+from remote_autograd.proto import DTYPES, dtype_name, torch_globals
+from remote_autograd.proto.messages import TorchGlobals
+
 from . import OP_TABLE, op
 from ._context import current
 
@@ -104,6 +107,15 @@ def _test_abort(input=None):
     os.abort()
 
 
-for _fn in (_test_oom, _test_fail, _test_sleep, _test_abort, _test_read_proc):
+def _test_torch_globals():
+    """the server's process-global torch settings as the step runs, in ``proto/torch_globals.py``'s
+    order: each a number (the default dtype and the matmul precision by their index among the wire's names)"""
+    dtype, *flags = torch_globals.read()
+    precision = TorchGlobals.model_fields["float32_matmul_precision"].annotation.__args__.index(flags[3])
+    values = [list(DTYPES).index(dtype_name(dtype)), *flags[:3], precision, *flags[4:]]
+    return torch.tensor([int(v) for v in values], device=current().device)
+
+
+for _fn in (_test_oom, _test_fail, _test_sleep, _test_abort, _test_read_proc, _test_torch_globals):
     if _fn.__name__ not in OP_TABLE:  # the module may be imported by several apps of one process
         op(_fn.__name__, **_TEST_OP)(_fn)

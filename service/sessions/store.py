@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -78,8 +79,11 @@ class Session:
     programs: OrderedDict = field(default_factory=OrderedDict)
     plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
     graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
+    templates: dict = field(default_factory=dict)  # by id: the graphs torch.compile sent (service.engine.templates)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
+    # the GraphLost nodes of its tensors restored without their graph (tensor_snapshot), while any graph holds one
+    lost_graphs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:
@@ -127,6 +131,7 @@ class Session:
         self.programs.clear()
         self.plans.clear()
         self.graphs.clear()  # a capture's memory goes with its last tensor
+        self.templates.clear()
         self.storages.close()
         self.release(self.bytes_held)
 

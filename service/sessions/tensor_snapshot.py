@@ -16,10 +16,15 @@ share it again, with the strides they had. Aliasing is rebuilt as torch builds i
 Autograd graphs are not saved. A leaf keeps ``requires_grad``. A tensor that had a graph
 (a loss computed before the restart, not yet backpropagated) comes back as a non-leaf
 whose graph ends in ``GraphLost``: a backward that reaches it raises, naming the restart,
-instead of quietly giving some leaves no gradient.
+instead of quietly giving some leaves no gradient. torch runs that node only when a backward
+needs its input (a plain ``backward()``); ``autograd.grad`` with explicit inputs, which every
+backward step of the runner is, skips it. So ``rebuild`` also hands the nodes to the session
+(``lost_graphs``), and the autograd steps refuse a graph that holds one before it runs.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -38,8 +43,11 @@ class GraphLost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        raise RuntimeError("the autograd graph of this tensor was lost when the server restarted (graphs are "
-                           "not saved): compute it again from the leaves")
+        raise RuntimeError(LOST)
+
+
+LOST = ("the autograd graph of this tensor was lost when the server restarted (graphs are not saved): compute it "
+        "again from the leaves")
 
 
 def snapshot(tensors: dict[str, CustomTensor]) -> tuple[dict, list[torch.Tensor]]:
@@ -74,9 +82,11 @@ def snapshot(tensors: dict[str, CustomTensor]) -> tuple[dict, list[torch.Tensor]
     return {"roots": roots, "tensors": entries}, storages
 
 
-def rebuild(layout: dict, storages: list[torch.Tensor]) -> list[tuple[str, CustomTensor]]:
+def rebuild(layout: dict, storages: list[torch.Tensor],
+            lost: weakref.WeakSet | None = None) -> list[tuple[str, CustomTensor]]:
     """The ``(id, CustomTensor)`` pairs of a ``snapshot``, over ``storages`` (uint8 tensors on the
-    session's device, in the snapshot's order, each holding the saved bytes)."""
+    session's device, in the snapshot's order, each holding the saved bytes); ``lost`` is given the
+    ``GraphLost`` node of each tensor whose graph was not kept."""
     roots: list[torch.Tensor] = []
     first_root_of: dict[int, torch.Tensor] = {}
     for saved in layout["roots"]:
@@ -96,6 +106,8 @@ def rebuild(layout: dict, storages: list[torch.Tensor]) -> list[tuple[str, Custo
             root.requires_grad_(True)
         elif not saved["leaf"]:
             GraphLost.apply(root, torch.zeros((), requires_grad=True))
+            if lost is not None:
+                lost.add(root.grad_fn)
     pairs = []
     for entry in layout["tensors"]:
         ct = CustomTensor(_tensor(entry["value"], roots), None if entry["grad"] is None else _tensor(entry["grad"], roots))

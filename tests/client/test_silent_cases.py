@@ -110,10 +110,49 @@ def test_hooks_the_sdk_cannot_honour_are_refused(sess):
     with pytest.raises(RuntimeError, match="Tensor.register_hook is not supported") as info:
         w.register_hook(lambda g: g * 2)
     assert "custom op" not in str(info.value)
+    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported"):
+        w.register_post_accumulate_grad_hook(lambda p: None)
+
+
+@pytest.mark.parametrize("register", [nn.Module.register_full_backward_hook,
+                                      nn.Module.register_full_backward_pre_hook])
+def test_module_backward_hooks_are_refused_where_torch_would_call_them(sess, register):
+    calls = []
     model = nn.Linear(3, 3).to(sess.device)
-    model.register_full_backward_hook(lambda m, gi, go: None)
-    with pytest.raises(RuntimeError, match="module backward hook"):
-        model(w).sum().backward()
+    register(model, lambda *args: calls.append(args))
+    for x in (torch.randn(2, 3, device=sess.device, requires_grad=True), torch.randn(2, 3, device=sess.device)):
+        line = _here(2)
+        with pytest.raises(RuntimeError, match="module backward hook") as info:
+            model(x)  # at the forward, where torch sets the hook up, never at a backward that skips it
+        assert line in str(info.value)
+    with torch.no_grad():  # torch sets no backward hook up without grad: the forward runs, as torch's
+        model(torch.randn(2, 3, device=sess.device))
+    assert calls == []
+
+
+def test_a_module_backward_hook_of_the_old_kind_is_refused(sess):
+    model = nn.Linear(3, 3).to(sess.device)
+    model.register_backward_hook(lambda *args: None)
+    with pytest.raises(AttributeError, match="register_backward_hook puts one on its output's grad_fn"):
+        model(torch.randn(2, 3, device=sess.device))
+
+
+def test_a_parameter_hook_set_before_the_move_is_refused_not_dropped(sess):
+    """A clipping hook on a local parameter used to be dropped by model.to(device) without a word."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    handle = model[2].weight.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    line = _here(2)
+    with pytest.raises(RuntimeError, match=r"parameter '2\.weight' has a hook \(Tensor\.register_hook\)") as info:
+        model.to(sess.device)
+    assert line in str(info.value) and "clip_grad_norm_" in str(info.value)
+    assert all(p.device.type == "cpu" for p in model.parameters()), "a refused move moves nothing"
+    handle.remove()
+    model.to(sess.device)
+    assert all(p.device == sess.device for p in model.parameters())
+    head = nn.Linear(2, 2)
+    head.bias.register_post_accumulate_grad_hook(lambda p: None)  # optimizer-in-backward's hook
+    with pytest.raises(RuntimeError, match=r"'bias' has a hook \(Tensor\.register_post_accumulate_grad_hook\)"):
+        sess.module(head)
 
 
 def test_forward_hooks_that_read_values_run(sess):
@@ -142,7 +181,7 @@ def test_errors_name_what_the_user_wrote():
 def test_the_custom_op_hint_only_where_a_custom_op_is_the_answer(sess):
     w = torch.randn(3, device=sess.device)
     with pytest.raises(RuntimeError) as info:
-        w.data_ptr()
+        w.pin_memory()
     assert "custom op" not in str(info.value)
     assert w.is_xpu is False and w.is_cuda is False  # DCGAN's check: answered, not an error
     with pytest.raises(NotImplementedError, match="custom ops are registered on the server"):
@@ -164,3 +203,18 @@ def test_torch_compile_is_refused_loudly_or_gives_torchs_result(sess):
         assert "torch.compile cannot trace remote tensors" in str(exc)
     else:
         assert torch.equal(out.cpu(), torch.full((3,), 3.0))
+
+
+def test_saved_tensors_hooks_around_a_remote_graph_are_refused(sess):
+    """The server saves what its backward needs: hooks that would change those tensors are refused, not skipped."""
+    w = torch.randn(3, device=sess.device, requires_grad=True)
+    line = _here(3)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 0, lambda t: t):
+        with pytest.raises(RuntimeError, match="saved_tensors_hooks") as info:
+            w * w
+        with torch.no_grad():  # nothing saved, nothing to refuse
+            w * w
+    assert line in str(info.value)
+    with torch.autograd.graph.save_on_cpu():  # moves saved tensors, changes no value: torch's gradient
+        (w * w).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), 2 * w.detach().cpu())

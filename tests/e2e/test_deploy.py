@@ -235,6 +235,31 @@ def test_env_example_names_each_variable_once():
     assert len(named) == len(set(named)), sorted({n for n in named if named.count(n) > 1})
 
 
+def test_env_example_explains_every_setting():
+    """Each field of ``Settings`` (``REMOTE_AUTOGRAD_<FIELD>``) has its line in .env.example, with a
+    comment saying what it is just above it."""
+    import re
+    from dataclasses import MISSING, fields
+
+    from remote_autograd.service.settings import Settings
+
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    setting = re.compile(r"^#? ?(REMOTE_AUTOGRAD_[A-Z0-9_]+)=")
+    at = {m.group(1): i for i, line in enumerate(lines) if (m := setting.match(line))}
+    missing = []
+    for f in fields(Settings):
+        if f.name == "extra":  # not a variable: what from_env did not know
+            continue
+        name = "REMOTE_AUTOGRAD_" + f.name.upper()
+        above = lines[at[name] - 1] if at.get(name, 0) > 0 else ""
+        if name not in at or not above.startswith("# ") or setting.match(above):
+            default = f.default if f.default is not MISSING else ""
+            default = ",".join(default) if isinstance(default, tuple) else str(int(default)) if isinstance(
+                default, bool) else default
+            missing.append(f"# <what {f.name} is, in one line>\n# {name}={default}")
+    assert not missing, ".env.example lacks these lines (a description, then the setting):\n" + "\n".join(missing)
+
+
 def test_readme_names_everything_an_operator_sets():
     import re
 

@@ -151,3 +151,46 @@ def test_architecture_names_every_module():
             if not any(f"`{path.name}`" in line and parent in line for line in lines):
                 missing.append(rel)
     assert not missing, f"ARCHITECTURE.md's map does not name: {missing}"
+
+
+def _spec_sections() -> dict[int, tuple[str, str]]:
+    """SPEC.md's numbered sections: number -> (title, the section's text)."""
+    text = (ROOT / "proto" / "SPEC.md").read_text()
+    heads = list(re.finditer(r"^## (\d+)\. (.+)$", text, re.M))
+    return {int(h.group(1)): (h.group(2).strip(), text[h.start():heads[i + 1].start() if i + 1 < len(heads) else None])
+            for i, h in enumerate(heads)}
+
+
+def test_every_spec_section_cited_exists_and_is_the_one_named():
+    """A "§N" anywhere in the code and the documents names a section of SPEC.md; where the citation
+    names the section too ("§3, Programs", "§3 (Programs)", "programs §3") or a paragraph of it
+    (§3 "Where an error points"), that is what section N holds. ("Run Program" once cited §5,
+    Argument values, for programs.)"""
+    sections = _spec_sections()
+    assert [n for n in sections] == list(range(1, len(sections) + 1)) and len(sections) >= 12
+    titles = {title.lower(): n for n, (title, _) in sections.items()}
+    wrong, cited = [], 0
+    for path in _tracked_files():
+        if path.suffix not in (".py", ".md", ".sh", ".json", ".example", ".yml") or ".venv" in path.parts:
+            continue
+        text = path.read_text(errors="replace")
+        for m in re.finditer(r"§(\d+)", text):
+            cited += 1
+            n, where = int(m.group(1)), f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            if n not in sections:
+                wrong.append(f"{where}: §{n} is no section of SPEC.md")
+                continue
+            after, before = text[m.end():m.end() + 60], text[max(0, m.start() - 40):m.start()]
+            named = re.match(r"(?:,| \()\s*([A-Z][a-z][\w ]*)", after)
+            if named and not sections[n][0].lower().startswith(named.group(1).strip().lower()):
+                wrong.append(f"{where}: §{n} is {sections[n][0]!r}, cited as {named.group(1).strip()!r}")
+            words = re.search(r"([a-z][a-z ]*[a-z]) $", before)
+            if words:
+                title = next((t for t in titles if words.group(1).endswith(t)), None)
+                if title is not None and titles[title] != n:
+                    wrong.append(f"{where}: {title} is §{titles[title]}, cited as §{n}")
+            quoted = re.match(r' "([^"]+)"', after)
+            if quoted and f"**{quoted.group(1)}" not in sections[n][1] and f"# {quoted.group(1)}" not in sections[n][1]:
+                wrong.append(f"{where}: §{n} has no paragraph {quoted.group(1)!r}")
+    assert cited > 50  # the scan found the citations (a wrong pattern would pass anything)
+    assert not wrong, "\n".join(wrong)

@@ -163,7 +163,8 @@ def test_no_extras_serves_and_says_so_in_one_line(installed: Venv):
     try:
         line = server.stdout.readline()  # blocks until it listens (or exits)
         url = f"http://127.0.0.1:{port}"
-        assert line == f"remote-autograd is serving on {url} (API docs: {url}/docs); Ctrl-C stops it\n", (
+        assert line == (f"remote-autograd is serving on {url} (API docs: {url}/docs); no tokens: this machine only; "
+                        "sessions end with the process (no REMOTE_AUTOGRAD_STATE_DIR); Ctrl-C stops it\n"), (
             line, server.stderr.read() if server.poll() is not None else "")
         check = f"""
 import proto, remote_autograd

@@ -10,7 +10,9 @@ process (``REMOTE_AUTOGRAD_TENANT_PROCESSES=off``) and once with a worker proces
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from torch import nn
 
 from remote_autograd import client
 
-from ..servers import _free_port, api, error_of, launch, slow_fetch
+from ..servers import _free_port, api, call, error_of, launch, program, put, ref, slow_fetch
 from .test_training import _data
 
 CASES = {"one-process": {"REMOTE_AUTOGRAD_TENANT_PROCESSES": "off"}, "process-per-tenant": {"REMOTE_AUTOGRAD_TOKENS": "a,b"}}
@@ -54,6 +56,12 @@ def _train(sess: client.Session, between) -> tuple[list[float], dict]:
     return losses, {k: v.cpu() for k, v in model.state_dict().items()}
 
 
+def _lifecycle(logged: str, words: str) -> list[dict]:
+    """The log's lines about sessions saved or restored: info records, shown at the default level."""
+    lines = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    return [line for line in lines if words in line["message"] and line["level"] == "info"]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: Path):
     env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), **CASES[case]}
@@ -73,6 +81,8 @@ def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: P
                     return
                 assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once done
                 assert any(tmp_path.iterdir()), "nothing was written on SIGTERM"
+                assert _lifecycle(server.logged(), "saved for the next start"), server.logged()
+                assert f"; sessions saved to {tmp_path} on SIGTERM;" in server.logged()  # the startup line
                 server = launch(port, **env)
 
             got_losses, got_state = _train(sess, restart)
@@ -81,8 +91,36 @@ def test_a_training_loop_goes_on_across_a_sigterm_restart(case: str, tmp_path: P
                 with api(server.url, token) as c:  # restored as the other token's: still not ours
                     error_of(c.get(f"/v1/sessions/{other.id}"), 404, "unknown_session")
         assert got_losses == want_losses
+        assert _lifecycle(server.logged(), "restored from"), server.logged()
         for k, v in want_state.items():
             assert torch.equal(got_state[k], v), k
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_backward_across_a_restart_raises_what_the_spec_promises(case: str, tmp_path: Path):
+    """A restart between a forward and its backward: the backward is a 422 naming the restart, in the
+    SDK at the user's backward line (and no grad predicted), over plain HTTP too. It was a 200 that
+    filled no gradient (SDK: ``backward()`` and ``sync()`` passed)."""
+    env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), **CASES[case]}
+    token = "a" if "REMOTE_AUTOGRAD_TOKENS" in env else None
+    server = launch(**env)
+    try:
+        with client.connect(server.url, token=token) as sess, api(server.url, token) as c:
+            w = sess.tensor([1.0, 2.0], requires_grad=True)
+            loss = (w * 3).sum()
+            sess.sync()
+            sid = c.post("/v1/sessions").json()["session_id"]
+            assert program(c, sid, [put("v", [1.0], requires_grad=True), call("mul", ref("v"), 2.0, out=["y"])]).is_success
+            assert server.stop() in (0, -signal.SIGTERM)
+            server = launch(server.port, **env)
+            loss.backward(); line = sys._getframe().f_lineno  # noqa: E702 (the line the error must name)
+            with pytest.raises(client.RemoteError, match="lost when the server restarted") as raised:
+                sess.sync()
+            assert (raised.value.status, raised.value.op) == (422, "backward")
+            assert raised.value.where.endswith(f"test_restart.py:{line}") and w.grad is None
+            error_of(program(c, sid, [{"kind": "backward", "tensors": ["y"]}]), 422, "op_error", "server restarted")
     finally:
         server.close()
 

@@ -36,9 +36,6 @@ CAUSES = {
     "requires_grad=True, torch's False": "the SDK predicts that every floating output of an op with an input that "
                                          "requires grad requires grad; torch marks this output non-differentiable "
                                          "(client-side metadata: client/dispatch/_dispatch.py)",
-    "weight should have at least three dimensions": "a lazy module moved before its first forward: the SDK "
-                                                    "moves an UninitializedParameter as an empty tensor "
-                                                    "(client/handlers/_moves.py)",
 }
 
 

@@ -20,11 +20,13 @@ import torch
 from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.schema import SCHEMA_PATH, document, render
 
+from ..answer_schema import check_answer, model_of
+
 SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
 # Shown inside another message's example instead of on their own.
 EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList", "ModelFile": "ModelList",
-            "ModelTensor": "ModelInfo"}
+            "ModelTensor": "ModelInfo", "TemplateInput": "TemplateStep", "TemplateScalar": "TemplateStep"}
 
 
 def test_schema_file_is_current():
@@ -114,3 +116,41 @@ def test_openapi_documents_programs_with_the_protocol_schemas(server_url: str):
     # every reference resolves
     refs = set(re.findall(r'"#/components/schemas/(\w+)"', json.dumps(api)))
     assert refs <= set(schemas), refs - set(schemas)
+
+
+# -- the suite's answers, held to the published file (tests/answer_schema.py) ------------------------
+
+
+def test_every_documented_answer_has_its_schema_in_the_suites_check(server_url: str):
+    """``answer_schema`` knows the message of every route and status /openapi.json documents, so no
+    answer of the protocol escapes the check the whole suite runs."""
+    api = httpx.get(server_url + "/openapi.json", timeout=30).json()
+    documented = 0
+    for path, ops in api["paths"].items():
+        concrete = re.sub(r"\{[^}]+\}", "x", path)
+        for method, op in ops.items():
+            for status, response in op["responses"].items():
+                ref = next(iter(response.get("content", {}).values()), {}).get("schema", {}).get("$ref")
+                if ref is None or not status.isdigit():
+                    continue
+                documented += 1
+                assert model_of(method.upper(), concrete, int(status)) == ref.rsplit("/", 1)[1], (method, path, status)
+    assert documented >= 9
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/msgpack"])
+def test_the_suites_check_refuses_an_answer_the_schema_forbids(ctype: str):
+    created = {"session_id": "s", "protocol": "1", "device": "cpu", "server_version": "0", "gpu_name": None,
+               "gpu_memory_bytes": None, "limits": {"max_body_bytes": 1, "max_steps_per_program": 1,
+                                                    "max_tensor_elements": 1, "max_tensors_per_session": 1,
+                                                    "max_session_bytes": 1, "session_ttl_seconds": 1.0}}
+    request = httpx.Request("POST", "http://in-process/v1/sessions")
+    for body, valid in ((created, True), ({**created, "surprise": 1}, False),
+                        ({**created, "limits": {**created["limits"], "max_new_thing": 1}}, False)):
+        content = json.dumps(body).encode() if "json" in ctype else msgpack.packb(body)
+        response = httpx.Response(201, headers={"content-type": ctype}, content=content, request=request)
+        if valid:
+            check_answer(request, response)
+        else:
+            with pytest.raises(AssertionError, match="SessionCreated that proto/schema.json refuses"):
+                check_answer(request, response)

@@ -24,13 +24,6 @@ from remote_autograd.proto.frames import FRAMES, unpack_frames
 JSON, MSGPACK = "application/json", "application/msgpack"
 
 
-@pytest.fixture
-def sid(http: httpx.Client) -> str:
-    sid = http.post("/v1/sessions").json()["session_id"]
-    yield sid
-    http.delete(f"/v1/sessions/{sid}")
-
-
 def _post(http: httpx.Client, sid: str, body: bytes, ctype: str = JSON, accept: str = JSON) -> httpx.Response:
     return http.post(f"/v1/sessions/{sid}/programs", content=body, headers={"Content-Type": ctype, "Accept": accept})
 

@@ -40,9 +40,18 @@ def caller_of(scope: dict, version: str | None) -> str | None:
         raise ProtocolError(
             ErrorCode.PROTOCOL_MISMATCH,
             f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
-            f"server speaks {PROTOCOL_VERSION}; upgrade the older side",
+            f"server speaks {PROTOCOL_VERSION}; {_what_to_do(version)}",
         )
     return scope.get("state", {}).get("owner")
+
+
+def _what_to_do(version: str | None) -> str:
+    """A missing header is the first curl's mistake, not an old client: it says which header to add."""
+    if not version:
+        return f"add the header `{PROTOCOL_HEADER}: {PROTOCOL_VERSION}` to every request under /v1"
+    if version.isdigit():
+        return "upgrade the older side"
+    return f"send `{PROTOCOL_HEADER}: {PROTOCOL_VERSION}` (a protocol version is a whole number)"
 
 
 Backend = Annotated[SessionBackend, Depends(backend)]

@@ -113,7 +113,7 @@ async def _send(answer, send) -> None:
 
 
 async def _program_doc(sid: str) -> None:
-    """Run a program: its steps in order against the session (SPEC.md §5)."""
+    """Run a program: its steps in order against the session (SPEC.md §3, Programs; its steps: §4)."""
 
 
 router.add_api_route(

@@ -41,6 +41,32 @@ def test_a_url_without_its_scheme_says_how_to_write_it(given: str, suggested: st
     assert "REMOTE_AUTOGRAD_URL" in message  # where else the URL may have come from
 
 
+def test_https_to_a_plain_http_server_says_it_speaks_http(server_url: str):
+    tls_url = server_url.replace("http://", "https://")
+    with pytest.raises(client.RemoteError) as info:
+        client.connect(tls_url)
+    message = str(info.value)
+    assert info.value.code == "connection_error" and "it speaks plain http" in message, message
+    assert f"Connect to {server_url!r}" in message and "TLS proxy" in message
+    assert "Start one there" not in message  # the server runs: starting one is not the answer
+
+
+@pytest.mark.parametrize("path", ["/v1", "/v1/", "/v1/sessions"])
+def test_a_url_with_the_api_path_asks_for_the_base_url(path: str):
+    with pytest.raises(ValueError) as info:
+        client.connect("http://gpu-host:8000" + path)
+    message = str(info.value)
+    assert "base URL, 'http://gpu-host:8000'" in message and "REMOTE_AUTOGRAD_URL" in message, message
+
+
+def test_a_path_the_server_does_not_serve_asks_for_the_base_url():
+    with pytest.raises(client.RemoteError) as info:  # the real service, asked under a path it has no routes at
+        client.connect("http://127.0.0.1:8080/api", transport=client.InProcessTransport(service_app()))
+    message = str(info.value)
+    assert info.value.status == 404 and "POST /api/v1/sessions" in message, message
+    assert "the server's base URL" in message and "'http://gpu-host:8000'" in message
+
+
 def test_something_else_at_the_url_is_named_as_such():
     async def not_found(request):
         return HTMLResponse("<h1>Not Found</h1>", status_code=404)

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import torch
 
-from remote_autograd.proto import MSGPACK
+from remote_autograd.proto import MSGPACK, decode_tensor
 from remote_autograd.service.backends import state_volume
 from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
@@ -129,6 +129,26 @@ def test_a_restored_session_goes_on_as_the_uninterrupted_one(tmp_path: Path):
     first.shutdown(), second.shutdown()
 
 
+def test_templates_are_not_written_a_run_after_the_restart_asks_for_the_template_again(tmp_path: Path):
+    load_configured_ops((), test_ops=False)
+    settings = Settings(tenant_processes="off", state_dir=str(tmp_path))
+    double = {"kind": "template", "id": "T", "inputs": [{"id": "x", "dtype": "float32", "shape": [3]}],
+              "steps": [call("mul", ref("x"), 2.0, out=["y"])], "outputs": ["y"]}
+    run = {"kind": "run_template", "template": "T", "inputs": [ref("w")], "out": ["y1"]}
+    first = LocalSessions(settings)
+    sid = asyncio.run(first.create_session(None))["session_id"]
+    assert _program(first, sid, None, "p1", [put("w", [1.0, 2.0, 3.0]), double, run])[0] == 200
+    state_volume.save_all(first, settings)
+    second = LocalSessions(settings)
+    state_volume.restore_all(second, settings)
+    status, body = _program(second, sid, None, "p2", [{**run, "out": ["y2"]}])
+    assert status == 404 and body["error"]["code"] == "unknown_template", body
+    status, body = _program(second, sid, None, "p3", [double, {**run, "out": ["y2"]}, {"kind": "fetch", "id": "y2"}])
+    assert status == 200 and decode_tensor(body["results"][2]["tensor"]["value"]).tolist() == [2.0, 4.0, 6.0]
+    assert _program(second, sid, None, "p4", [{"kind": "fetch", "id": "y1"}])[0] == 200  # the first run's output stays
+    first.shutdown(), second.shutdown()
+
+
 def test_a_tenant_no_longer_configured_is_left_on_the_volume(tmp_path: Path):
     load_configured_ops((), test_ops=False)
     old = Settings(tokens=("gone",), state_dir=str(tmp_path))
@@ -141,3 +161,38 @@ def test_a_tenant_no_longer_configured_is_left_on_the_volume(tmp_path: Path):
     assert len(fresh.store) == 0 and state_volume.tenant_dir(tmp_path, "gone").is_dir()
     assert "gone" not in "".join(p.name for p in tmp_path.iterdir())  # named by a digest, never the token
     local.shutdown(), fresh.shutdown()
+
+
+FORWARD = [put("w", [1.0, 2.0, 3.0], requires_grad=True), call("mul", ref("w"), 2.0, out=["y"]),
+           call("sum", ref("y"), out=["loss"])]
+
+
+@pytest.mark.parametrize("after", [
+    [{"kind": "backward", "tensors": ["loss"]}],
+    [{"kind": "backward", "tensors": ["loss"], "inputs": ["w"]}],
+    [{"kind": "grad", "outputs": ["loss"], "inputs": ["w"], "out": ["g"]}],
+    # a graph built after the restart on a lost one, whose restored tensor the client has freed since
+    [call("mul", ref("loss"), 3.0, out=["z"]), {"kind": "free", "ids": ["loss", "y"]},
+     {"kind": "backward", "tensors": ["z"]}],
+], ids=["backward", "backward-inputs", "grad", "graph-on-a-lost-one"])
+def test_a_backward_through_a_graph_lost_in_the_restart_is_a_422(tmp_path: Path, after: list):
+    """SPEC §10: ``autograd.grad`` with explicit inputs (every backward step runs so) skipped the
+    lost graph's node, and the backward answered 200 with no gradient for ``w``."""
+    load_configured_ops((), test_ops=False)
+    settings = Settings(tenant_processes="off", state_dir=str(tmp_path))
+    first = LocalSessions(settings)
+    sid = asyncio.run(first.create_session(None))["session_id"]
+    assert _program(first, sid, None, "forward", FORWARD)[0] == 200
+    state_volume.save_all(first, settings)
+    second = LocalSessions(settings)
+    state_volume.restore_all(second, settings)
+    status, body = _program(second, sid, None, "after", [*after, {"kind": "fetch", "id": "w"}])
+    assert status == 422, body
+    assert body["error"]["step"] == len(after) - 1 and "lost when the server restarted" in body["error"]["message"]
+    status, body = _program(second, sid, None, "again", [call("mul", ref("w"), 2.0, out=["y2"]),
+                                                          call("sum", ref("y2"), out=["l2"]),
+                                                          {"kind": "backward", "tensors": ["l2"]},
+                                                          {"kind": "fetch", "id": "w"}])
+    grad = body["results"][-1]["tensor"]["grad"]
+    assert status == 200 and torch.frombuffer(bytearray(grad["data"]), dtype=torch.float32).tolist() == [2.0] * 3
+    first.shutdown(), second.shutdown()

@@ -153,6 +153,21 @@ def test_a_step_that_reads_a_value_on_the_host_is_never_captured(monkeypatch):
     assert (counted.captures, counted.replays) == (0, 0)
 
 
+def test_a_program_under_other_torch_settings_is_never_captured(monkeypatch):
+    """Its settings (``torch_globals``: here the client's default dtype, float64) are not part of a
+    capture's signature: it runs the plain path, every time."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        bodies = _record(_train_loop("sgd"))
+    finally:
+        torch.set_default_dtype(before)
+    plain = _run(bodies, "off")
+    counted = Replays(monkeypatch)
+    _assert_same(plain, _run(bodies, "emulate"))
+    assert (counted.captures, counted.replays) == (0, 0)
+
+
 def test_the_comparison_sees_a_replay_that_launches_nothing(monkeypatch):
     """Without this the test above could pass on a replay that did no device work."""
     bodies = _record(_train_loop("sgd"))

@@ -43,6 +43,7 @@ LIMITS = {
     "idle_timeout_seconds": 5.0,
     "answer_timeout_seconds": 60.0,
     "max_body_bytes_in_flight": 100000,
+    "max_templates_per_session": 3,
     "step_grace_seconds": 10.0,
     "min_answer_bytes_per_second": 65536,
 }

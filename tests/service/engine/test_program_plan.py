@@ -25,6 +25,7 @@ from remote_autograd.proto.messages import validate_program
 
 from ...e2e.test_training import OPTIMIZERS, _data, _mlp, _train
 from ...models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
+from ...servers import call, put, ref
 
 
 class Counted:
@@ -309,3 +310,21 @@ def test_a_call_that_resizes_its_out_tensor_is_followed(monkeypatch):
     # add's int differs each step (the plain check); after it, c's new layout is taken again and
     # matches the plan's: mul and expand are the plan's in steps 2 and 3
     assert counted.planned == 2 * 2
+
+
+def test_a_program_repeated_under_other_torch_settings_has_a_plan_of_its_own():
+    """The same program, sent under float32 and then under float64 (``torch_globals``): an integer
+    ``sqrt`` holds 4 or 8 bytes an element, so what a plan recorded under one does not hold for
+    the other (the meta check's memo is per state too: ``test_globals_turns``)."""
+    def body(n: int, globals_: dict | None) -> dict:
+        steps = [put(f"i{n}", list(range(100)), dtype="int64"), call("sqrt", ref(f"i{n}"), out=[f"s{n}"]),
+                 call("sqrt", ref(f"i{n}"), out=[f"r{n}"])]
+        return {"id": f"p{n}", "steps": steps, **({"torch_globals": globals_} if globals_ else {})}
+
+    wide = {"default_dtype": "float64"}
+    bodies = [body(0, None), body(1, None), body(2, wide), body(3, wide), body(4, None)]
+    _assert_same(*_run_both(bodies))
+    _, session = run_bodies(bodies, Settings.from_env({}))
+    assert len(session.plans) == 2
+    assert [session.tensors[f"r{n}"].dtype for n in range(5)] == [torch.float32] * 2 + [torch.float64] * 2 + \
+        [torch.float32]

@@ -90,3 +90,34 @@ def test_a_64_mib_header_is_refused(address: tuple[str, int]):
     assert answer.startswith("HTTP/1.1 431"), answer[:300]
     assert '"code":"headers_too_large"' in answer and "max_header_bytes=65536" in answer
     assert sent < (64 << 20)  # the answer came before the header was all sent
+
+
+def _request(head_size: int, body: bytes = b"", method: bytes = b"POST") -> bytes:
+    """A complete request to ``/healthz`` whose line and headers take ``head_size`` bytes, then ``body``."""
+    start = b"%s /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Big: " % (method, len(body))
+    end = b"\r\n\r\n"
+    return start + b"a" * (head_size - len(start) - len(end)) + end + body
+
+
+@pytest.mark.parametrize("writes", [1, 8])
+def test_the_header_limit_holds_however_the_bytes_arrive(address: tuple[str, int], writes: int):
+    """In one write, httptools parses the whole head before the piece is counted; in several, the
+    last piece completes it: each was served, past the limit. A body and a second request in the
+    same write are dropped with it."""
+    data = _request(65536 + 4096, b"{}") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(address, timeout=5) as raw:
+        size = -(-len(data) // writes)
+        for i in range(0, len(data), size):
+            raw.sendall(data[i:i + size])
+            time.sleep(0.05 if writes > 1 else 0)  # each its own read on the server
+        answer = _answer(raw)
+    assert answer.startswith("HTTP/1.1 431"), answer[:300]
+    assert '"code":"headers_too_large"' in answer and "max_header_bytes=65536" in answer
+    assert answer.count("HTTP/1.1") == 1, answer[-300:]
+
+
+def test_a_header_within_the_limit_in_one_write_is_served(address: tuple[str, int]):
+    with socket.create_connection(address, timeout=5) as raw:
+        raw.sendall(_request(65536 - 64, method=b"GET"))
+        answer = _answer(raw, 2)
+    assert answer.startswith("HTTP/1.1 200"), answer[:300]

@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from ...servers import AUTH, running
+from ...servers import AUTH, ROOT, running
 
 TOKEN = "tok-docs-0123456789"
 
@@ -97,7 +97,8 @@ def test_openapi_still_needs_the_token_the_page_sends(secured: str):
 
 
 NODE_HARNESS = r"""
-// The page's script with the browser's objects it touches replaced by stand-ins.
+// The page's script with the browser's objects it touches replaced by stand-ins, run three times:
+// no token (the document answers 401), a token it accepts, a token it refuses.
 const store = new Map();
 globalThis.sessionStorage = {getItem: (k) => store.has(k) ? store.get(k) : null,
                              setItem: (k, v) => store.set(k, v), removeItem: (k) => store.delete(k)};
@@ -109,17 +110,33 @@ globalThis.SwaggerUIBundle = (c) => { config = c; return {}; };
 SwaggerUIBundle.presets = {apis: "apis-preset"};
 globalThis.window = globalThis;
 const script = require("fs").readFileSync(0, "utf8");
-eval(script);
-const without = config.requestInterceptor({headers: {}});
-store.set("remote-autograd-token", "tok-1");
-const withToken = config.requestInterceptor({headers: {}});
-const authorized = config.requestInterceptor({headers: {Authorization: "Bearer from-dialog"}});
-console.log(JSON.stringify({url: config.url, validatorUrl: config.validatorUrl, without: without.headers,
-                            withToken: withToken.headers, authorized: authorized.headers}));
+const DOCUMENT = {openapi: "3.1.0", info: {title: "the real one"}, paths: {"/v1/ops": {}}};
+async function run(token, status) {
+  store.clear();
+  if (token) store.set("remote-autograd-token", token);
+  const asked = [];
+  globalThis.fetch = async (url, init) => {
+    asked.push({url, headers: init.headers});
+    return {ok: status === 200, status, json: async () => DOCUMENT};
+  };
+  config = null;
+  eval(script);
+  await new Promise((resolve) => setTimeout(resolve, 0));
+  return {asked, url: config.url, spec: config.spec, validatorUrl: config.validatorUrl,
+          without: config.requestInterceptor({headers: {}}).headers,
+          authorized: config.requestInterceptor({headers: {Authorization: "Bearer from-dialog"}}).headers};
+}
+(async () => {
+  console.log(JSON.stringify({none: await run(null, 401), good: await run("tok-1", 200),
+                              refused: await run("tok-2", 401)}));
+})();
 """
 
 
-def test_page_script_sends_the_token_on_every_swagger_request(secured: str, tmp_path):
+def test_page_script_reads_the_document_with_the_token_or_shows_the_first_screen(secured: str, tmp_path):
+    """Never Swagger UI's red "Failed to load API definition": without a token the first screen
+    (paste a token; the SPEC and the curl walkthrough), with one the document read with it, and
+    every request Swagger UI makes then carries it."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
@@ -129,7 +146,28 @@ def test_page_script_sends_the_token_on_every_swagger_request(secured: str, tmp_
     out = subprocess.run([node, str(harness)], input=script, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    assert seen["url"] == "/openapi.json" and seen["validatorUrl"] is None
-    assert seen["without"] == {}
-    assert seen["withToken"] == {"Authorization": "Bearer tok-1"}
-    assert seen["authorized"] == {"Authorization": "Bearer from-dialog"}  # a request's own token stays
+    for case in seen.values():
+        assert "url" not in case and case["validatorUrl"] is None  # Swagger UI is handed the document itself
+        assert [a["url"] for a in case["asked"]] == ["/openapi.json"]
+        assert case["authorized"] == {"Authorization": "Bearer from-dialog"}  # a request's own token stays
+    none, good, refused = seen["none"], seen["good"], seen["refused"]
+    assert none["asked"][0]["headers"] == {} and none["without"] == {}
+    first = none["spec"]["info"]["description"]
+    assert none["spec"]["paths"] == {} and first.startswith("**This server needs a token to show its API.**")
+    assert "Paste one of its tokens" in first and "[SPEC.md](/docs/SPEC.md)" in first and "§12" in first
+    assert "examples/curl.sh" in first and "programs §3" in first
+    assert good["asked"][0]["headers"] == {"Authorization": "Bearer tok-1"} and good["spec"]["info"]["title"] == "the real one"
+    assert good["without"] == {"Authorization": "Bearer tok-1"}
+    assert refused["spec"]["info"]["description"].startswith("**This server refused that token")
+
+
+def test_the_protocol_documents_are_served_without_a_token(secured: str):
+    spec = (ROOT / "proto" / "SPEC.md").read_bytes()
+    for path, text in (("/docs/SPEC.md", spec), ("/docs/SPEC-examples.md", (ROOT / "proto" / "SPEC-examples.md").read_bytes())):
+        r = httpx.get(secured + path, timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"] == "text/plain; charset=utf-8" and r.content == text
+    described = httpx.get(secured + "/openapi.json", headers={AUTH: f"Bearer {TOKEN}"}, timeout=30).json()
+    info = described["info"]["description"]  # the top of /docs once the document loads
+    assert "[SPEC.md](/docs/SPEC.md)" in info and "examples/curl.sh" in info
+    run = described["paths"]["/v1/sessions/{sid}/programs"]["post"]["description"]
+    assert "SPEC.md §3, Programs" in run

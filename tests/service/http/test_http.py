@@ -269,7 +269,13 @@ def test_another_sessions_tensor_is_unknown(wire: Wire, held: dict):
         wire.c.delete(f"/v1/sessions/{other}")
 
 
-@pytest.mark.parametrize("header", [None, "2", "", "1.0", "one"])
+# what each refusal says to do: a missing header is a first curl's, a whole number another version's
+_HEADER_ADVICE = {None: "add the header `Remote-Autograd-Protocol: 1` to every request under /v1",
+                  "": "add the header `Remote-Autograd-Protocol: 1`", "2": "upgrade the older side",
+                  "1.0": "send `Remote-Autograd-Protocol: 1`", "one": "send `Remote-Autograd-Protocol: 1`"}
+
+
+@pytest.mark.parametrize("header", list(_HEADER_ADVICE))
 def test_protocol_header_missing_or_wrong(server_url: str, wire: Wire, held: dict, header):
     headers = {"Accept": JSON} if header is None else {"Accept": JSON, "Remote-Autograd-Protocol": header}
     with checked_client(server_url, headers=headers) as c:
@@ -284,6 +290,7 @@ def test_protocol_header_missing_or_wrong(server_url: str, wire: Wire, held: dic
         body = expect_error(r, 400, "protocol_mismatch", "Remote-Autograd-Protocol", "server speaks 1")
         sent = "(none)" if not header else header
         assert f"client sent Remote-Autograd-Protocol: {sent}," in body["error"]["message"]
+        assert _HEADER_ADVICE[header] in body["error"]["message"], body["error"]["message"]
     assert_untouched(wire, held)
 
 

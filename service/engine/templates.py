@@ -1,0 +1,317 @@
+"""Templates: the graphs ``torch.compile(..., backend="remote")`` captured, kept by a session and run
+by one small step each time (DESIGN principle 10, ``proto/SPEC.md`` §5).
+
+A ``template`` step defines one: its inputs (names, and the layouts every run must bind), its
+numbers (``scalars``, read by ``{scalar: name}`` arguments), its steps (calls, grads, backwards,
+grad and requires-grad settings, naming only the template's own tensors) and its outputs. It is
+validated once, when defined (``Template.build``): every op in the table, every name made before
+it is read and made once, outputs made by its steps. The session keeps it (at most
+``max_templates_per_session``); ``Session.clear`` frees them with the session, and the SIGTERM save
+writes none, so after a restart a run answers ``unknown_template`` and the client sends it again.
+
+A ``run_template`` step binds its inputs (a tensor of another layout than the template declares is
+a 400 naming the input) and numbers, runs the template, and keeps its outputs under the step's
+``out`` ids: all of them or, when a step of the template fails, none (the in-place changes of the
+steps before the failing one stay done, as in a program). Its error names the template's step:
+``step 7 of template T: <op>: <torch's message>``.
+
+**How a template runs** is ``Template.runner``, one per template, chosen in one place: ``run_plainly``
+unless something sets another. It runs each step through the runner's own handlers (the
+``execute`` the runner passes in), so every check applies on every run: the meta check before each
+kernel, value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
+every run), the time limit between steps. The template's names live in the session's tensor table
+under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
+bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
+a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature, set on the
+template (``template.runner = ...``) once it is ready; it must keep the outputs under ``step.out``
+(``values.store_made``: counted and charged) or raise having kept nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
+from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, RunTemplateStep, SetGradStep,
+                                            SetRequiresGradStep, TemplateStep)
+
+from .. import ops as _ops
+from ..sessions.custom_tensor import CustomTensor
+from .program_run import ProgramRun
+from .values import bound_scalars, check_new_ids, meta_message
+
+# execute(run, step, index): one step through the runner's handler for its kind; a failure raised as a ProtocolError
+Execute = Callable[[ProgramRun, Any, int], Any]
+_PREFIX = "~"  # no client id starts with it (proto.messages.TENSOR_ID_PATTERN)
+_MAX_DEPTH = 8  # lists in lists, as values.resolve_value allows
+
+
+def _bad(template: str, index: int | None, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolError:
+    where = f"template {template!r}" if index is None else f"step {index} of template {template!r}"
+    return ProtocolError(code, f"{where}: {message}")
+
+
+@dataclass(eq=False)
+class Template:
+    """A validated template: its wire step, and its steps with every name under the template's prefix.
+
+    ``runner`` runs it (``run_plainly``, or a compiled way set later); ``runs`` counts its runs."""
+
+    step: TemplateStep
+    steps: list
+    inputs: list[str]  # prefixed, in the order runs bind them
+    made: list[str]  # prefixed: every name its steps make (its outputs among them)
+    outputs: list[str]  # prefixed
+    runner: Callable[..., None] = field(default=None)  # type: ignore[assignment]
+    runs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            self.runner = run_plainly
+
+    @classmethod
+    def build(cls, step: TemplateStep) -> "Template":
+        """Validate ``step`` (400 for names, 404 for an op the table lacks) and rename its tensors."""
+        tid = step.id
+        prefix = f"{_PREFIX}{tid}/"
+        names = [i.id for i in step.inputs]
+        if len(set(names)) != len(names):
+            raise _bad(tid, None, f"input names repeat: {names}")
+        scalars = {s.id for s in step.scalars}
+        if len(scalars) != len(step.scalars):
+            raise _bad(tid, None, f"scalar names repeat: {[s.id for s in step.scalars]}")
+        known, made = set(names), []
+        renamed = []
+        for index, inner in enumerate(step.steps):
+            reads, writes = _names(inner, index, tid)
+            for name in reads:
+                if name not in known:
+                    raise _bad(tid, index, f"{name!r} is read before any step makes it (nor is it an input)")
+            for name in _scalar_reads(inner):
+                if name not in scalars:
+                    raise _bad(tid, index, f"{{scalar: {name!r}}} names no scalar of the template")
+            for name in writes:
+                if name in known:
+                    raise _bad(tid, index, f"{name!r} is made twice (or is an input): a template names a tensor once")
+                known.add(name)
+                made.append(name)
+            renamed.append(_renamed(inner, prefix))
+        outputs = list(step.outputs)
+        if len(set(outputs)) != len(outputs):
+            raise _bad(tid, None, f"outputs repeat: {outputs}")
+        for name in outputs:
+            if name not in made:
+                raise _bad(tid, None, f"output {name!r} is not made by a step of the template (an input is "
+                           "returned by the client itself)")
+        return cls(step, renamed, [prefix + n for n in names], [prefix + n for n in made],
+                   [prefix + n for n in outputs])
+
+
+def _names(step, index: int, tid: str) -> tuple[list[str], list[str]]:
+    """(names ``step`` reads, names it makes), as the template spells them."""
+    kind = type(step)
+    if kind is CallStep:
+        if step.out_many:
+            raise _bad(tid, index, f"{step.op}: out_many is not allowed in a template (name each output)")
+        if _ops.OP_TABLE.resolve(step.op) is None:
+            raise _bad(tid, index, f"unknown op {step.op!r}; GET /v1/ops lists the op table", ErrorCode.UNKNOWN_OP)
+        reads = _refs(step.args, [], 0)
+        if step.kwargs:
+            _refs(list(step.kwargs.values()), reads, 0)
+        return reads, list(step.out)
+    if kind is BackwardStep:
+        reads = list(step.tensors) + list(step.inputs or ())
+        return _refs(step.grad_tensors or [], reads, 0), []
+    if kind is GradStep:
+        reads = list(step.outputs) + list(step.inputs)
+        return _refs(step.grad_outputs or [], reads, 0), list(step.out)
+    if kind is SetGradStep:
+        return _refs([step.grad], [step.id], 0), []
+    return [step.id], []  # SetRequiresGradStep
+
+
+def _refs(values: list, found: list, depth: int) -> list:
+    """The tensor names ``values`` read (``{ref}``, ``{grad_of}``), appended to ``found``."""
+    for value in values:
+        if isinstance(value, dict) and len(value) == 1:
+            (tag, payload), = value.items()
+            if tag in ("ref", "grad_of") and isinstance(payload, str):
+                found.append(payload)
+        elif isinstance(value, list) and depth < _MAX_DEPTH:
+            _refs(value, found, depth + 1)
+    return found
+
+
+def _scalar_reads(step) -> list[str]:
+    values: list = []
+    if type(step) is CallStep:
+        values = [*step.args, *step.kwargs.values()]
+    elif type(step) is BackwardStep:
+        values = list(step.grad_tensors or ())
+    elif type(step) is GradStep:
+        values = list(step.grad_outputs or ())
+    found: list[str] = []
+    _scalars_in(values, found, 0)
+    return found
+
+
+def _scalars_in(values: list, found: list, depth: int) -> None:
+    for value in values:
+        if isinstance(value, dict) and len(value) == 1 and "scalar" in value:
+            found.append(value["scalar"])
+        elif isinstance(value, list) and depth < _MAX_DEPTH:
+            _scalars_in(value, found, depth + 1)
+
+
+def _renamed(step, prefix: str):
+    """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation)."""
+    kind = type(step)
+    if kind is CallStep:
+        update: dict = {"args": _prefixed(step.args, prefix), "out": [prefix + o for o in step.out]}
+        if step.kwargs:
+            update["kwargs"] = {k: _prefixed_value(v, prefix) for k, v in step.kwargs.items()}
+        return step.model_copy(update=update)
+    if kind is BackwardStep:
+        return step.model_copy(update={
+            "tensors": [prefix + t for t in step.tensors],
+            "inputs": None if step.inputs is None else [prefix + t for t in step.inputs],
+            "grad_tensors": None if step.grad_tensors is None else _prefixed(step.grad_tensors, prefix)})
+    if kind is GradStep:
+        return step.model_copy(update={
+            "outputs": [prefix + t for t in step.outputs], "inputs": [prefix + t for t in step.inputs],
+            "grad_outputs": None if step.grad_outputs is None else _prefixed(step.grad_outputs, prefix),
+            "out": [prefix + t for t in step.out]})
+    if kind is SetGradStep:
+        return step.model_copy(update={"id": prefix + step.id, "grad": _prefixed_value(step.grad, prefix)})
+    assert kind is SetRequiresGradStep
+    return step.model_copy(update={"id": prefix + step.id})
+
+
+def _prefixed(values: list, prefix: str) -> list:
+    return [_prefixed_value(v, prefix) for v in values]
+
+
+def _prefixed_value(value: Any, prefix: str) -> Any:
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, payload), = value.items()
+        if tag in ("ref", "grad_of") and isinstance(payload, str):
+            return {tag: prefix + payload}
+        return value
+    if isinstance(value, list):
+        return _prefixed(value, prefix)
+    return value
+
+
+# -- the two steps --------------------------------------------------------------------------
+
+
+def define_template(run: ProgramRun, step: TemplateStep) -> None:
+    """The ``template`` step: validate and keep it. The same definition again is a no-op (a client
+    that resends it after a restart it did not notice); another under the same id is a 409."""
+    session = run.session
+    existing = session.templates.get(step.id)
+    if existing is not None:
+        if existing.step == step:
+            return None
+        raise ProtocolError(ErrorCode.CONFLICT, f"template id {step.id!r} is already used for a different template")
+    limit = run.settings.max_templates_per_session
+    if len(session.templates) >= limit:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"session holds {len(session.templates)} templates: limit "
+                            f"max_templates_per_session={limit}")
+    session.templates[step.id] = Template.build(step)
+    return None
+
+
+def run_template(run: ProgramRun, step: RunTemplateStep, execute: Execute) -> dict | None:
+    """The ``run_template`` step: bind, run (``template.runner``), keep the outputs under ``step.out``."""
+    session = run.session
+    template = session.templates.get(step.template)
+    if template is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_TEMPLATE, f"unknown template {step.template!r} in this session: "
+                            "send its template step first (a restart of the server keeps none)")
+    spec = template.step
+    for what, given, wanted in (("inputs", step.inputs, spec.inputs), ("scalars", step.scalars, spec.scalars),
+                                ("out", step.out, spec.outputs)):
+        if len(given) != len(wanted):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"template {spec.id!r} takes {len(wanted)} {what}, "
+                                f"the run gives {len(given)}")
+    check_new_ids(session, step.out)
+    bound = [_bind(session, value, k, spec) for k, value in enumerate(step.inputs)]
+    scalars = {s.id: _number(value, s.kind, k, spec) for k, (value, s) in enumerate(zip(step.scalars, spec.scalars))}
+    template.runs += 1
+    template.runner(run, template, step, bound, scalars, execute)
+    if run.omit_known_meta:
+        return None
+    return {"tensors": [meta_message(tid, session.tensors[tid].value) for tid in step.out]}
+
+
+def _bind(session, value: Any, k: int, spec: TemplateStep) -> CustomTensor:
+    """Input ``k`` of a run: the session's tensor (``{ref}``) or a tensor's grad (``{grad_of}``, held by a
+    stand-in whose value is that grad), of the layout the template declares."""
+    declared = spec.inputs[k]
+    if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("ref", "grad_of")):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"input {k} of template {spec.id!r}: expected {{ref: id}} or "
+                            f"{{grad_of: id}}")
+    (tag, tid), = value.items()
+    ct = session.tensor(tid)
+    if tag == "grad_of":
+        if ct.grad is None:
+            raise ProtocolError(ErrorCode.OP_ERROR, f"input {k} of template {spec.id!r}: tensor {tid!r} has no grad "
+                                "(it is None)")
+        ct = _GradStandIn(ct.grad)
+    t = ct.value
+    if (dtype_name(t.dtype) != declared.dtype or list(t.shape) != declared.shape
+            or t.requires_grad != declared.requires_grad):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"input {k} ({declared.id!r}) of template {spec.id!r}: the "
+                            f"template takes {declared.dtype} {declared.shape} requires_grad={declared.requires_grad}, "
+                            f"the run gives {dtype_name(t.dtype)} {list(t.shape)} requires_grad={t.requires_grad}")
+    return ct
+
+
+class _GradStandIn(CustomTensor):
+    """A grad bound as a run's input: its tensor is the grad itself (an in-place step changes the grad),
+    counted by the ledger only while a step has measured it, and forgotten at the run's end."""
+
+    __slots__ = ()
+
+
+def _number(value: Any, kind: str, k: int, spec: TemplateStep) -> Any:
+    ok = (type(value) is bool) if kind == "bool" else (type(value) is int if kind == "int"
+                                                       else type(value) in (int, float))
+    if not ok:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"scalar {k} ({spec.scalars[k].id!r}) of template {spec.id!r}: "
+                            f"expected a {kind}, got {value!r}")
+    return float(value) if kind == "float" else value
+
+
+# -- the plain way to run one -----------------------------------------------------------------
+
+
+def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, bound: list[CustomTensor],
+                scalars: dict, execute: Execute) -> None:
+    """Each step of the template through the runner's handlers, its names aliased in the session's
+    table for the run; the outputs kept under ``step.out``, the rest freed (all of them on a failure)."""
+    session = run.session
+    tensors = session.tensors
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch)
+    stand_ins = [ct for ct in bound if type(ct) is _GradStandIn]
+    tensors.update(zip(template.inputs, bound))
+    tid = template.step.id
+    try:
+        with bound_scalars(scalars):
+            for index, inner_step in enumerate(template.steps):
+                try:
+                    execute(inner, inner_step, index)
+                except ProtocolError as err:
+                    op = inner_step.op if type(inner_step) is CallStep else inner_step.kind
+                    raise ProtocolError(err.code, f"step {index} of template {tid!r}: {op}: {err.message}") from None
+        outputs = [tensors.pop(name) for name in template.outputs]
+        tensors.update(zip(step.out, outputs))
+    finally:
+        for name in template.inputs:
+            tensors.pop(name, None)
+        gone = [ct for ct in (tensors.pop(name, None) for name in template.made) if ct is not None]
+        gone += stand_ins
+        if gone:
+            session.storages.drop(session, gone)
