@@ -52,10 +52,10 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The inner loop: proto, client, ops and service on the shared servers, without the cases generated
-# from the op table, the end-to-end, load, real-model and Ray tests and the modules that start
-# servers of their own (tests/conftest.py marks them); `make test` runs all.
+# from the op table, the end-to-end, load, real-model and Ray tests, the modules that start
+# servers of their own (tests/conftest.py marks them) and inductor's compiles; `make test` runs all.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not optable and not e2e and not load and not real_model and not ray and not servers and not tooling" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not optable and not e2e and not load and not real_model and not ray and not servers and not inductor and not tooling" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

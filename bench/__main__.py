@@ -6,13 +6,15 @@ import argparse
 import contextlib
 import os
 
-from . import bulk, gpu, latency, ray_backend, real_model, runner_overhead, tenant_processes, training, wan
+from . import (bulk, gpu, latency, ray_backend, real_model, runner_overhead, same_machine, step_cost, tenant_processes,
+               training, wan)
 from ._util import serve
 
 SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run,
             "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run,
-            "tenants": tenant_processes.run, "wan": wan.run, "gpu": gpu.run}
-WITHOUT_LOOPBACK_SERVER = {"runner", "tenants", "wan", "gpu"}  # in process, or servers of their own
+            "tenants": tenant_processes.run, "wan": wan.run, "same_machine": same_machine.run, "gpu": gpu.run,
+            "cost": step_cost.run}
+WITHOUT_LOOPBACK_SERVER = {"runner", "tenants", "wan", "same_machine", "gpu", "cost"}  # in process, or servers of their own
 
 
 def main() -> None:

@@ -9,6 +9,10 @@ fixed learning rate is, so its rows show what a replay saves. Whether replay is 
 server's own answers (``/healthz`` and the session-creation answer): where neither names it, the
 row says "replay not reported" and is labelled by the setting alone. The server's part of a step
 (its worker's time, from ``Server-Timing``) is the figure to hold against local torch.
+
+Then the same two steps as templates (``bench/server_compile.py``): the server's time for one run
+the plain way, compiled by inductor, and compiled with CUDA graphs (inductor's cudagraph trees), with
+each compile's time cold and warm.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from remote_autograd import client
 from remote_autograd.proto import PROTOCOL_HEADER, PROTOCOL_VERSION
 
-from . import _hot
+from . import _hot, server_compile
 from ._util import measure, requests_per_step, row, serve
 from .real_model import HEADER, build_gpt, gpt_data, gpt_step
 from .step_parts import print_breakdown, print_client_cost, step_parts
@@ -90,6 +94,7 @@ def run(url: str | None = None, repeat: int = 30) -> None:
         print(f"  {'  server time (worker) / local torch':<48} {parts.worker * 1e6 / local:9.2f}x"
               "   (target <= 1.2x)")
     _mlp_sgd_rows(repeat)
+    _template_rows(repeat)
 
 
 def _mlp_sgd_rows(repeat: int) -> None:
@@ -109,3 +114,17 @@ def _mlp_sgd_rows(repeat: int) -> None:
         row("  remote on cuda", times, local)
         parts = step_parts(sess, tap, step)
         print(f"  {'  server time (worker) / local torch':<48} {parts.worker * 1e6 / local:9.2f}x")
+
+
+def _template_rows(repeat: int) -> None:
+    """The MLP and GPT steps as templates on the GPU: plain, compiled, compiled with CUDA graphs."""
+    print("\n[gpu] the MLP and GPT steps as templates: a run's server time, plain against compiled (in process)")
+    missing = server_compile.compiler_missing()
+    if missing:
+        print(f"  skipped: {missing}")
+        return
+    cuda = torch.device("cuda")
+    for label, loop in (("MLP step", server_compile.mlp_loop()), ("GPT step", server_compile.gpt_loop())):
+        case = server_compile.program_case(label, loop)
+        server_compile.print_server_times(label, case, repeat, device=cuda)
+        server_compile.print_server_times(f"{label}, CUDA graphs", case, repeat, device=cuda, cuda_graphs=True)

@@ -347,6 +347,7 @@ class Limits(_Model):
     answer_timeout_seconds: float | None = None
     max_body_bytes_in_flight: int | None = None
     max_templates_per_session: int | None = None
+    max_step_flops: int | None = None
     step_grace_seconds: float | None = None
     min_answer_bytes_per_second: int | None = None
 
@@ -426,12 +427,14 @@ class ModelInfo(_Model):
 
 class Health(_Model):
     """``GET /healthz``. ``cuda_graphs``: the server's ``REMOTE_AUTOGRAD_CUDA_GRAPHS`` (off, on or emulate;
-    absent on the Ray backend's front)."""
+    absent on the Ray backend's front). ``compile``: whether templates run compiled, ``off``, ``on`` or
+    ``auto`` (the server's ``REMOTE_AUTOGRAD_COMPILE``; ``off`` where the host has no C++ compiler)."""
 
     status: str
     device: str
     protocol: str
     cuda_graphs: str | None = None
+    compile: str | None = None
 
 
 class Readiness(_Model):

@@ -38,17 +38,25 @@ with warnings.catch_warnings():
     torch.frombuffer(b"\0\0\0\0", dtype=torch.float32)
 
 
-def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = False) -> dict[str, Any]:
+def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = False,
+                  private: bool = False) -> dict[str, Any]:
     """The wire form of ``t``'s values (never its graph); C-contiguous, on the CPU.
 
     ``as_view``: ``data`` is a memoryview of the tensor's own bytes (no copy when ``t`` is
     already contiguous on the CPU), for framed bodies; the caller must not mutate ``t`` meanwhile.
+    ``private`` (with ``as_view``): ``data`` is a C-contiguous copy of its own, made by numpy on
+    the calling thread. Not torch's ``clone``: a copy over torch's grain size wakes its intra-op
+    threads, which then spin, and beside a server on the same cores (the embedded default) that
+    spinning takes the cores the server's step needs (``python -m bench same_machine``).
     """
     name = dtype_name(t.dtype)
     t = t.detach()
     if not t.is_cpu:  # not ``t.device.type``: building a device object costs more than the whole small copy
         t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()  # a conj/neg view's storage holds the unflipped values
+    t = t.resolve_conj().resolve_neg()  # a conj/neg view's storage holds the unflipped values
+    if private and as_view and not as_json:
+        return {"dtype": name, "shape": list(t.shape), "data": _private_copy(t)}
+    t = t.contiguous()
     shape = list(t.shape)
     if as_json and name in _LIST_DTYPES and _list_is_exact(t, name):
         return {"dtype": name, "shape": shape, "data": t.reshape(-1).tolist()}
@@ -77,6 +85,19 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
     if t.dtype in _NUMPY_DTYPES:
         return t.numpy().tobytes()
     return _raw_view(t).tobytes()
+
+
+# an integer dtype of each element size: a strided view of any dtype numpy lacks (bfloat16, float8, complex32)
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _private_copy(t: torch.Tensor) -> memoryview:
+    """A C-contiguous copy of ``t``'s values (any strides) by numpy, never by torch's thread pool."""
+    if t.numel() == 0:
+        return memoryview(b"")
+    if t.dtype not in _NUMPY_DTYPES:
+        t = t.view(_SAME_SIZE_INT[t.element_size()])  # same element size: allowed on any strides
+    return memoryview(t.numpy().copy(order="C")).cast("B")
 
 
 def _raw_view(t: torch.Tensor) -> memoryview:

@@ -20,26 +20,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import logging
 import os
 import sys
 
 import uvicorn
 
-from . import process_guards
+from . import openmp_wait, process_guards
 from .gc_freeze import freeze_startup_objects
 from .settings import Settings
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 _EPILOG = """\
 tokens:
@@ -77,8 +66,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # before torch loads its OpenMP runtime, which reads the policy once: making the settings loads torch
+    # (a step's cost defaults are the device's), so the host is read as from_env would read it
+    openmp_wait.settle(args.host or os.environ.get("REMOTE_AUTOGRAD_HOST", Settings.host))
     settings = Settings.from_env(host=args.host, port=args.port, device=args.device, log_level=args.log_level)
-    if not settings.tokens and not settings.insecure and not _is_loopback(settings.host):
+    if not settings.tokens and not settings.insecure and not openmp_wait.is_loopback(settings.host):
         print(
             f"refusing to listen on {settings.host} without REMOTE_AUTOGRAD_TOKENS; "
             "set tokens, or REMOTE_AUTOGRAD_INSECURE=1 to accept the risk",
@@ -121,7 +113,7 @@ def startup_line(settings: Settings, url: str) -> str:
     n = len(settings.tokens)
     if n:
         who = f"{n} token{'s' if n > 1 else ''} (REMOTE_AUTOGRAD_TOKENS)"
-    elif _is_loopback(settings.host):
+    elif openmp_wait.is_loopback(settings.host):
         who = "no tokens: this machine only"
     else:
         who = "no tokens: open to anyone who reaches it (REMOTE_AUTOGRAD_INSECURE=1)"

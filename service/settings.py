@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _PREFIX = "REMOTE_AUTOGRAD_"
 
@@ -38,6 +40,8 @@ ADVERTISED_LIMITS = (
     "max_body_bytes_in_flight",
     # torch.compile's templates (issue 29): see docs/limits.md
     "max_templates_per_session",
+    # a step's cost, known before its kernel runs (issue 31): see docs/limits.md
+    "max_step_flops",
     # isolation (issue 31): a step cut by ending its worker; slow readers (see docs/limits.md)
     "step_grace_seconds",
     "min_answer_bytes_per_second",
@@ -104,10 +108,18 @@ class Settings:
     # "on": a repeated program runs as a CUDA graph on a cuda device (service/engine/graph_steps.py);
     # "emulate": the same with graph_capture.RecordedGraph on any device (tests). Off until a GPU run vouches for it
     cuda_graphs: str = "off"
+    # "on"/"auto": a template runs compiled by inductor once compiled in the background (after its first
+    # run, or its third in a row); "off": always the plain way (service/engine/compiled_templates.py)
+    compile: str = "off"
+    compile_budget_seconds: float = 600.0  # compile time each tenant may take in all (template_compile.py)
     answer_timeout_seconds: float = 60.0  # an answer its client takes nothing of for this long is dropped
     max_body_bytes_in_flight: int = 4 << 30  # request bodies the server holds, all connections together
     max_templates_per_session: int = 64  # captured graphs a session keeps (service/engine/templates.py)
     metrics_token: str = ""  # the operator's token: /metrics shows everything with it
+    # -- a step's cost, estimated on meta before its kernel runs (service/engine/step_cost.py). 0: the
+    #    device's default (_STEP_COST; docs/limits.md says how they were chosen) --
+    max_step_flops: int = 0  # the work one call step may do, in FLOPs (service/engine/cost_formulas.py)
+    device_flops_per_second: float = 0.0  # the device's rate: what the time a program has left is worth in FLOPs
     # -- isolation (issue 31): a step stopped by ending its worker, a worker's memory, a restart's
     #    grace, slow readers (service/backends/step_deadline.py, service/backends/tenant_worker.py,
     #    service/__main__.py, service/http/http_protocol.py; docs/tenants.md) --
@@ -119,13 +131,16 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.max_total_bytes == 0:  # (before the shares: they are parts of it)
-            object.__setattr__(self, "max_total_bytes", default_total_bytes(self.resolved_device()))
+            object.__setattr__(self, "max_total_bytes", default_total_bytes(self._device_type(), self.device))
         # 0 (the default) for a share means a fraction of the server-wide limit on a server with
         # tokens (so no tenant can take it all), and all of it without tokens (one tenant)
         for name, (whole, fraction, without_tokens) in _SHARES.items():
             if getattr(self, name) == 0:
                 share = getattr(self, whole) // (fraction if self.tokens else without_tokens)
                 object.__setattr__(self, name, max(1, share))
+        for name, by_device in _STEP_COST.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, by_device["cuda" if self._device_type() == "cuda" else "cpu"])
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -177,7 +192,22 @@ class Settings:
             raise ValueError(f"REMOTE_AUTOGRAD_CUDA_GRAPHS={self.cuda_graphs!r}: use off, on or emulate")
         return self.cuda_graphs
 
+    def _device_type(self) -> str:
+        """``resolved_device``'s type, or "cpu" for a device torch cannot name (its own error comes later)."""
+        try:
+            return self.resolved_device().type
+        except RuntimeError:
+            return "cpu"
+
+    def compile_mode(self) -> str:
+        """Whether templates compile (``service/engine/compiled_templates.py``): off, on or auto."""
+        if self.compile not in ("off", "on", "auto"):
+            raise ValueError(f"REMOTE_AUTOGRAD_COMPILE={self.compile!r}: use off, on or auto")
+        return self.compile
+
     def resolved_device(self) -> torch.device:
+        import torch  # here, not at the top: the entry point reads settings before torch loads (openmp_wait.py)
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -193,6 +223,16 @@ _SHARES = {
 }
 
 
+# A step's cost settings left at 0 (``service/engine/step_cost.py``): per device type. The rates are
+# float32 matmul rates: 33-39 GFLOP/s measured on the 2 threads of the CPU the project runs on
+# (``python -m bench cost``), 19.5 TFLOP/s for an A100's float32 (no GPU measured yet; an H100's
+# is about 3x). The budgets are about 3 s (CPU) and 5 s (GPU) of work at those rates.
+_STEP_COST = {
+    "max_step_flops": {"cpu": 10**11, "cuda": 10**14},
+    "device_flops_per_second": {"cpu": 3e10, "cuda": 2e13},
+}
+
+
 # What part of the memory the byte limits may count by default: on a GPU, of the device's (its
 # CUDA context, the caching allocator's rounding and each tenant worker's own context take the
 # rest); on the CPU, of the host's (or the container's): each worker process's own memory
@@ -200,10 +240,13 @@ _SHARES = {
 GPU_MEMORY_FRACTION, HOST_MEMORY_FRACTION = 0.75, 0.5
 
 
-def default_total_bytes(device: torch.device) -> int:
+def default_total_bytes(device_type: str, device: str) -> int:
     """``max_total_bytes`` left at 0: a part of the device's memory (the host's for a CPU server)."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory * GPU_MEMORY_FRACTION)
+    if device_type == "cuda":
+        import torch  # (loaded already: the device type was asked of it)
+
+        return int(torch.cuda.get_device_properties(device if device != "auto" else "cuda").total_memory
+                   * GPU_MEMORY_FRACTION)
     return int(host_memory_bytes() * HOST_MEMORY_FRACTION)
 
 

@@ -1,8 +1,13 @@
-"""Small helpers several test files share: a bit-for-bit comparison and a plain training loop."""
+"""Small helpers several test files share: a bit-for-bit comparison, a plain training loop, and the
+copying kernels torch ran."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -23,3 +28,16 @@ def fit(model, opt, loss_fn, x: torch.Tensor, y: torch.Tensor, steps: int) -> li
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+COPY_KERNELS = frozenset({"aten::clone", "aten::copy_", "aten::contiguous"})
+
+
+@contextlib.contextmanager
+def torch_copies() -> Iterator[list[str]]:
+    """The copying kernels (``COPY_KERNELS``) torch ran inside the block, by name, read from torch's
+    profiler (which records every kernel without changing how any is dispatched)."""
+    seen: list[str] = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield seen
+    seen.extend(e.name for e in prof.events() if e.name in COPY_KERNELS)

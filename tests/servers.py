@@ -222,6 +222,14 @@ def session_pids(server: Server, c: httpx.Client, sid: str) -> list[int]:
     return pids
 
 
+def reset_peak(pids: list[int]) -> None:
+    """Start each process's ``VmHWM`` again from what it holds now (``/proc/<pid>/clear_refs``), so that
+    ``memory_of(pids, "VmHWM")`` after a request shows that request's peak, not an earlier one's."""
+    for pid in pids:
+        with open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")
+
+
 def memory_of(pids: list[int], field: str = "VmRSS") -> int:
     """``field`` of ``/proc/<pid>/status`` (``VmRSS`` resident now, ``VmHWM`` its high-water mark)
     summed over ``pids``, in bytes."""

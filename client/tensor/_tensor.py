@@ -91,7 +91,7 @@ class RemoteTensor(torch.Tensor):
         if send_now:  # sent before we return: the caller's own bytes go out, no copy to protect them
             value = encode_tensor(t, as_view=True)
         elif nbytes >= FRAME_MIN_BYTES:  # one private copy whose bytes go out as a frame as they are
-            value = encode_tensor(t.detach().clone(memory_format=torch.contiguous_format), as_view=True)
+            value = encode_tensor(t, as_view=True, private=True)  # numpy's copy: see encode_tensor
         else:
             value = encode_tensor(t)
         step: dict[str, Any] = {"kind": "put", "id": tid, "value": value, "requires_grad": requires_grad}

@@ -121,13 +121,18 @@ def _free_port() -> int:
 
 
 def _launch(port: int) -> EmbeddedServer:
+    from remote_autograd.service import openmp_wait
+
+    # The child imports torch (through this package) before the service's entry point runs, so the
+    # OpenMP wait policy of a server beside its client goes in its environment here.
+    env = {_TENANT_PROCESSES: "off", **os.environ}  # its sessions in its own process: the module's docstring
+    openmp_wait.settle("127.0.0.1", env)
     fd, name = tempfile.mkstemp(prefix="remote-autograd-embedded-", suffix=".log")
     with os.fdopen(fd, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "remote_autograd.client.transport._embedded", "--host", "127.0.0.1",
              "--port", str(port)],
-            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={_TENANT_PROCESSES: "off", **os.environ})  # (see the module's docstring)
+            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return EmbeddedServer(f"http://127.0.0.1:{port}", process, Path(name))
 
 

@@ -25,6 +25,7 @@ from remote_autograd.proto import PROTOCOL_VERSION
 from remote_autograd.proto.negotiation import wants_msgpack
 
 from .. import __version__
+from ..engine import compiled_templates
 from ..engine.admission import admit_program
 from ..engine.answers import encode_answer
 from ..engine.guards import ProgramSlots
@@ -70,7 +71,8 @@ class LocalSessions:
         self.workers.shutdown()
 
     def health(self) -> dict:
-        return {"device": str(self.store.device), "cuda_graphs": self.settings.cuda_graphs}
+        return {"device": str(self.store.device), "cuda_graphs": self.settings.cuda_graphs,
+                "compile": compiled_templates.compile_state(self.settings)}
 
     async def readiness(self) -> tuple[bool, dict]:
         try:

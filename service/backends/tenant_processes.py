@@ -38,6 +38,7 @@ import msgpack
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
+from ..engine import compiled_templates
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
 from ..logs import LIFECYCLE
@@ -121,7 +122,8 @@ class TenantProcesses:
         await asyncio.gather(*(self._stop(w, save=self.settings.state_dir != "") for w in workers))
 
     def health(self) -> dict:
-        return {"device": str(self.settings.resolved_device()), "cuda_graphs": self.settings.cuda_graphs}
+        return {"device": str(self.settings.resolved_device()), "cuda_graphs": self.settings.cuda_graphs,
+                "compile": compiled_templates.compile_state(self.settings)}
 
     async def readiness(self) -> tuple[bool, dict]:
         """Ready with the device a live worker checks; with none live, ready (a worker checks its device when it starts)."""

@@ -15,12 +15,8 @@ import torch
 from remote_autograd.proto.messages import BackwardStep, CallStep, FetchStep, FreeStep, PutStep, SetGradStep
 
 from .. import ops as _ops
-from ..ops._native import draws_nothing
 from ..sessions.custom_tensor import CustomTensor
-from .program_plan import _RELAYOUT
-
-# the factories of our own whose values are a kernel's, from their arguments alone (no generator)
-_FACTORIES_FIT = frozenset({"zeros", "ones", "empty", "full", "arange"})
+from .replayable import replayable_call
 
 
 class Unfit(Exception):
@@ -102,17 +98,8 @@ class _Walk:
         found = _ops.OP_TABLE.resolve(step.op)
         if found is None:
             raise Unfit
-        entry = found.entry
-        # getitem is ours (it reads our wire form of an index) and data-dependent for a tensor index
-        # (a mask's True count); by ints, slices and None it is torch's own view
-        basic_index = entry.name == "getitem" and not _names_a_tensor(step.args[1:])
-        ours_fit = basic_index or entry.name in _FACTORIES_FIT
-        # a random op fits only where it draws nothing (a dropout of probability 0, as GPTs configure)
-        deterministic = entry.exact or draws_nothing(step.op, step.args, step.kwargs or {})
-        if ((not ours_fit and (not entry.variants or entry.data_dependent))
-                or not deterministic or entry.check is not None or step.autocast is not None or step.out_many
-                or (step.kwargs and "out" in step.kwargs)
-                or (found.inplace and step.op.rpartition(".")[2] in _RELAYOUT)):
+        # a graph replays no contract of ours: the kernels it checks read values on the host
+        if found.entry.check is not None or not replayable_call(found, step, step.args, step.kwargs or {}):
             raise Unfit
         part = ("call", step.op, step.grad_enabled, self._value(step.args),
                 self._value(step.kwargs) if step.kwargs else None, len(step.out))
@@ -143,14 +130,6 @@ class _Walk:
         if kind is list:
             return "l", tuple(self._value(w) for w in wire)
         return kind, wire  # floats by value: 0.1 and 0.2 are two kernels
-
-
-def _names_a_tensor(wire: Any) -> bool:
-    if type(wire) is dict:
-        return "ref" in wire or "grad_of" in wire or any(_names_a_tensor(v) for v in wire.values())
-    if type(wire) is list:
-        return any(_names_a_tensor(w) for w in wire)
-    return False
 
 
 def _layout(t: torch.Tensor) -> tuple:

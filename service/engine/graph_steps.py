@@ -36,8 +36,9 @@ captures, used in turn; when both are held, the step runs the plain path.
 **What a replay does in Python**: the same answers (every step's result must be None, as with
 ``omit_known_meta``), the same ids stored and freed, the same grads assigned (aliases of the
 captured ones), the same version counts (each session tensor moved by what its capture moved).
-A replay that would fail (an id in use, the tensor limit) runs the plain path instead, which
-answers the error at its step. Bytes: each capture's tensors stay counted to the session while
+A replay that would fail (an id in use, the tensor limit, calls whose cost, counted at
+capture, is more than the program's time left is worth: ``step_cost``) runs the plain path
+instead, which answers the error at its step. Bytes: each capture's tensors stay counted to the session while
 the capture lives (``_Slot.keepers``); the capture's own temporaries (a backward's
 intermediate grads) are not counted, as on the plain path.
 
@@ -103,6 +104,8 @@ def run(graphs: OrderedDict, steps, mode: str) -> bool:
             return False  # the plain path stops at its first step, as it would have
     for slot in entry.slots:
         if slot.free():
+            if not _in_time(slot, steps):
+                return False  # the plain path refuses the call that would not end in time, at its step
             _replay(slot, steps, inputs)
             return True
     if len(entry.slots) < SLOTS:
@@ -132,10 +135,12 @@ class _Entry:
 class _Slot:
     """One capture: the graph, the tensors it made, and what a replay does besides launching it."""
 
-    __slots__ = ("graph", "staged", "made", "grads", "versions", "watched", "keepers")
+    __slots__ = ("graph", "staged", "made", "grads", "versions", "watched", "keepers", "flops")
 
     def __init__(self, graph) -> None:
         self.graph = graph
+        # the work of the capture's calls (``step_cost``), each held to max_step_flops when captured
+        self.flops = 0.0
         self.staged: dict[int, torch.Tensor] = {}  # put step -> the tensor its values are copied into
         self.made: dict[int, tuple] = {}  # call step -> the tensors it stored (out-of-place calls)
         self.grads: list[tuple[tuple, torch.Tensor | None]] = []  # origin -> the grad the program left it
@@ -153,6 +158,13 @@ class _Slot:
         if self.keepers and not session.closed:
             session.storages.drop(session, self.keepers)
         self.keepers = []
+
+
+def _in_time(slot: _Slot, steps) -> bool:
+    """Whether the program's time left is worth the work of the capture's calls at the device's rate
+    (``step_cost.hold``, for all of them at once: a replay is one launch)."""
+    watch = steps.watch
+    return watch is None or slot.flops <= watch.left() * steps.run.settings.device_flops_per_second
 
 
 def _fits(steps) -> bool:
@@ -193,6 +205,7 @@ def _capture(entry: _Entry, steps, inputs: list[CustomTensor], graph) -> None:
     grads_before = [ct.grad for ct in inputs]
     made: dict[int, tuple] = {}
     steps.staged, steps.made = staged, made
+    spent = run.flops
     try:
         try:
             with graph.capturing():
@@ -204,6 +217,7 @@ def _capture(entry: _Entry, steps, inputs: list[CustomTensor], graph) -> None:
         _lost(steps, head, exc)
         return
     slot = _Slot(graph)
+    slot.flops = run.flops - spent
     if not ok:  # a step failed: its answer stands, and a later run may capture again
         slot.release(session)
         return

@@ -14,13 +14,17 @@ table runs, ``check_call`` refuses what torch's own checks refuse, without touch
    storage of the same size, so ``as_strided`` over a view's base, ``set_`` and aliasing checks
    see what the kernel would see. torch's argument checks run and the outputs' sizes come out.
 
-It answers the bytes the call will make the session hold in new storages (an output that views
-an input's storage is not new; a ``resize_`` that grows its input counts the growth), which the
-runner charges before the kernel allocates them (``runner._call``). An entry whose outputs depend
-on values (``data_dependent``) is bounded by ``output_bound`` when meta cannot say.
+It answers what the call will take (``Needs``), which the runner holds to the session's limits
+before the kernel runs (``runner._call``): the bytes the call will make the session hold in new
+storages (an output that views an input's storage is not new; a ``resize_`` that grows its input
+counts the growth), charged before the kernel allocates them; its largest output's elements
+(``max_tensor_elements``); and its work in FLOPs, counted on meta as it runs
+(``step_cost``: ``max_step_flops`` and the program's time left). An entry whose outputs depend on
+values (``data_dependent``) is bounded by ``output_bound`` when meta cannot say.
 
-Memoized: a training loop repeats the same calls on the same layouts, so the answer (the bytes,
-or the refusal's message) is kept per entry and argument metadata. A 0-d tensor is keyed by its
+Memoized: a training loop repeats the same calls on the same layouts, so the answer (its
+``Needs``, or the refusal's message) is kept per entry and argument metadata: a FLOP count too is
+a function of the layouts and the Python arguments. A 0-d tensor is keyed by its
 layout like any other: the meta run sees no values, so its answer holds for every value. Only a
 call whose meta run had to read a 0-d tensor's value (``_on_meta``'s second try: ``narrow``'s
 tensor ``start``) is keyed by those values too, marked ``_BY_VALUE`` under its layouts' key; so
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,11 +45,12 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..ops import OpEntry
 from ..ops._context import RunContext, current, reset, set_current
+from . import step_cost
 
 _META = torch.device("meta")
 _MEMO_SIZE = 8192  # distinct (entry, layout) pairs remembered; a full memo starts again
 _MEMOS = 8  # states of torch's settings with a memo of their own
-_memo: dict[tuple, int | tuple[ErrorCode, str]] = {}  # bytes, or a refusal (its code and message)
+_memo: dict[tuple, "Needs | tuple[ErrorCode, str]"] = {}  # what a call needs, or a refusal (its code and message)
 _memos: dict[tuple, dict] = {}  # a memo per state of torch's process-global settings (``use_memo``)
 _memo_lock = threading.Lock()
 _MISSING = object()
@@ -57,9 +62,17 @@ class Unhashable(Exception):
     """An argument the memo cannot key (the call is then checked without it)."""
 
 
+class Needs(NamedTuple):
+    """What a call will take, known before its kernel runs."""
+
+    bytes: int  # of its new storages, charged before the kernel allocates them
+    flops: float  # its work (``step_cost``), held to the step's budget
+    elements: int  # of its largest output, held to max_tensor_elements; 0: only its kernel can say
+
+
 def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool,
-               fn: Any = None, writes: bool = False) -> int:
-    """Refuse (422, torch's message) a call torch would refuse; else the bytes of its new storages.
+               fn: Any = None, writes: bool = False) -> Needs:
+    """Refuse (422, torch's message) a call torch would refuse; else what it needs (``Needs``).
 
     ``inplace``: the call writes its first argument (``x.add_(y)`` runs entry ``add`` in place).
     ``fn``: the callable the call's name resolved to (a spelling of a native entry: ``Tensor.add_``),
@@ -70,13 +83,13 @@ def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_
 
 
 def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool,
-                     fn: Any = None, writes: bool = False) -> tuple[int, Any]:
-    """``check_call``'s bytes, and what the layouts of the arguments answered (``_MISSING`` when
+                     fn: Any = None, writes: bool = False) -> tuple[Needs, Any]:
+    """``check_call``'s answer, and what the layouts of the arguments answered (``_MISSING`` when
     nothing was asked of them): a replayed plan hands it back to ``check_planned``."""
     if entry.check is not None:
         _run_contract(entry, args, kwargs)
         if not entry.variants:  # our own entry: its contract replaces the meta run (a test op must not run twice)
-            return 0, _MISSING
+            return Needs(0, step_cost.touched(args, kwargs), 0), _MISSING
     if inplace:
         _check_written(entry, args)
     call = _Call(entry, fn, writes)
@@ -104,11 +117,11 @@ def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool,
 
 def plannable(known: Any) -> bool:
     """Whether ``known`` (from ``check_call_known``) holds for every call whose arguments have the same
-    layouts: bytes do; a refusal never reaches a plan, and a data-dependent bound reads values."""
-    return type(known) is int
+    layouts: a ``Needs`` does; a refusal never reaches a plan, and a data-dependent bound reads values."""
+    return type(known) is Needs
 
 
-def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: int) -> int:
+def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: Needs) -> Needs:
     """``check_call`` for a call whose arguments' layouts a replayed plan vouches for
     (``service/engine/program_plan.py``): the entry's contract, which may read values, runs again; what
     looks only at layouts (the meta run, and a written tensor's overlap: its sizes and strides)
@@ -138,10 +151,10 @@ def use_memo(state: tuple) -> None:
     _memo = found
 
 
-def _answer(known: int | tuple[ErrorCode, str] | None, entry: OpEntry, args: list, kwargs: dict) -> int:
+def _answer(known: Needs | tuple[ErrorCode, str] | None, entry: OpEntry, args: list, kwargs: dict) -> Needs:
     if known is _DATA_DEPENDENT:  # the bound reads the values: never memoized
         return _bound(entry, args, kwargs)
-    if isinstance(known, tuple):
+    if type(known) is tuple:
         raise ProtocolError(*known)
     return known
 
@@ -213,9 +226,9 @@ class _Call:
 
 
 def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> tuple[Any, bool]:
-    """(the answer, whether it read a 0-d tensor's value). The answer: the bytes of the call's new
-    storages, torch's refusal (its code and message), or ``_DATA_DEPENDENT`` when meta cannot say a
-    data-dependent entry's outputs."""
+    """(the answer, whether it read a 0-d tensor's value). The answer: what the call needs, torch's
+    refusal (its code and message), or ``_DATA_DEPENDENT`` when meta cannot say a data-dependent
+    entry's outputs."""
     entry = call.entry
     by_value = False
     try:
@@ -236,7 +249,7 @@ def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> tuple[Any,
         if entry.data_dependent or (entry.check is not None and entry.output_bound is not None):
             return _DATA_DEPENDENT, by_value  # bounded by its values (its contract vouched for the arguments)
         if entry.check is not None:  # a contract of our own vouches for a kernel that makes no new tensor (fused)
-            return 0, by_value
+            return Needs(0, step_cost.touched(args, kwargs), 0), by_value
         refusal = (f"{entry.name}: torch has no meta kernel for it ({_first_line(exc)}), so its arguments cannot "
                    "be checked before the kernel runs; the server does not run it")
         return (ErrorCode.OP_ERROR, refusal), by_value
@@ -246,7 +259,7 @@ def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> tuple[Any,
         return (ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__), by_value
 
 
-def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalars: bool) -> int:
+def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalars: bool) -> Needs:
     entry = call.entry
     storages: dict[int, torch.UntypedStorage] = {}
     meta_args = [_to_meta(a, storages, scalars) for a in args]
@@ -257,8 +270,9 @@ def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalar
     # factories make meta tensors; a generator of its own, so that nothing run on meta (manual_seed)
     # can change the session's
     token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
+    cost = step_cost.counting()  # each aten op the call reaches, charged its work as it runs on meta
     try:
-        with torch.no_grad():  # the kernels' checks are below autograd; autograd's own run with the call
+        with torch.no_grad(), cost:  # the kernels' checks are below autograd; autograd's own run with the call
             if inplace and call.writes:  # torch's own in-place spelling (``Tensor.add_``)
                 out = fn(*meta_args, **meta_kwargs)
             elif inplace and entry.native_inplace is not None:
@@ -272,7 +286,7 @@ def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalar
         reset(token)
     new = _new_bytes(out, storages)
     grown = sum(max(0, s.nbytes() - before[cdata]) for cdata, s in storages.items())
-    return new + grown
+    return Needs(new + grown, cost.flops, max((t.numel() for t in _tensors(out)), default=0))
 
 
 def _has_scalars(args: list, kwargs: dict) -> bool:
@@ -326,15 +340,18 @@ def _tensors(out: Any):
             yield from _tensors(o)
 
 
-def _bound(entry: OpEntry, args: list, kwargs: dict) -> int:
-    """Bytes a data-dependent call's outputs may reach, from its real arguments."""
+def _bound(entry: OpEntry, args: list, kwargs: dict) -> Needs:
+    """What a data-dependent call's outputs may reach, from its real arguments: their bytes, and the
+    elements of its output where its bound is that output's size (``bounds.exact``)."""
     inputs = list(_tensors([args, list(kwargs.values())]))
     if entry.output_bound is not None:
-        elements = entry.output_bound(*args, **kwargs)
+        elements = int(entry.output_bound(*args, **kwargs))
     else:  # every input element once per dimension: nonzero's worst case, and more than masked_select's
         elements = sum(t.numel() * max(1, t.dim()) for t in inputs)
     itemsize = max([8, *(t.element_size() for t in inputs)])
-    return math.prod((int(elements), itemsize))
+    exact = getattr(entry.output_bound, "exact", False)
+    return Needs(math.prod((elements, itemsize)), step_cost.bounded(entry.name, args, kwargs, elements),
+                 elements if exact else 0)
 
 
 def _reads_values(exc: Exception) -> bool:

@@ -7,12 +7,13 @@ program each step with new ids and new values, so those keys come out the same e
 
 A session keeps the plans of its last few programs that succeeded (``PLANS_PER_SESSION``,
 least recently used first out), keyed by the program's step kinds and ops. A plan holds, per
-call step, its *pattern* and what its layouts answered. The pattern names every tensor
-argument by its origin instead of its id: ``("p", step, k)`` for the k-th output of an earlier
-call of this program, ``("s", n)`` for the n-th tensor taken from the session (its value, or
-its grad), with every other argument as its type and value (an arithmetic op's floats by
-type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken once, at its first use in
-the program (the plan's ``layouts``).
+call step, its *pattern* and what its layouts answered (``meta_check.Needs``: its bytes, its
+largest output and its cost, which the runner holds to the limits each time). The pattern
+names every tensor argument by its origin instead of its id: ``("p", step, k)`` for the k-th
+output of an earlier call of this program, ``("s", n)`` for the n-th tensor taken from the
+session (its value, or its grad), with every other argument as its type and value (an
+arithmetic op's floats by type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken
+once, at its first use in the program (the plan's ``layouts``).
 
 A call is *planned* (``check_planned``: only the checks that read values run again) when its
 pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
@@ -105,8 +106,9 @@ class PlanRun:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> int:
-        """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments)."""
+    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> meta_check.Needs:
+        """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments): what
+        it needs, its cost too (a function of its layouts and scalars, as its bytes are)."""
         self._all_known = True
         entry = call.entry
         self._float_type = bool(entry.variants) and entry.name in _FLOATS_BY_TYPE
@@ -118,13 +120,13 @@ class PlanRun:
         pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
                    self._parts(step.args, args),
                    self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
-        reserved, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
+        needs, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
                                                        grad_enabled=step.grad_enabled, fn=call.fn,
                                                        writes=call.writes)
         # an answer keyed by a 0-d tensor's value is not plannable: it holds for that value only
         usable = meta_check.plannable(answer) and not call.entry.data_dependent
         self.record.calls[index] = (pattern, answer if usable else None)
-        return reserved
+        return needs
 
     def ran(self, step: CallStep, call) -> None:
         """Call ``step`` ran, planned or not. An in-place op of torch's keeps its target's layout, except

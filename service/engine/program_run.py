@@ -29,11 +29,13 @@ class ProgramRun:
 
     ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
 
-    ``watch``: the program's ``ProgramWatch`` (its time limit and cancel), asked between the steps
-    of a template too (``templates``).
-
     ``forward``: ``anomaly.Forwards`` when the program was sent with ``detect_anomaly`` (its call
     steps mark the autograd nodes they make), else ``None``.
+
+    ``watch``: the program's ``ProgramWatch`` (its time limit, its time left and cancel; ``None`` when
+    nothing watches it), asked between the steps of a template too (``templates``); ``untimed``: the
+    work up to which a call needs no ``step_cost.hold`` (``step_cost.untimed``); ``flops``: the work
+    of its calls so far (a CUDA graph's capture keeps it: ``graph_steps``).
     """
 
     session: Session
@@ -44,3 +46,5 @@ class ProgramRun:
     plan: Any = None
     watch: Any = None
     forward: Any = None
+    untimed: float = 0.0
+    flops: float = 0.0

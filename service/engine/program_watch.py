@@ -1,8 +1,9 @@
 """``ProgramWatch``: whether a running program must stop, checked by the runner between steps.
 
 A program stops at the next step boundary once it has run ``max_program_seconds``
-(``time_limit``) or once its client has gone (``cancelled``: the program route hears
-ASGI's ``http.disconnect`` while it runs). A step is never interrupted: the steps before
+(``time_limit``; a call whose cost, known before it runs, is more than the time left is worth
+does not start either: ``step_cost.hold``) or once its client has gone (``cancelled``: the
+program route hears ASGI's ``http.disconnect`` while it runs). A step is never interrupted: the steps before
 the boundary stay done and the answer says where it stopped, as for any failing step
 (DESIGN principle 3). That answer is kept by program id like any other, so a retry of
 the same program is answered from it and never runs the done steps twice.
@@ -49,6 +50,12 @@ class ProgramWatch:
             callback()
         else:
             self._on_cancel.append(callback)
+
+    def left(self) -> float:
+        """Seconds the program has left (all of them before its first step)."""
+        if self._started is None:
+            return self.seconds
+        return self.seconds - (perf_counter() - self._started)
 
     def check(self, index: int | None = None, step=None) -> None:
         """Before step ``index``: ``cancelled`` or ``time_limit`` if the program must stop here. (Only the

@@ -42,16 +42,18 @@ from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
+from .error_text import scrubbed
 from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
-from .meta_check import check_call
+from .meta_check import Needs, check_call
 from .program_plan import PlanRun
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .saved_tensors import counting_saved
-from .values import (check_new_ids, meta_message, resolve_args, resolve_kwargs, resolve_value, step_refs, store_made,
-                     store_tensors)
+from .step_cost import hold, untimed
+from .values import (check_elements, check_new_ids, meta_message, resolve_args, resolve_kwargs, resolve_value,
+                     step_refs, store_made, store_tensors)
 
 log = logging.getLogger("remote_autograd.service.engine.runner")
 OP_TABLE = _ops.OP_TABLE
@@ -68,7 +70,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     ``watch`` is asked before each step whether the program must stop there (its time limit, its
     client gone): the stop is that step's failure, the steps before it stay done.
     """
-    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch)
+    run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch,
+                     untimed=untimed(settings))
     if program.detect_anomaly:
         run.forward = Forwards(program.id)
     state = torch_globals.from_wire(program.torch_globals)
@@ -193,6 +196,7 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
     else:  # a bug of ours, but the client still gets data, never a 500
         log.exception("unexpected error in step %d (%s)", step, op)
         err = ProtocolError(ErrorCode.OP_ERROR, f"{type(exc).__name__}: {_first_line(exc)}")
+    err.message = scrubbed(err.message)  # torch's words reach the client, the server's addresses do not
     err.step, err.op = step, op
     return err
 
@@ -251,13 +255,17 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         check_new_ids(session, step.out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
     if run.plan is None:
-        reserved = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
-                              fn=call.fn, writes=call.writes)
+        needs = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
+                           fn=call.fn, writes=call.writes)
     else:  # the same check, skipped where the session's plan for this program vouches for it
-        reserved = run.plan.check_call(index, step, call, args, kwargs)
+        needs = run.plan.check_call(index, step, call, args, kwargs)
+    reserved = needs.bytes
     if reserved:
         session.storages.reserve(session, reserved, run.settings.max_session_bytes)
     try:
+        if needs.flops > run.untimed or needs.elements > run.settings.max_tensor_elements:
+            _admit(run, step, call.inplace, needs)  # a call that may pass a limit: held before its kernel runs
+        run.flops += needs.flops
         if call.inplace:  # never under autocast: the op contract's autocast_applies
             try:
                 _run_inplace(call, step, args, kwargs)
@@ -282,6 +290,14 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     finally:
         if reserved:
             session.storages.unreserve(session)  # what the outputs did not take (a view brings no bytes)
+
+
+def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None:
+    """The rest of what the meta check says a call will take, held to the limits before its kernel
+    runs: its largest output's elements (an in-place call makes no new tensor) and its work."""
+    if needs.elements > run.settings.max_tensor_elements and not inplace:
+        check_elements(f"{step.op}'s largest output", needs.elements, run.settings)
+    hold(run, step.op, needs.flops)
 
 
 def _remeasure(session: Session, step: CallStep) -> None:

@@ -15,16 +15,16 @@ a 400 naming the input) and numbers, runs the template, and keeps its outputs un
 steps before the failing one stay done, as in a program). Its error names the template's step:
 ``step 7 of template T: <op>: <torch's message>``.
 
-**How a template runs** is ``Template.runner``, one per template, chosen in one place: ``run_plainly``
-unless something sets another. It runs each step through the runner's own handlers (the
+**How a template runs** is ``Template.runner``, one per template, chosen in one place when it is
+defined (``compiled_templates.runner_for``): ``run_plainly``, or with ``REMOTE_AUTOGRAD_COMPILE`` a
+runner that runs it compiled once inductor has compiled it, and plainly until then. It runs each step through the runner's own handlers (the
 ``execute`` the runner passes in), so every check applies on every run: the meta check before each
-kernel, value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
+kernel (with its outputs' elements and its cost: ``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
 every run), the time limit between steps. The template's names live in the session's tensor table
 under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
 bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
-a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature, set on the
-template (``template.runner = ...``) once it is ready; it must keep the outputs under ``step.out``
-(``values.store_made``: counted and charged) or raise having kept nothing.
+a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature; it must keep
+the outputs under ``step.out`` (``values.store_made``: counted and charged) or raise having kept nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, Ru
 
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
+from . import compiled_templates
 from .program_run import ProgramRun
 from .values import bound_scalars, check_new_ids, meta_message
 
@@ -219,7 +220,9 @@ def define_template(run: ProgramRun, step: TemplateStep) -> None:
     if len(session.templates) >= limit:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"session holds {len(session.templates)} templates: limit "
                             f"max_templates_per_session={limit}")
-    session.templates[step.id] = Template.build(step)
+    template = Template.build(step)
+    template.runner = compiled_templates.runner_for(run.settings, session, template, run_plainly)
+    session.templates[step.id] = template
     return None
 
 
@@ -294,7 +297,7 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     table for the run; the outputs kept under ``step.out``, the rest freed (all of them on a failure)."""
     session = run.session
     tensors = session.tensors
-    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch)
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is _GradStandIn]
     tensors.update(zip(template.inputs, bound))
     tid = template.step.id

@@ -115,15 +115,20 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
 
 def store_made(session: Session, settings: Settings, pairs: list[tuple[str, CustomTensor]]) -> None:
     """``store_tensors`` for tensors a step computed (an op's outputs, a grad step's grads), each
-    held to ``max_tensor_elements`` first: only the op knew their size."""
+    held to ``max_tensor_elements`` first (a call's outputs were held to it on meta already, before
+    its kernel ran, except where only the kernel could say their size: ``meta_check.Needs``)."""
+    limit = settings.max_tensor_elements
     for tid, ct in pairs:
-        numel = ct.value.numel()
-        if numel > settings.max_tensor_elements:
-            raise ProtocolError(
-                ErrorCode.TOO_LARGE,
-                f"{tid!r} would have {numel} elements: limit max_tensor_elements={settings.max_tensor_elements}",
-            )
+        if ct.value.numel() > limit:
+            check_elements(repr(tid), ct.value.numel(), settings)
     store_tensors(session, settings, pairs)
+
+
+def check_elements(what: str, numel: int, settings: Settings) -> None:
+    """``what``, a tensor of ``numel`` elements, held to ``max_tensor_elements``."""
+    if numel > settings.max_tensor_elements:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"{what} would have {numel} elements: limit "
+                            f"max_tensor_elements={settings.max_tensor_elements}")
 
 
 def data_bytes(ct: CustomTensor) -> int:

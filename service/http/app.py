@@ -20,6 +20,7 @@ from .. import __version__
 from ..backends import state_volume
 from ..backends.local_sessions import LocalSessions
 from ..backends.tenant_processes import TenantProcesses
+from ..engine import compiled_templates
 from ..engine.guards import BodyBytes
 from ..ops import load_configured_ops
 from ..settings import Settings
@@ -95,6 +96,7 @@ def make_backend(settings: Settings):
     between processes (``SINGLE_PROCESS_RISK``, which a server's start logs, says what that risks)."""
     settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
     settings.graph_mode()  # and REMOTE_AUTOGRAD_CUDA_GRAPHS
+    compiled_templates.available(settings)  # and REMOTE_AUTOGRAD_COMPILE; a missing compiler said at the start
     if settings.backend == "inprocess":
         return TenantProcesses(settings) if settings.per_tenant_processes() else LocalSessions(settings)
     if settings.backend == "ray":

@@ -55,7 +55,8 @@ class OpEntry:
     # What the runner's check before the kernel needs to know (``service/engine/meta_check.py``):
     # ``check``: an argument contract of our own, run on the real arguments, for kernels whose meta
     # kernel is missing or too lax (the CPU fused optimizers trust their callers about list lengths
-    # and sizes); it replaces the meta run. ``data_dependent``: meta may not be able to say the
+    # and sizes); it replaces the meta run. A native entry's also checks the values its kernel
+    # indexes memory by (``value_checks.py``: lengths, offsets, labels), which meta cannot see. ``data_dependent``: meta may not be able to say the
     # outputs' shapes (``nonzero``, ``masked_select``); their bytes are then bounded by
     # ``output_bound(*args, **kwargs)`` (elements of all outputs together; by default every input
     # element once per dimension, which covers ``nonzero``). ``meta_fn``: what runs on meta when it is

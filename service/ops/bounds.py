@@ -6,6 +6,11 @@ how many. The server still charges every output's bytes before the kernel alloca
 function of the call's arguments -> an upper bound of the element count of all its outputs
 together). A data-dependent op without a bound is refused (``surface.json`` says so). A bound may
 read values (``bincount``'s largest input): one reduction, which the kernel would do anyway.
+
+A bound that is the size of the op's one output, not only a bound of it, is marked ``exact``:
+the runner then holds it to ``max_tensor_elements`` before the kernel too (``one_hot`` of a
+value of 2^30 is refused before it allocates 8 GiB). Any other is held to it after the kernel
+(``nonzero``'s output is mostly far below its bound).
 """
 
 from __future__ import annotations
@@ -14,6 +19,12 @@ import math
 from typing import Callable
 
 import torch
+
+
+def exact(bound: Callable[..., int]) -> Callable[..., int]:
+    """Mark ``bound`` as the size of its op's one output (``meta_check._bound`` reads the mark)."""
+    bound.exact = True
+    return bound
 
 
 def _tensors(values) -> list[torch.Tensor]:
@@ -43,10 +54,12 @@ def _largest(t: torch.Tensor) -> int:
     return int(t.max()) if t.numel() else -1
 
 
+@exact
 def _bincount(input, weights=None, minlength=0) -> int:
     return max(int(minlength), _largest(input) + 1)
 
 
+@exact
 def _one_hot(input, num_classes=-1) -> int:
     return input.numel() * (num_classes if num_classes >= 0 else max(_largest(input) + 1, 0))
 
@@ -56,6 +69,7 @@ def _unique(input, *args, **kwargs) -> int:
     return 3 * input.numel()
 
 
+@exact
 def _repeat_interleave(input, repeats=None, dim=None, *, output_size=None) -> int:
     if repeats is None:  # repeat_interleave(repeats): 0, 0, 1, ... each index repeats[i] times
         return int(input.sum()) if input.numel() else 0
@@ -95,12 +109,14 @@ def _broadcast_of_tensors(*args, **kwargs) -> int:
     return 2 * _broadcast_numel(*_tensors((*args, *kwargs.values())))
 
 
+@exact
 def _square_of_rows(input, *args, **kwargs) -> int:
     """``cov``, ``corrcoef``: a variables x variables matrix."""
     rows = input.shape[0] if input.dim() == 2 else 1
     return rows * rows
 
 
+@exact
 def _combinations(input, r=2, with_replacement=False) -> int:
     n = input.numel()
     return (math.comb(n + r - 1, r) if with_replacement else math.comb(n, r)) * max(r, 1)

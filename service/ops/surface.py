@@ -11,7 +11,8 @@ from the wire: the runner only looks names up in the table).
 - Ops that hand out uninitialised memory (``empty_like``, ``new_empty``) give zeros: memory a
   session receives never shows another's data (under deterministic algorithms, what torch fills it with).
 - Data-dependent ops (``nonzero``) carry ``data_dependent`` and their bound (``bounds.py``); ops
-  whose meta kernel cannot vouch for their arguments carry a check (``arg_checks.py``); a packed
+  whose meta kernel cannot vouch for their arguments carry a check (``arg_checks.py``), and so do
+  ops whose kernel indexes memory by argument values (``value_checks.py``); a packed
   sequence's ``batch_sizes`` go back to the CPU, where torch wants them (``adapters.py``).
 - An in-place spelling of an op that takes index tensors runs on a copy of its target, then is
   written in (``copy_inplace``): an index out of range found midway leaves nothing half-written.
@@ -31,7 +32,7 @@ import torch
 
 from remote_autograd.proto.op_contract import is_inplace_name, is_shape_inplace
 
-from . import adapters, arg_checks, bounds
+from . import adapters, bounds, value_checks
 from ._context import torch_fills_uninitialised
 from ._native import draws_nothing, session_rng
 from ._registry import OP_TABLE, OpEntry, OpTable
@@ -116,7 +117,7 @@ def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
                                                            and not spec.get("meta_derives_some")) else "meta",
         inplace=all(is_inplace_name(p) for p in names), kind="native",
         doc=f"torch's own {names[0]} ({', '.join(spec['from'])})",
-        data_dependent=data_dependent, output_bound=bounds.BOUNDS.get(name), check=arg_checks.CHECKS.get(name),
+        data_dependent=data_dependent, output_bound=bounds.BOUNDS.get(name), check=value_checks.check_of(name),
         variants=variants, copy_inplace=copy_inplace,
     )
 

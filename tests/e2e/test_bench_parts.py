@@ -20,8 +20,10 @@ import pytest
 import torch
 
 import bench
-from bench import _hot, gpu, step_parts, wan, wan_link
+from bench import _hot, gpu, same_machine, step_parts, wan, wan_link
 from remote_autograd import client
+
+from ..bits import torch_copies
 
 
 @pytest.fixture
@@ -166,3 +168,15 @@ def test_a_recording_inside_another_leaves_the_outer_one_whole(tapped):
         (x * 4).to_torch()
     assert len(inner()) == 1 and len(everything()) == 3
     assert everything()[1] == inner()[0]
+
+
+# -- the same_machine section's "before": the copy the SDK used to make --------------------------------
+
+def test_same_machine_times_torchs_clone_as_the_copy_it_stands_for(tapped):
+    sess, _ = tapped
+    x = torch.randn(64, 784)  # 200 KB: a frame, copied at the move
+    with same_machine.torch_clone_copies(), torch_copies() as before:
+        x.to(sess.device)
+    with torch_copies() as shipped:
+        x.to(sess.device)
+    assert "aten::clone" in before and not shipped

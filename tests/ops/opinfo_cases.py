@@ -56,6 +56,8 @@ def _why_refused(exc: Exception) -> str | None:
         return f"the wire cannot carry it: {text.splitlines()[0]}"
     name = text.split(" is not supported", 1)[0].strip()
     full = "torch." + name if name.startswith("Tensor.") else name
+    if full not in _REFUSED and "torch.functional." + full[6:] in _REFUSED:  # the SDK says torch.istft
+        name = full = "torch.functional." + full[6:]
     if full in _REFUSED:
         return f"{name}: {_REFUSED[full]}"
     for pattern, why in _SURFACE["deny"].items():

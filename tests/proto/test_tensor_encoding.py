@@ -14,6 +14,7 @@ from remote_autograd import proto
 from remote_autograd.proto import (DTYPES, ITEMSIZES, ProtocolError, decode_body, decode_tensor, encode_body,
                                    encode_tensor)
 
+from ..bits import torch_copies
 from .tensor_samples import (ALL_DTYPES, assert_bitwise_equal, json_round_trip, msgpack_round_trip, raw_bytes,
                              sample_tensor)
 
@@ -71,6 +72,30 @@ def test_round_trip_non_contiguous(name):
         want = t.contiguous().clone()
         assert_bitwise_equal(msgpack_round_trip(t), want)
         assert_bitwise_equal(json_round_trip(t), want)
+
+
+@pytest.mark.parametrize("name", ALL_DTYPES)
+def test_a_private_copy_has_the_plain_encodings_bytes_and_keeps_them(name):
+    """``private=True`` (an upload's copy, made by numpy): the bytes of the plain encoding, for every
+    dtype and layout, in memory of its own: the tensor changed afterwards leaves them as they were."""
+    for t in [sample_tensor(name, (4, 6)), sample_tensor(name, ()), sample_tensor(name, (0, 3)), *_non_contiguous(name)]:
+        t = t.clone() if t.stride() == (0, 1) else t  # not the expanded one: it is written below
+        wire = encode_tensor(t, as_view=True, private=True)
+        plain = encode_tensor(t)
+        assert (wire["dtype"], wire["shape"]) == (plain["dtype"], plain["shape"])
+        assert bytes(wire["data"]) == plain["data"]
+        t.fill_(1)
+        assert bytes(wire["data"]) == plain["data"]
+
+
+def test_a_private_copy_runs_no_torch_kernel_that_copies():
+    """numpy copies it: torch's ``clone``/``copy_`` of this size would wake torch's intra-op threads,
+    which spin afterwards on the cores a server beside the client needs (``service/openmp_wait.py``)."""
+    x = torch.randn(64, 784)
+    for t in (x, x.t(), x.to(torch.bfloat16)[:, ::2]):
+        with torch_copies() as copies:
+            encode_tensor(t, as_view=True, private=True)
+        assert not copies
 
 
 def test_conj_and_neg_views_encode_their_values():

@@ -17,7 +17,7 @@ from torch import nn
 from remote_autograd import client
 from remote_autograd.proto import decode_body
 from remote_autograd.proto.frames import is_frames, unpack_frames
-from ...bits import fit
+from ...bits import fit, torch_copies
 
 
 class ProgramRecorder(httpx.BaseTransport):
@@ -127,6 +127,20 @@ def test_moves_to_and_from_the_device(sess):
     back = r.to("cpu", torch.float64)
     assert type(back) is torch.Tensor and back.dtype == torch.float64 and torch.equal(back, t.double())
     assert torch.equal(torch.tensor(5.0, device=d).cpu(), torch.tensor(5.0))
+
+
+def test_a_batch_moved_to_the_device_is_copied_without_torchs_thread_pool(sess):
+    """``x.to(device)`` of a 200 KB batch (a frame of its own) keeps a private copy until its program
+    is sent: numpy makes it, not a torch kernel, whose intra-op threads would spin afterwards on the
+    cores a server beside this client needs (``proto/tensors.py``, ``service/openmp_wait.py``). The
+    copy is the move's: the batch changed before the program goes out is not what arrives."""
+    x = torch.randn(64, 784)
+    want = x.clone()
+    with torch_copies() as copies:
+        r = x.to(sess.device)
+    x.fill_(0)
+    assert not copies
+    assert torch.equal(r.cpu(), want)
 
 
 # -- one training function, two devices -----------------------------------------------------------

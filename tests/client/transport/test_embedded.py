@@ -89,3 +89,17 @@ def test_a_server_that_cannot_start_says_why(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("REMOTE_AUTOGRAD_MAX_STEPS_PER_PROGRAM", "many")  # the child's settings refuse it
     with pytest.raises(RuntimeError, match=r"(?s)did not start.*invalid literal for int\(\).*'many'"):
         _embedded._start()
+
+
+def test_the_embedded_server_waits_passively_beside_its_client(monkeypatch: pytest.MonkeyPatch):
+    """Its OpenMP threads sleep between regions instead of spinning on the client's cores
+    (``service/openmp_wait.py``); libgomp prints what it runs with when torch loads it."""
+    monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    server = _embedded._start()
+    try:
+        spin = [line for line in server.log_tail(200).splitlines() if "GOMP_SPINCOUNT" in line]
+        assert spin and spin[0].split("=")[1].strip() == "'0'", server.log_tail()  # libgomp's default: 300000
+    finally:
+        server.stop()

@@ -44,6 +44,7 @@ LIMITS = {
     "answer_timeout_seconds": 60.0,
     "max_body_bytes_in_flight": 100000,
     "max_templates_per_session": 3,
+    "max_step_flops": 10**6,
     "step_grace_seconds": 10.0,
     "min_answer_bytes_per_second": 65536,
 }
@@ -136,6 +137,20 @@ def test_huge_claimed_shape_is_413_before_allocation(c: httpx.Client, sid: str):
     err = error_of(program(c, sid, [call("zeros", 2000, out=["z"])]), 413, "too_large", "max_tensor_elements=1024")
     assert err["op"] == "zeros"
     assert held(c, sid)["tensors"] == 0
+    assert_usable(c, sid)
+
+
+def test_max_step_flops(c: httpx.Client, sid: str):
+    """A call's work, counted on meta before its kernel runs: a convolution of expanded one-element
+    tensors holds 4 bytes and does 1.5e5 FLOPs (counted 2.4e6: one output channel runs slower)."""
+    r = program(c, sid, [put("one", [1.0]), call("reshape", ref("one"), [1, 1, 1, 1], out=["one4"]),
+                         call("expand", ref("one4"), [1, 1, 32, 32], out=["x"]),
+                         call("expand", ref("one4"), [1, 1, 16, 16], out=["w"]),
+                         call("conv2d", ref("x"), ref("w"), out=["y"])])
+    err = error_of(r, 413, "too_large", "max_step_flops=1000000", "conv2d: about 2.37e+06 FLOPs")
+    assert err["step"] == 4 and len(r.json()["results"]) == 4
+    assert held(c, sid)["tensors"] == 4
+    assert program(c, sid, [{"kind": "free", "ids": ["one", "one4", "x", "w"]}]).status_code == 200
     assert_usable(c, sid)
 
 

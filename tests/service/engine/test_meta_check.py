@@ -9,6 +9,7 @@ momentum buffer made ``_fused_sgd_`` write past it (SIGSEGV, every tenant lost).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Iterator
 
@@ -21,7 +22,7 @@ from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
 from remote_autograd.service.engine import meta_check
 from remote_autograd.service.ops import OP_TABLE
 
-from ...servers import memory_of, running, session_pids
+from ...servers import memory_of, reset_peak, running, session_pids
 from ..wire import MSGPACK, Wire, call_step, checked_client, decode, new_id, put_step, ref
 
 TOKEN_A, TOKEN_B = "attacker-token", "victim-token"
@@ -301,21 +302,21 @@ def test_the_memo_gives_the_meta_runs_answers_and_keys_everything_a_kernel_check
     add, mm = OP_TABLE.get("add"), OP_TABLE.get("mm")
     x, y = torch.ones(2, 3), torch.ones(3, 4)
     meta_check.forget()
-    assert meta_check.check_call(mm, [x, y], {}, inplace=False, grad_enabled=True) == 2 * 4 * 4
-    assert meta_check.check_call(mm, [x, y], {}, inplace=False, grad_enabled=True) == 2 * 4 * 4  # memoized
+    assert meta_check.check_call(mm, [x, y], {}, inplace=False, grad_enabled=True).bytes == 2 * 4 * 4
+    assert meta_check.check_call(mm, [x, y], {}, inplace=False, grad_enabled=True).bytes == 2 * 4 * 4  # memoized
     with pytest.raises(Exception, match="same reduction dim"):  # torch's meta kernel's words
         meta_check.check_call(mm, [x, x], {}, inplace=False, grad_enabled=True)
     with pytest.raises(Exception, match="same reduction dim"):  # the refusal is memoized too
         meta_check.check_call(mm, [x, x], {}, inplace=False, grad_enabled=True)
-    assert meta_check.check_call(mm, [x, x.t()], {}, inplace=False, grad_enabled=True) == 2 * 2 * 4
-    assert meta_check.check_call(add, [x, 1], {}, inplace=False, grad_enabled=True) == 2 * 3 * 4
-    assert meta_check.check_call(add, [x.long(), 1], {}, inplace=False, grad_enabled=True) == 2 * 3 * 8
-    assert meta_check.check_call(add, [x.long(), 1.0], {}, inplace=False, grad_enabled=True) == 2 * 3 * 4
+    assert meta_check.check_call(mm, [x, x.t()], {}, inplace=False, grad_enabled=True).bytes == 2 * 2 * 4
+    assert meta_check.check_call(add, [x, 1], {}, inplace=False, grad_enabled=True).bytes == 2 * 3 * 4
+    assert meta_check.check_call(add, [x.long(), 1], {}, inplace=False, grad_enabled=True).bytes == 2 * 3 * 8
+    assert meta_check.check_call(add, [x.long(), 1.0], {}, inplace=False, grad_enabled=True).bytes == 2 * 3 * 4
     base = torch.zeros(8)
     view = base[2:5]
     add_ = OP_TABLE.resolve("add_")  # torch's own Tensor.add_
     assert meta_check.check_call(add, [view, view], {}, inplace=True, grad_enabled=False, fn=add_.fn,
-                                 writes=add_.writes) == 0
+                                 writes=add_.writes).bytes == 0
     with pytest.raises(Exception, match="single memory location"):
         meta_check.check_call(add, [torch.zeros(1).expand(4), 1], {}, inplace=True, grad_enabled=False, fn=add_.fn,
                               writes=add_.writes)
@@ -325,11 +326,11 @@ def test_a_view_op_is_charged_nothing_and_a_grown_storage_its_growth():
     view, resize = OP_TABLE.get("view"), OP_TABLE.resolve("resize_").entry
     x = torch.zeros(4, 6)
     meta_check.forget()
-    assert meta_check.check_call(view, [x, [24]], {}, inplace=False, grad_enabled=True) == 0
+    assert meta_check.check_call(view, [x, [24]], {}, inplace=False, grad_enabled=True).bytes == 0
     if resize is not None and not resize.check:
         small = torch.zeros(2, 3)
         try:
-            grown = meta_check.check_call(resize, [small, 4, 6], {}, inplace=True, grad_enabled=False)
+            grown = meta_check.check_call(resize, [small, 4, 6], {}, inplace=True, grad_enabled=False).bytes
         except Exception:
             grown = None  # our resize_ refuses to grow; torch's own (the derived table) grows it
         assert grown in (None, (24 - 6) * 4)
@@ -356,43 +357,107 @@ def bomb_server(request):
         yield s
 
 
-@pytest.fixture
-def bomber(bomb_server) -> Iterator[tuple[Wire, str, list[int]]]:
-    """A session on ``bomb_server``, and the processes that hold its memory."""
-    with _client(bomb_server.url, TOKEN_A) as c:
+@contextlib.contextmanager
+def _session_on(server) -> Iterator[tuple[Wire, str, list[int]]]:
+    """A session of token a on ``server``, and the processes that hold its memory."""
+    with _client(server.url, TOKEN_A) as c:
         wire = Wire(c, "msgpack")
         sid = wire.session()
-        yield wire, sid, session_pids(bomb_server, c, sid)
+        yield wire, sid, session_pids(server, c, sid)
         c.delete(f"/v1/sessions/{sid}")
+
+
+@pytest.fixture
+def bomber(bomb_server) -> Iterator[tuple[Wire, str, list[int]]]:
+    with _session_on(bomb_server) as session:
+        yield session
+
+
+def _set_off(bomber: tuple[Wire, str, list[int]], bomb) -> tuple[int, dict, int]:
+    """Run the step ``bomb`` makes (from vectors it asks for, put first): its status, its answer, and how
+    far the peak memory of the session's processes rose while it ran."""
+    wire, sid, pids = bomber
+    puts = []
+
+    def vector(n: int, shape=None, value=1, dtype=torch.float32) -> str:
+        tid = f"v{len(puts)}"
+        puts.append(put_step(tid, wire.tensor(torch.full([n], value, dtype=dtype).reshape(shape or [n]))))
+        return tid
+
+    step = bomb(vector)
+    wire.ok(sid, puts)
+    reset_peak(pids)
+    before = memory_of(pids, "VmHWM")
+    status, body = wire.program(sid, [step])
+    return status, body, memory_of(pids, "VmHWM") - before
 
 
 @pytest.mark.parametrize("op", _BOMBS)
 def test_a_huge_output_is_refused_before_anything_is_allocated(bomber, op):
-    wire, sid, pids = bomber
-    puts = []
-
-    def vector(n: int, shape=None) -> str:
-        tid = f"v{len(puts)}"
-        puts.append(put_step(tid, wire.tensor(torch.ones(n).reshape(shape or [n]))))
-        return tid
-
-    step = _BOMBS[op](vector)
-    wire.ok(sid, puts)
-    before = memory_of(pids, "VmHWM")
-    status, body = wire.program(sid, [step])
+    status, body, grew = _set_off(bomber, _BOMBS[op])
     assert status == 413, body
     assert "max_session_bytes" in body["error"]["message"]
-    assert memory_of(pids, "VmHWM") - before < 256 << 20  # nothing near 4 GiB was ever resident
+    assert grew < 256 << 20  # nothing near 4 GiB was ever resident
 
 
 def test_a_data_dependent_output_is_bounded_by_its_values_before_the_kernel(bomber):
     """one_hot's width is its input's largest value: 2^30 classes for one element is 8 GiB."""
     wire, sid, pids = bomber
     wire.ok(sid, [put_step("i", wire.tensor(torch.tensor([1 << 30])))])
+    reset_peak(pids)
     before = memory_of(pids, "VmHWM")
     status, body = wire.program(sid, [{**call_step("one_hot", ref("i"), out=["o"]), "out_many": True}])
     assert status == 413, body
     assert memory_of(pids, "VmHWM") - before < 256 << 20
+
+
+# outputs of 2^27 elements (512 MiB as float32, one_hot's 1 GiB as int64), past max_tensor_elements (2^20) and
+# within every byte limit: each was allocated before its 413 (issue 31), the element limit checked after the kernel
+ELEMENT_LIMIT = 1 << 20
+_PAST_THE_ELEMENT_LIMIT = {
+    "repeat": lambda v: call_step("repeat", ref(v(1024)), [1 << 17], out=["o"]),
+    "outer": lambda v: call_step("outer", ref(v(1 << 14)), ref(v(1 << 13)), out=["o"]),
+    "einsum": lambda v: call_step("einsum", "i,j->ij", ref(v(1 << 14)), ref(v(1 << 13)), out=["o"]),
+    "pad": lambda v: call_step("pad", ref(v(4)), [0, 1 << 27], out=["o"]),
+    "interpolate": lambda v: call_step("interpolate", ref(v(16, shape=[1, 1, 4, 4])), size=[1 << 13, 1 << 14],
+                                       out=["o"]),
+    "one_hot": lambda v: {**call_step("one_hot", ref(v(1, value=1 << 27, dtype=torch.int64)), out=["o"]),
+                          "out_many": True},  # no num_classes: its width is its largest value
+}
+
+
+@pytest.fixture(scope="module")
+def elements_server():
+    """Default byte limits (8 GiB a session), a small element limit."""
+    with running(REMOTE_AUTOGRAD_TOKENS=TOKEN_A, REMOTE_AUTOGRAD_MAX_TENSOR_ELEMENTS=str(ELEMENT_LIMIT)) as s:
+        yield s
+
+
+@pytest.mark.parametrize("op", _PAST_THE_ELEMENT_LIMIT)
+def test_an_output_past_the_element_limit_is_refused_before_its_kernel_allocates_it(elements_server, op):
+    with _session_on(elements_server) as bomber:
+        status, body, grew = _set_off(bomber, _PAST_THE_ELEMENT_LIMIT[op])
+        assert status == 413, body
+        assert f"max_tensor_elements={ELEMENT_LIMIT}" in body["error"]["message"], body
+        assert grew < 128 << 20  # the 512 MiB output was never made
+
+
+def test_the_conv2d_of_issue_31_is_refused_before_it_runs(bomber):
+    """Two ``expand``ed one-element tensors, a 2048x2048 image by a 1024x1024 kernel: 4 MiB held, 497 s of
+    work as one step. Refused on its count before the kernel (the client's 30 s timeout would end the
+    test long before such a kernel did)."""
+    wire, sid, _ = bomber
+    one = wire.tensor(torch.ones(1, 1, 1, 1))
+    wire.ok(sid, [put_step("x1", one), put_step("w1", one),
+                  call_step("expand", ref("x1"), [1, 1, 2048, 2048], out=["x"]),
+                  call_step("expand", ref("w1"), [1, 1, 1024, 1024], out=["w"])])
+    status, body = wire.program(sid, [call_step("conv2d", ref("x"), ref("w"), out=["y"]),
+                                      {"kind": "fetch", "id": "y"}])
+    assert status == 413, body
+    error = body["error"]
+    assert error["code"] == "too_large" and error["step"] == 0 and error["op"] == "conv2d"
+    assert "max_step_flops=100000000000" in error["message"] and "3.53e+13 FLOPs" in error["message"]
+    assert wire.ok(sid, [call_step("conv2d", ref("w1"), ref("w1"), out=["small"])]) is not None  # it goes on
 
 
 def _each_sample():
@@ -418,7 +483,7 @@ def test_memoized_and_plain_checks_agree_on_every_sample(name, index):
     args, kwargs = entry.samples[index].materialise(torch.float32, seed=index)
     meta_check.forget()
     plain = _answer(entry, args, kwargs)
-    assert isinstance(plain, int), plain
+    assert isinstance(plain, meta_check.Needs), plain
     again, copies = entry.samples[index].materialise(torch.float32, seed=index)
     assert _answer(entry, again, copies) == plain  # memoized, on other tensors of the same layouts
 
@@ -442,11 +507,11 @@ def test_a_0d_tensor_is_keyed_by_its_layout_unless_the_check_needs_its_value():
     mul, narrow = OP_TABLE.get("mul"), OP_TABLE.get("narrow")
     x = torch.ones(3, 4)
     meta_check.forget()
-    assert meta_check.check_call(mul, [x, torch.tensor(0.5)], {}, inplace=False, grad_enabled=False) == 3 * 4 * 4
+    assert meta_check.check_call(mul, [x, torch.tensor(0.5)], {}, inplace=False, grad_enabled=False).bytes == 3 * 4 * 4
     with _ValueReads() as reads:
         for coefficient in (0.25, 2.0, float("nan")):
             assert meta_check.check_call(mul, [x, torch.tensor(coefficient)], {}, inplace=False,
-                                         grad_enabled=False) == 3 * 4 * 4
+                                         grad_enabled=False).bytes == 3 * 4 * 4
     assert reads.reads == 0
     row = torch.arange(10.0)
     for start in (2, 9, 3, 9, 8, 2):  # each answer as the plain meta run gives it, in any order
@@ -454,7 +519,7 @@ def test_a_0d_tensor_is_keyed_by_its_layout_unless_the_check_needs_its_value():
             meta_check.forget()  # and after the memo starts again
         if start + 2 <= 10:
             assert meta_check.check_call(narrow, [row, 0, torch.tensor(start), 2], {}, inplace=False,
-                                         grad_enabled=False) == 0
+                                         grad_enabled=False).bytes == 0
         else:
             with pytest.raises(Exception, match=r"exceeds dimension size"):
                 meta_check.check_call(narrow, [row, 0, torch.tensor(start), 2], {}, inplace=False, grad_enabled=False)

@@ -1,0 +1,249 @@
+"""A template run compiled (``REMOTE_AUTOGRAD_COMPILE``): the way to run a template that stands in for
+the plain one (``templates.run_plainly``: each step through the runner's handlers) once inductor has
+compiled it (a speed path; ``python -m bench compile`` and ``gpu`` show what it saves).
+
+``runner_for`` gives each template defined in a session its runner (``Template.runner``, the seam
+``templates.py`` documents): with the setting ``off`` (the default), or on a host where inductor
+cannot build kernels (``template_compile.compiler_missing``: said once in the log), the plain one;
+else a ``CompilingRunner``. For each run it keys the *variant*: the template's steps (its names
+canonical, so two sessions of one token with the same template share it), the layouts of the
+tensors the run binds and of their grads, its numbers by value (inductor bakes Python numbers into
+its kernels: a variant is only ever run with the numbers it was compiled for), the device. A variant
+``ready`` runs compiled; any other runs the plain way, and a plain run that succeeds counts toward
+compiling its variant: ``on`` compiles it after its first run, ``auto`` after ``AUTO_RUNS`` runs in a
+row with the same key. A template whose numbers keep changing (a learning rate set by a scheduler
+every step) never repeats a key in ``auto``, and in ``on`` stops compiling after
+``VARIANTS_PER_TEMPLATE`` variants: it stays on the runner, which the log says once.
+
+A compiled run keeps what the plain run keeps: the argument contracts of its calls run first on the
+real inputs (``template_graph.Check``), the outputs and the grads it gives are charged to the
+session's budgets before the graph runs (``output_bytes``, from the fake tensors of the variant)
+and kept like a step's outputs (``values.store_made``: the element and tensor limits, the byte
+ledger), the time limit is asked first. Where anything of that refuses, the run goes the plain way,
+which answers the refusal exactly as a plain run does, at its step. A compiled run that fails in its
+kernels runs plainly again when its graph writes into nothing it was given (its error is then the
+runner's); one whose graph writes into its inputs cannot be run twice, and answers the error: as a
+plain run that failed at a step, what the template changed in place before may be done.
+
+The answers agree with the plain way's within torch's own compile tolerance, as ``torch.compile``
+agrees with eager torch (inductor reorders and fuses floating-point arithmetic):
+``tests/service/engine/test_compiled_templates.py`` compares them with ``torch.testing.assert_close``'s
+default tolerances for the dtype (float32: rtol 1.3e-6, atol 1e-5), as inductor's own tests do.
+Version counters of the tensors a compiled run writes move once per run, where the plain run moves
+them once per write: either way a graph that saved the old value refuses to use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any, Callable
+
+import torch
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+
+from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import tenant_tag
+from ..settings import Settings
+from .template_compile import COMPILER, Variant, compiler_missing
+from .template_graph import Layout
+from .values import store_made
+
+AUTO_RUNS = 3  # auto: runs in a row with the same key before its variant compiles
+VARIANTS_PER_TEMPLATE = 4  # variants one template may compile (its numbers keep changing beyond that)
+log = logging.getLogger("remote_autograd.service.engine.compiled_templates")
+_told_missing = False
+
+
+def available(settings: Settings) -> bool:
+    """Whether templates compile here: the setting (a misspelt one raises) and a C++ compiler for
+    inductor (its absence logged once, as the server starts)."""
+    mode = settings.compile_mode()
+    if mode == "off":
+        return False
+    missing = compiler_missing()
+    if missing is not None:
+        global _told_missing
+        if not _told_missing:
+            _told_missing = True
+            log.warning("REMOTE_AUTOGRAD_COMPILE=%s, but %s: templates run on the runner", mode, missing)
+        return False
+    return True
+
+
+def compile_state(settings: Settings) -> str:
+    """What ``/healthz`` says: the setting, or ``off`` where templates cannot compile here."""
+    return settings.compile_mode() if available(settings) else "off"
+
+
+def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
+    """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
+    compiles (see the module's docstring)."""
+    if not available(settings):
+        return plain
+    mode = settings.compile_mode()
+    cuda_graphs = settings.cuda_graphs == "on" and session.device.type == "cuda"
+    return CompilingRunner(plain, mode, tenant_tag(session.owner), session.device, settings.compile_budget_seconds,
+                           cuda_graphs)
+
+
+class CompilingRunner:
+    """A template's runner: compiled where its variant is ready, plain otherwise (and then counting)."""
+
+    def __init__(self, plain: Callable, mode: str, tenant: str, device: torch.device, budget: float,
+                 cuda_graphs: bool) -> None:
+        self.plain, self.mode, self.tenant, self.device = plain, mode, tenant, device
+        self.budget, self.cuda_graphs = budget, cuda_graphs
+        self.static: str | None = None  # a digest of the template's steps, canonical (made at its first run)
+        self.last: tuple | None = None  # the last plain run's key, and how many runs in a row had it
+        self.streak = 0
+        self.submitted: set[tuple] = set()
+        self.told = False
+
+    def __call__(self, run, template, step, bound: list[CustomTensor], scalars: dict, execute) -> None:
+        if self.static is None:  # a digest: the steps themselves would be hashed on every run
+            self.static = hashlib.blake2b(repr(canonical(template)).encode(), digest_size=16).hexdigest()
+        layouts = _layouts(bound)
+        key = None if layouts is None else (self.static, layouts, _numbers(scalars), self.device)
+        variant = COMPILER.get(self.tenant, key) if key is not None else None
+        ran = _run_compiled(run, variant, step, bound) if variant is not None and variant.state == "ready" else None
+        if ran == RAN:
+            return
+        self.plain(run, template, step, bound, scalars, execute)  # raises when a step fails: nothing counts
+        if ran == CHECK_REFUSED:  # yet the plain run passed: the contract read what the template computes
+            variant.state, variant.reason = "unfit", "an argument contract reads a tensor the template computes"
+            log.info("template %s (tenant %s) runs on the runner: %s", getattr(template.step, "id", "?"),
+                     self.tenant, variant.reason)
+        if key is not None:
+            self._count(key, template, layouts, scalars)
+
+    def _count(self, key: tuple, template, layouts: tuple, scalars: dict) -> None:
+        self.streak = self.streak + 1 if key == self.last else 1
+        self.last = key
+        if self.streak < (1 if self.mode == "on" else AUTO_RUNS) or key in self.submitted:
+            return
+        if len(self.submitted) >= VARIANTS_PER_TEMPLATE:
+            if not self.told:
+                self.told = True
+                log.info("template %s (tenant %s): its numbers keep changing (%d variants); it stays on the "
+                         "runner", getattr(template.step, "id", "?"), self.tenant, len(self.submitted))
+            return
+        self.submitted.add(key)
+        COMPILER.submit(self.tenant, key, template, layouts, scalars, self.device, budget=self.budget,
+                        cuda_graphs=self.cuda_graphs)
+
+
+def canonical(template) -> tuple:
+    """The template's steps with each tensor name replaced by its number (inputs first, then in the
+    order the steps make them): what two sessions' definitions of one graph have in common."""
+    names: dict[str, int] = {name: n for n, name in enumerate(template.inputs)}
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return ("t", names[value]) if value in names else value
+        if isinstance(value, dict):
+            return tuple((k, walk(v)) for k, v in value.items())
+        if isinstance(value, (list, tuple)):
+            return tuple(walk(v) for v in value)
+        return (type(value).__name__, value) if isinstance(value, (float, bool)) else value
+
+    steps = []
+    for step in template.steps:
+        made = getattr(step, "out", None) or []
+        for name in made:
+            names.setdefault(name, len(names))
+        steps.append(walk(step.model_dump()))
+    return tuple(steps), tuple(walk(list(template.outputs)))
+
+
+def _layouts(bound: list[CustomTensor]) -> tuple | None:
+    """Each bound tensor's ``Layout``; None when two of them share memory (or two grads do): a compiled
+    graph assumes its arguments apart, so such a run goes the plain way. A grad that is also bound as
+    an input's value (``{grad_of: p}`` beside ``p``) is said in the layout (``grad_bound``)."""
+    values: dict[int, int] = {}
+    for k, ct in enumerate(bound):
+        if ct.value.numel():
+            where = ct.value.untyped_storage().data_ptr()
+            if where in values:
+                return None
+            values[where] = k
+    grads: set[int] = set()
+    out = []
+    for ct in bound:
+        grad, bound_as = ct.grad, None
+        if grad is not None and grad.numel():
+            where = grad.untyped_storage().data_ptr()
+            bound_as = values.get(where)
+            if where in grads:
+                return None
+            grads.add(where)
+        out.append(Layout.of(ct.value, grad, bound_as))
+    return tuple(out)
+
+
+def _numbers(scalars: dict) -> tuple:
+    """The numbers by value and type (1, 1.0 and True are three variants)."""
+    return tuple((name, type(v).__name__, v) for name, v in sorted(scalars.items()))
+
+
+RAN, REFUSED, CHECK_REFUSED = "ran", "refused", "check"
+
+
+def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str:
+    """Run ``variant``'s compiled graph for ``step``: ``RAN``, or where the plain way must run instead,
+    ``REFUSED`` (a limit, or kernels that failed before writing anything) or ``CHECK_REFUSED``."""
+    session, settings, graph = run.session, run.settings, variant.graph
+    if run.watch is not None:
+        run.watch.check()  # its own error, before anything ran: as the plain run's first step
+    values = [ct.value for ct in bound]
+    if len(session.tensors) + len(step.out) > settings.max_tensors_per_session:
+        return REFUSED
+    try:
+        for check in graph.checks:
+            check.run(values)
+    except Exception:  # the plain run answers it at its step, with the steps before it done
+        return CHECK_REFUSED
+    try:
+        session.storages.reserve(session, graph.output_bytes, settings.max_session_bytes)
+    except ProtocolError:
+        return REFUSED
+    try:
+        args = values + [bound[k].grad for k in graph.effects.grads_read]
+        try:
+            with torch.enable_grad():
+                results = variant.fn(*args)
+        except Exception as exc:
+            if not graph.mutates:
+                log.info("a compiled run failed before writing anything; it runs plainly: %s", exc)
+                return REFUSED
+            raise ProtocolError(ErrorCode.OP_ERROR, f"template {getattr(step, 'template', '?')!r} (compiled): "
+                                f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from None
+        variant.runs += 1
+        outputs = results[:graph.outputs]
+        store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(step.out, outputs)])
+        _give_grads(session, graph, bound, values, results)
+    finally:
+        session.storages.unreserve(session)
+    return RAN
+
+
+def _give_grads(session, graph, bound: list[CustomTensor], values: list, results) -> None:
+    """The grads the run gives its inputs, and those it clears (``template_graph.Effects``)."""
+    effects = graph.effects
+    if not effects.given and not effects.cleared:
+        return
+    held = {t.untyped_storage().data_ptr() for t in (*values, *(ct.grad for ct in bound if ct.grad is not None))}
+    changed = []
+    for k, i, fresh in effects.given:
+        grad = results[i]
+        where = grad.untyped_storage().data_ptr()
+        if fresh and where in held:  # autograd_steps._accumulate: never a grad something else holds
+            grad = grad.clone(memory_format=torch.contiguous_format)
+        held.add(where)
+        bound[k].grad = grad
+        changed.append(bound[k])
+    for k in effects.cleared:
+        bound[k].grad = None
+        changed.append(bound[k])
+    session.storages.remeasure(session, changed)

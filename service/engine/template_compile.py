@@ -1,0 +1,173 @@
+"""Compiling templates in the background: inductor through ``compile_fx``, cached per tenant, within a
+budget of compile seconds per tenant (``REMOTE_AUTOGRAD_COMPILE``, ``compiled_templates``).
+
+``compile_fx`` (``torch._inductor.compile_fx``) is what ``torch.compile`` calls with the graph dynamo
+captured: AOT autograd traces it (functionalized: writes into inputs become copies back at the
+end), inductor generates the kernels (C++ on the CPU, built with the host's compiler; Triton on a
+GPU) and, with ``REMOTE_AUTOGRAD_CUDA_GRAPHS=on`` on a CUDA device, launches them as CUDA graphs
+(its ``reduce-overhead``: cudagraph trees). It is given example inputs of the variant's layouts
+(``template_graph.example_inputs``), never a session's tensors.
+
+One thread per process compiles, one variant at a time (a compile takes seconds to a minute of
+CPU): ``Compiler.submit`` never waits, and a run never waits for a compile (the template runs the
+plain way until its variant is ``ready``). The thread touches no session: it reads the template's
+steps (fixed once defined) and the variant's layouts and numbers, and writes only the variant.
+A tenant's compiles stop once they have taken ``compile_budget_seconds`` in all (the compile that
+crosses it finishes); a tenant keeps at most ``VARIANTS_PER_TENANT`` variants (the least recently
+used goes), shared by its sessions: two sessions of one token with the same template and layouts
+run one compile.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import functools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .template_graph import Layout, TemplateGraph, Unfit, build, example_inputs
+
+VARIANTS_PER_TENANT = 64
+log = logging.getLogger("remote_autograd.service.engine.template_compile")
+
+
+@functools.cache
+def compiler_missing() -> str | None:
+    """Why inductor cannot build kernels on this host (no C++ compiler, no inductor), or None."""
+    try:
+        from torch._inductor import cpp_builder
+
+        cpp_builder.get_cpp_compiler()
+    except Exception as exc:  # torch's own search raises when none of its candidates runs
+        return f"no C++ compiler for inductor ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+    return None
+
+
+def compile_graph(graph: TemplateGraph, examples: Sequence[torch.Tensor], *, cuda_graphs: bool) -> Callable:
+    """``compile_fx`` of ``graph`` for inputs like ``examples``: a callable taking the same arguments."""
+    from torch._inductor.compile_fx import compile_fx  # imports inductor: only where a template compiles
+
+    patches = {"triton.cudagraphs": True} if cuda_graphs else {}
+    module = copy.deepcopy(graph.module)  # compile_fx takes its module over and may change it
+    with torch.enable_grad():  # as the runner runs: each step's own mode is in the graph
+        return compile_fx(module, list(examples), config_patches=patches)
+
+
+class Variant:
+    """One template's compiled form for one set of layouts and numbers. ``state``: ``compiling``,
+    ``ready`` (``fn``, ``graph``), ``failed`` or ``unfit`` (``reason``): those two run plainly for good."""
+
+    __slots__ = ("state", "fn", "graph", "reason", "seconds", "runs")
+
+    def __init__(self) -> None:
+        self.state = "compiling"
+        self.fn: Callable | None = None
+        self.graph: TemplateGraph | None = None
+        self.reason = ""
+        self.seconds = 0.0
+        self.runs = 0  # compiled runs
+
+
+class _Tenant:
+    __slots__ = ("variants", "seconds", "told")
+
+    def __init__(self) -> None:
+        self.variants: OrderedDict[tuple, Variant] = OrderedDict()
+        self.seconds = 0.0  # compile time spent
+        self.told = False  # the log said once that the budget is spent
+
+
+class Compiler:
+    """The process's compiled variants by tenant, and the thread that compiles them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _Tenant] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self, tenant: str, key: tuple) -> Variant | None:
+        with self._lock:
+            found = self._tenants.get(tenant)
+            variant = found.variants.get(key) if found is not None else None
+            if variant is not None:
+                found.variants.move_to_end(key)
+            return variant
+
+    def submit(self, tenant: str, key: tuple, template: Any, layouts: Sequence[Layout], scalars: dict,
+               device: torch.device, *, budget: float, cuda_graphs: bool) -> Variant | None:
+        """Compile this variant on the compile thread unless it is known or the tenant's budget is
+        spent; the variant (compiling, or as it was), or None when the budget refuses it."""
+        with self._lock:
+            found = self._tenants.setdefault(tenant, _Tenant())
+            variant = found.variants.get(key)
+            if variant is not None:
+                return variant
+            if found.seconds >= budget:
+                if not found.told:
+                    found.told = True
+                    log.warning("tenant %s: its compile budget (compile_budget_seconds=%s) is spent; its new "
+                                "templates run on the runner", tenant, budget)
+                return None
+            variant = found.variants[key] = Variant()
+            while len(found.variants) > VARIANTS_PER_TENANT:
+                found.variants.popitem(last=False)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-autograd-compile")
+        # in a copy of the caller's context: inductor's config overrides are context variables
+        self._pool.submit(contextvars.copy_context().run, self._compile, found, variant, tenant, template,
+                          tuple(layouts), dict(scalars), device, cuda_graphs)
+        return variant
+
+    def _compile(self, found: _Tenant, variant: Variant, tenant: str, template: Any, layouts: tuple,
+                 scalars: dict, device: torch.device, cuda_graphs: bool) -> None:
+        began = time.perf_counter()
+        name = getattr(getattr(template, "step", None), "id", "?")
+        try:
+            graph = build(template, layouts, scalars, device)
+        except Unfit as exc:
+            variant.reason, variant.state = str(exc), "unfit"
+            log.info("template %s (tenant %s) runs on the runner: %s", name, tenant, exc)
+            return
+        try:
+            fn = compile_graph(graph, example_inputs(layouts, graph.effects.grads_read, device),
+                               cuda_graphs=cuda_graphs)
+        except Exception as exc:  # inductor's own failure (a compiler missing, a lowering it lacks)
+            variant.reason, variant.state = f"{type(exc).__name__}: {exc}", "failed"
+            log.warning("template %s (tenant %s): compiling it failed; it runs on the runner: %s", name, tenant,
+                        variant.reason[:2000])
+            return
+        finally:
+            seconds = time.perf_counter() - began
+            with self._lock:
+                found.seconds += seconds
+            variant.seconds = seconds
+        variant.fn, variant.graph = fn, graph
+        variant.state = "ready"  # last: a run that sees ready finds fn and graph set
+        log.info("template %s (tenant %s) compiled in %.1f s", name, tenant, seconds)
+
+    def figures(self) -> dict:
+        """What this process's compiles came to: variants by state, their compiled runs, seconds spent."""
+        with self._lock:
+            states: dict[str, int] = {}
+            runs = 0
+            for found in self._tenants.values():
+                for variant in found.variants.values():
+                    states[variant.state] = states.get(variant.state, 0) + 1
+                    runs += variant.runs
+            return {"variants": states, "compiled_runs": runs,
+                    "seconds": round(sum(t.seconds for t in self._tenants.values()), 1)}
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until every compile submitted so far has ended (tests, the bench)."""
+        if self._pool is not None:
+            self._pool.submit(lambda: None).result(timeout)
+
+
+COMPILER = Compiler()
