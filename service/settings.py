@@ -245,8 +245,11 @@ def default_total_bytes(device_type: str, device: str) -> int:
     if device_type == "cuda":
         import torch  # (loaded already: the device type was asked of it)
 
-        return int(torch.cuda.get_device_properties(device if device != "auto" else "cuda").total_memory
-                   * GPU_MEMORY_FRACTION)
+        try:
+            return int(torch.cuda.get_device_properties(device if device != "auto" else "cuda").total_memory
+                       * GPU_MEMORY_FRACTION)
+        except (AssertionError, RuntimeError):  # no such device here: torch's own error comes when it is used
+            pass
     return int(host_memory_bytes() * HOST_MEMORY_FRACTION)
 
 
