@@ -349,6 +349,8 @@ class Limits(_Model):
     max_body_bytes_in_flight: int | None = None
     max_templates_per_session: int | None = None
     max_step_flops: int | None = None
+    step_grace_seconds: float | None = None
+    min_answer_bytes_per_second: int | None = None
 
 
 class SessionCreated(_Model):

@@ -6,18 +6,27 @@ its URL, its docs page's, how many tokens and where sessions are saved); everyth
 JSON log line on stderr (``service.logs``: uvicorn's own startup lines are info records, below
 the default level, while the saves and restores of sessions pass it); ``--log-level info`` (or
 ``REMOTE_AUTOGRAD_LOG_LEVEL=info``) adds one line per request.
+
+The process holds the tokens, so it makes itself unreadable by other processes of its user,
+its tenants' workers included (``process_guards.forbid_reading``: no ``/proc/<pid>/environ``
+or ``mem`` for them; a profiler that attaches needs root). On SIGTERM uvicorn stops
+accepting connections and waits for open requests at most ``shutdown_grace_seconds``: then
+it cuts them (a program still running stops at its next step; an answer a slow client is
+still reading is dropped), and the sessions are saved (``state_volume``) whatever the
+clients do.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 
 import uvicorn
 
-from . import openmp_wait
+from . import openmp_wait, process_guards
 from .gc_freeze import freeze_startup_objects
 from .settings import Settings
 
@@ -68,21 +77,25 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    process_guards.forbid_reading()  # before any worker starts: none may read this process (the docstring)
 
     # cuBLAS's fixed workspaces, which torch requires for a client's deterministic algorithms on a GPU
     # (Program.torch_globals); tenant worker processes inherit it. Read by torch at each matmul.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     from . import logs
-    from .http.app import create_app
+    from .http.app import SINGLE_PROCESS_RISK, create_app
     from .http.http_protocol import guarded_http_protocol
 
     logs.configure(settings.log_level)
+    if settings.backend == "inprocess" and not settings.per_tenant_processes():
+        logging.getLogger("remote_autograd.service").warning(SINGLE_PROCESS_RISK)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         http=guarded_http_protocol(settings),  # httptools, with header and idle limits (service/http/http_protocol.py)
         timeout_keep_alive=settings.idle_timeout_seconds,
+        timeout_graceful_shutdown=settings.shutdown_grace_seconds,  # then the save, whatever the clients do
         loop="uvloop",
         log_config=None,  # uvicorn's records go to our JSON handler
         log_level=settings.log_level,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
@@ -41,6 +42,9 @@ ADVERTISED_LIMITS = (
     "max_templates_per_session",
     # a step's cost, known before its kernel runs (issue 31): see docs/limits.md
     "max_step_flops",
+    # isolation (issue 31): a step cut by ending its worker; slow readers (see docs/limits.md)
+    "step_grace_seconds",
+    "min_answer_bytes_per_second",
 )
 
 
@@ -72,7 +76,7 @@ class Settings:
     max_tensor_elements: int = 1 << 28
     max_tensors_per_session: int = 100_000
     max_session_bytes: int = 8 << 30
-    max_total_bytes: int = 32 << 30
+    max_total_bytes: int = 0  # 0: automatic, a part of the device's memory (see default_total_bytes)
     max_sessions: int = 256
     max_sessions_per_token: int = 0  # 0: automatic (see _SHARES)
     max_bytes_per_token: int = 0  # 0: automatic
@@ -86,7 +90,7 @@ class Settings:
     log_level: str = "warning"
     backend: str = "inprocess"  # or "ray": sessions live in worker actors (service.backends.ray_sessions)
     model_dir: str = ""  # safetensors files sessions may load by name (service.engine.model_dir); "": none
-    tenant_processes: str = "auto"  # inprocess: "auto" (a worker process per token when 2+ tokens), "on", "off"
+    tenant_processes: str = "on"  # inprocess: "on" (a worker process per token, the default) or "off" (one process)
     tenant_idle_seconds: float = 300.0  # a token's worker process stops after this long without a session
     state_dir: str = ""  # sessions are written here on SIGTERM and restored at start (service.backends.state_volume)
     ray_namespace: str = "remote-autograd"
@@ -116,9 +120,18 @@ class Settings:
     #    device's default (_STEP_COST; docs/limits.md says how they were chosen) --
     max_step_flops: int = 0  # the work one call step may do, in FLOPs (service/engine/cost_formulas.py)
     device_flops_per_second: float = 0.0  # the device's rate: what the time a program has left is worth in FLOPs
+    # -- isolation (issue 31): a step stopped by ending its worker, a worker's memory, a restart's
+    #    grace, slow readers (service/backends/step_deadline.py, service/backends/tenant_worker.py,
+    #    service/__main__.py, service/http/http_protocol.py; docs/tenants.md) --
+    step_grace_seconds: float = 10.0  # a step still running this long past the time limit or its client's leaving ends its worker
+    worker_memory_bytes: int = 0  # a tenant worker's private memory above its start (RLIMIT_DATA); 0: automatic, -1: none
+    shutdown_grace_seconds: float = 10.0  # on SIGTERM: answers and programs still open after this are cut, then the save
+    min_answer_bytes_per_second: int = 64 << 10  # an answer read slower than this (each answer_timeout_seconds) is dropped
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if self.max_total_bytes == 0:  # (before the shares: they are parts of it)
+            object.__setattr__(self, "max_total_bytes", default_total_bytes(self._device_type(), self.device))
         # 0 (the default) for a share means a fraction of the server-wide limit on a server with
         # tokens (so no tenant can take it all), and all of it without tokens (one tenant)
         for name, (whole, fraction, without_tokens) in _SHARES.items():
@@ -161,10 +174,11 @@ class Settings:
         return max(2, min(8, (os.cpu_count() or 2) // 2))
 
     def per_tenant_processes(self) -> bool:
-        """Whether each token's sessions run in a worker process of their own (``service.backends.tenant_processes``)."""
+        """Whether each token's sessions run in a worker process of their own (``service.backends.tenant_processes``):
+        yes unless ``off`` (``auto``, the default of old, is ``on``: a worker even for one token or none)."""
         if self.tenant_processes not in ("auto", "on", "off"):
-            raise ValueError(f"REMOTE_AUTOGRAD_TENANT_PROCESSES={self.tenant_processes!r}: use auto, on or off")
-        return self.tenant_processes == "on" or (self.tenant_processes == "auto" and len(self.tokens) > 1)
+            raise ValueError(f"REMOTE_AUTOGRAD_TENANT_PROCESSES={self.tenant_processes!r}: use on or off")
+        return self.tenant_processes != "off"
 
     def replays(self) -> bool:
         """Whether a repeated program's calls are checked by its plan (``service/engine/program_plan.py``)."""
@@ -217,6 +231,42 @@ _STEP_COST = {
     "max_step_flops": {"cpu": 10**11, "cuda": 10**14},
     "device_flops_per_second": {"cpu": 3e10, "cuda": 2e13},
 }
+
+
+# What part of the memory the byte limits may count by default: on a GPU, of the device's (its
+# CUDA context, the caching allocator's rounding and each tenant worker's own context take the
+# rest); on the CPU, of the host's (or the container's): each worker process's own memory
+# (torch, about 300 MB), kernels' temporaries and the page cache need the rest.
+GPU_MEMORY_FRACTION, HOST_MEMORY_FRACTION = 0.75, 0.5
+
+
+def default_total_bytes(device_type: str, device: str) -> int:
+    """``max_total_bytes`` left at 0: a part of the device's memory (the host's for a CPU server)."""
+    if device_type == "cuda":
+        import torch  # (loaded already: the device type was asked of it)
+
+        try:
+            return int(torch.cuda.get_device_properties(device if device != "auto" else "cuda").total_memory
+                       * GPU_MEMORY_FRACTION)
+        except (AssertionError, RuntimeError):  # no such device here: torch's own error comes when it is used
+            pass
+    return int(host_memory_bytes() * HOST_MEMORY_FRACTION)
+
+
+@functools.cache
+def host_memory_bytes() -> int:
+    """The memory this process's host gives it: ``MemTotal``, or its container's limit (cgroup v2
+    ``memory.max``, v1 ``memory.limit_in_bytes``) where that is smaller."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total
 
 
 def _parse(kind: str, raw: str, name: str):

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import msgpack
 
 from .answer_schema import response_hook
 
@@ -174,6 +176,40 @@ def read_answer(raw: socket.socket) -> str:
     while len(body) < length and (piece := raw.recv(65536)):
         body += piece
     return (head + b"\r\n\r\n" + body).decode()
+
+
+def slow_fetch(port: int, sid: str, tid: str, *, token: str | None = None, burst: int = 2 << 20,
+               every: float = 1.0) -> tuple[socket.socket, list]:
+    """A program fetching ``tid`` (msgpack), on a socket of its own whose answer is read ``burst`` bytes at
+    once every ``every`` seconds, in a thread, until the socket closes or fails: a reader slower
+    than the server (a receive buffer of 256 KiB, so the kernel does not take the answer for it).
+    The socket (close it to stop) and ``[bytes read so far, whether the connection ended]``."""
+    body = msgpack.packb({"id": os.urandom(8).hex(), "steps": [{"kind": "fetch", "id": tid}]})
+    auth = f"{AUTH}: Bearer {token}\r\n" if token else ""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"POST /v1/sessions/{sid}/programs HTTP/1.1\r\nHost: x\r\n{auth}Remote-Autograd-Protocol: 1\r\n"
+              f"Content-Type: application/msgpack\r\nAccept: application/msgpack\r\nContent-Length: {len(body)}"
+              "\r\n\r\n".encode() + body)
+    got = [0, False]
+
+    def read() -> None:
+        try:
+            while True:
+                time.sleep(every)
+                taken = 0
+                while taken < burst:
+                    piece = s.recv(min(burst - taken, 1 << 20))
+                    if not piece:
+                        raise ConnectionResetError("closed by the server")
+                    taken += len(piece)
+                got[0] += taken
+        except OSError:
+            got[1] = True
+
+    threading.Thread(target=read, daemon=True).start()
+    return s, got
 
 
 def session_pids(server: Server, c: httpx.Client, sid: str) -> list[int]:

@@ -8,6 +8,13 @@ used to run uvicorn in a thread of the user's process; every round trip then wen
 through the one GIL the user's code, the event loop and the workers all wanted, many
 times slower than the same server in a process of its own.)
 
+It keeps its sessions in its own process (``REMOTE_AUTOGRAD_TENANT_PROCESSES=off``, unless
+the environment says otherwise), not in a worker process per tenant as a standalone server
+does: it is already a process of its own, serving only this program's user, whose tensors
+are all it holds, and it holds no token. A crashing kernel ends it and its sessions, exactly
+what ending a worker would lose, and the next ``connect()`` starts it again; a worker would
+cost a second import of torch (and, on a GPU, a second CUDA context) for nothing to protect.
+
 The child lives as long as this process: it is stopped at exit, and it stops itself
 when this process dies without exiting (its stdin is a pipe only this process writes
 to; end of file means we are gone). It runs in a session of its own, so a Ctrl-C meant
@@ -32,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+_TENANT_PROCESSES = "REMOTE_AUTOGRAD_TENANT_PROCESSES"
 _START_TIMEOUT = 120.0  # seconds; a cold start imports torch (and CUDA) in the child
 _lock = threading.Lock()
 _server: "EmbeddedServer | None" = None
@@ -117,7 +125,7 @@ def _launch(port: int) -> EmbeddedServer:
 
     # The child imports torch (through this package) before the service's entry point runs, so the
     # OpenMP wait policy of a server beside its client goes in its environment here.
-    env = dict(os.environ)
+    env = {_TENANT_PROCESSES: "off", **os.environ}  # its sessions in its own process: the module's docstring
     openmp_wait.settle("127.0.0.1", env)
     fd, name = tempfile.mkstemp(prefix="remote-autograd-embedded-", suffix=".log")
     with os.fdopen(fd, "wb") as out:
@@ -140,10 +148,13 @@ def _wait_healthy(server: EmbeddedServer) -> None:
 
 def service_app(**settings):
     """The service's ASGI app, configured as ``python -m remote_autograd.service`` would be
-    (``REMOTE_AUTOGRAD_*``), with ``settings`` (``Settings`` fields) on top."""
+    (``REMOTE_AUTOGRAD_*``), with ``settings`` (``Settings`` fields) on top; its sessions in this
+    process unless the environment or ``settings`` say otherwise (an app in the user's process)."""
     from remote_autograd.service.http.app import create_app
     from remote_autograd.service.settings import Settings
 
+    if _TENANT_PROCESSES not in os.environ:
+        settings.setdefault("tenant_processes", "off")
     return create_app(Settings.from_env(**settings))
 
 

@@ -95,8 +95,8 @@ class GrantedBudget(Budget):
         except ProtocolError:
             if anyway:  # bytes that exist already (a grown storage): counted past the grant, never lost
                 return super().take(nbytes, anyway=True)
-            raise ProtocolError(ErrorCode.TOO_LARGE, f"the server would hold more than its limit "
-                                f"max_total_bytes={self.total} across every tenant's sessions") from None
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"the server would hold {self.held + nbytes} bytes or more "
+                                f"across every tenant's sessions: limit max_total_bytes={self.total}") from None
 
     def give(self, nbytes: int) -> None:
         super().give(nbytes)

@@ -1,9 +1,10 @@
 """``TenantProcesses``: the backend with a worker process per tenant (a token), so tenants never share an address space.
 
 The routes speak to it as to ``LocalSessions`` (ids and bytes). This front holds no
-tensors: each token's sessions live in a ``tenant_worker`` process of their own,
-started on the token's first session and stopped once the token has had no session
-for ``tenant_idle_seconds``. Calls go over ``tenant_channel``'s protocol; a program's
+tensors: each token's sessions live in a ``tenant_worker`` process of their own (the
+default for every server, one token or none too), started on the token's first session
+(on a server of one tenant, at once) and stopped once the token has had no session for
+``tenant_idle_seconds``. Calls go over ``tenant_channel``'s protocol; a program's
 body crosses as the bytes that arrived, and its answer comes back encoded by the worker.
 
 Routing is by the caller, never by the id: a token's calls reach only its own worker,
@@ -11,7 +12,8 @@ whatever session id they name, so another token's ids are unknown (404) there as
 single server. A session id starts with its worker's prefix (``<prefix>.``): an id of a
 worker of this token that died answers ``410 session_lost``; the token's next session
 gets a new worker. A crash (a kernel's SIGSEGV, an abort) ends only that process: every
-other tenant goes on as if nothing happened.
+other tenant goes on as if nothing happened. So does a step that outlives the time limit
+or its client: the front ends its worker (``step_deadline``).
 
 Server-wide limits hold across the workers: programs are admitted here
 (``max_concurrent_programs``, one ``ProgramSlots`` for all), sessions are counted here
@@ -23,6 +25,7 @@ limits are each worker's own.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -43,6 +46,7 @@ from ..settings import Settings
 from .byte_grants import BytePool
 from .program_answer import ProgramAnswer
 from .state_volume import tenant_dir  # the state volume's layout: one directory per tenant
+from .step_deadline import StepDeadline
 from .tenant_channel import ChannelClosed
 from .tenant_spawn import WorkerProcess
 
@@ -89,17 +93,31 @@ class TenantProcesses:
                                        tenant_dir(root, owner) if root else None)
                          for i, owner in enumerate(owners)}
         self._reaper: asyncio.Task | None = None
+        self._tags = itertools.count()  # each program call's, for the worker to say where it is (step_deadline)
 
     # -- life of the backend ---------------------------------------------------------------
 
     def start(self) -> None:
+        """Reap idle workers from now on. A server of one tenant (one token, or none) starts its worker
+        now: its first session would otherwise wait for a process to import torch."""
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever())
+            if len(self._tenants) == 1:
+                asyncio.ensure_future(self._start_early(next(iter(self._tenants.values()))))
+
+    async def _start_early(self, tenant: Tenant) -> None:
+        try:
+            await self._worker(tenant)
+        except ProtocolError as exc:  # its first session tries again, and says why if it fails too
+            log.error("%s", exc.message)
 
     async def close(self) -> None:
-        """After the last request: each worker saves its sessions (with a state directory), then stops."""
+        """After the last request: each worker saves its sessions (with a state directory), then stops
+        (one still starting first finishes its start)."""
         if self._reaper is not None:
             self._reaper.cancel()
+        starting = [t.starting for t in self._tenants.values() if t.starting is not None]
+        await asyncio.gather(*starting, return_exceptions=True)
         workers = [t.worker for t in self._tenants.values() if t.worker is not None]
         await asyncio.gather(*(self._stop(w, save=self.settings.state_dir != "") for w in workers))
 
@@ -167,15 +185,32 @@ class TenantProcesses:
         """The body goes to the worker as it came; its answer comes back encoded, as bytes of its own
         (nothing of the session's is held while the caller sends it). A cancelled ``watch`` (the
         client went away) or caller cancels the program's task in the worker: it stops at its next
-        step there (the worker's own watch keeps the time limit)."""
+        step there (the worker's own watch keeps the time limit). A step still running past the
+        limit, or past its client's leaving, ends the worker (``step_deadline``)."""
         worker = await self._route(sid, owner)
         with self.slots.take(sid, owner):
             start = perf_counter()
-            fields, answer = await self._call(worker, sid, "program", {"sid": sid, "ctype": ctype, "accept": accept},
-                                              body, watch=watch)
+            fields, answer = await self._run(worker, sid, {"sid": sid, "ctype": ctype, "accept": accept}, body, watch)
             hop = perf_counter() - start
             self.observe_program(hop)
         yield ProgramAnswer(fields["status"], fields["media_type"], [answer], len(answer), fields["steps"], hop)
+
+    async def _run(self, worker: WorkerProcess, sid: str, fields: dict, body, watch: ProgramWatch | None):
+        """The ``program`` call, its deadline watched (``step_deadline``): 410 naming the step if it ended the worker."""
+        fields["tag"] = tag = next(self._tags)
+        deadline = StepDeadline(worker, tag, self.settings, watch)
+        watching = False
+        try:
+            return await worker.call("program", fields, body, watch=watch)
+        except ChannelClosed:
+            await worker.ended()
+            raise _lost(sid, worker, deadline.error) from None
+        except ProtocolError as exc:
+            watching = exc.code is ErrorCode.CANCELLED  # the worker stopped waiting: its step may run on
+            raise
+        finally:
+            if not watching:
+                deadline.close()
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -331,7 +366,9 @@ async def _log_loss(worker: WorkerProcess) -> None:
               worker.how_it_ended())
 
 
-def _lost(sid: str, worker: WorkerProcess) -> ProtocolError:
+def _lost(sid: str, worker: WorkerProcess, at: ProtocolError | None = None) -> ProtocolError:
+    """410 for ``sid`` of a dead ``worker``; ``at``: the step (and op) of this program that ended it."""
     return ProtocolError(ErrorCode.SESSION_LOST,
                          f"session {sid} is lost: its tenant's worker process {worker.how_it_ended()}; other tenants' "
-                         "sessions go on. Open a new session and upload your tensors again (from your last checkpoint)")
+                         "sessions go on. Open a new session and upload your tensors again (from your last checkpoint)",
+                         step=at.step if at else None, op=at.op if at else None)

@@ -1,10 +1,16 @@
 """``WorkerProcess``: the front's handle on one tenant's worker process: starting it, calling it, stopping it.
 
-A worker is ``python -m remote_autograd.service.backends.tenant_worker FD`` with its end of a
-socketpair as ``FD``, in a session of its own (a terminal's signals reach the front,
-which decides), with the front's environment less the tokens: a worker never learns
-any token, its own included. It is told its settings, id prefix and state directory in
-the first call (``hello``), and answers once its saved sessions are restored.
+A worker is ``python -m remote_autograd.service.backends.tenant_worker FD FRONT`` with its end
+of a socketpair as ``FD`` and the front's pid as ``FRONT`` (it dies with that process:
+``process_guards.die_with_parent``), in a session of its own (a terminal's signals reach
+the front, which decides). A worker never learns any token, its own included: its
+environment is built from an allow-list of the front's (``worker_environment``: what
+Python, torch, CUDA and the locale read; never a name that looks secret), nothing
+secret is on its command line, its settings come without tokens, and it knows its
+tenant by a label (``tenant-0``), not by the token. The front itself is not readable by
+its workers (``process_guards.forbid_reading``, set by ``service/__main__.py``). It is
+told its settings, id prefix and state directory in the first call (``hello``), and
+answers once its saved sessions are restored.
 """
 
 from __future__ import annotations
@@ -28,7 +34,22 @@ from .tenant_worker import settings_to_wire
 
 _HELLO_SECONDS = 120.0  # a new worker imports torch (and opens CUDA) before it answers
 _STOP_SECONDS = 30.0
-_HIDDEN_VARIABLES = ("REMOTE_AUTOGRAD_TOKENS", "REMOTE_AUTOGRAD_TOKEN")
+# The environment a worker gets: these names, and names with these prefixes, of the front's; never
+# one with a word of _SECRET in it. Settings reach it in ``hello``, so no REMOTE_AUTOGRAD_* at all.
+_PASSED = frozenset(("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+                     "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+                     "PYTHONFAULTHANDLER", "PYTHONWARNINGS", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD",
+                     "XDG_CACHE_HOME"))
+_PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUBLAS_", "CUDNN_", "NCCL_", "OMP_", "GOMP_", "KMP_", "MKL_",
+                    "OPENBLAS_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TRITON_", "MALLOC_")
+_SECRET = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "KEY", "AUTH", "COOKIE")
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What of ``environ`` a tenant's worker gets: an allow-list, so a secret added to the front's
+    environment tomorrow (under any name) does not reach a worker by default."""
+    return {name: value for name, value in environ.items()
+            if (name in _PASSED or name.startswith(_PASSED_PREFIXES)) and not any(w in name.upper() for w in _SECRET)}
 
 
 class WorkerProcess:
@@ -44,6 +65,7 @@ class WorkerProcess:
         self.last_busy = time.monotonic()
         self.stopped = False  # stopped on purpose (idle, or the front is stopping)
         self.gone = False
+        self.ended_because: str | None = None  # killed by the front (``end``): why
 
     @property
     def pid(self) -> int:
@@ -54,11 +76,11 @@ class WorkerProcess:
                     handlers_for: Callable[["WorkerProcess"], dict],
                     on_end: Callable[["WorkerProcess"], None]) -> "WorkerProcess":
         ours, theirs = socket.socketpair()
-        env = {k: v for k, v in os.environ.items() if k not in _HIDDEN_VARIABLES}
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "remote_autograd.service.backends.tenant_worker", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),), env=env, start_new_session=True)
+                str(os.getpid()), pass_fds=(theirs.fileno(),), env=worker_environment(dict(os.environ)),
+                start_new_session=True)
         finally:
             theirs.close()  # the child has it now; the front must not keep the other end open
         worker = cls(owner, label, proc, secrets.token_hex(4))
@@ -95,7 +117,15 @@ class WorkerProcess:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout)
 
+    def end(self, because: str) -> None:
+        """Kill it now (SIGKILL): its sessions are lost, ``because`` says why (``how_it_ended``)."""
+        self.ended_because = because
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
     def how_it_ended(self) -> str:
+        if self.ended_because is not None:
+            return f"(pid {self.pid}) {self.ended_because}"
         code = self.proc.returncode
         if code is None:
             return f"(pid {self.pid}) closed its channel ({self.channel.closed_because})"

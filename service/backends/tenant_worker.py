@@ -1,4 +1,4 @@
-"""A tenant's worker process: ``python -m remote_autograd.service.backends.tenant_worker FD``.
+"""A tenant's worker process: ``python -m remote_autograd.service.backends.tenant_worker FD FRONT``.
 
 The front (``tenant_processes``) starts one per token, on the token's first session, with
 its end of a socketpair as file descriptor ``FD``, and speaks ``tenant_channel``'s
@@ -12,16 +12,32 @@ checked the caller and sends every call with ``owner`` None, so the per-token li
 
 It ignores SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process group):
 the front tells it to save its sessions and stop. When the front's end closes without
-that (the front was killed), it exits at once and its sessions are lost.
+that, it exits at once and its sessions are lost; when the front (pid ``FRONT``) dies,
+the kernel kills it (SIGKILL) even mid-kernel (``process_guards.die_with_parent``). It is
+not readable by other processes of its user, other tenants' workers included
+(``process_guards.forbid_reading``).
+
+Its private memory is bounded (``RLIMIT_DATA``, set once it has started:
+``worker_memory_bytes`` above what it holds then, and room for its threads' stacks), so a
+kernel's hidden temporaries beyond every byte count fail in this process (the CPU
+allocator's refusal is a ``507``) or end it (``410`` for its sessions), never the host.
+Not on a GPU: CUDA maps host memory of its own at will (a device's temporaries are bounded
+by the device: a ``507``); there, a container's memory limit bounds the host's.
 """
 
 from __future__ import annotations
+
+import sys
+
+from .. import process_guards
+
+if __name__ == "__main__":  # first: torch's import starts a thread, and capabilities are dropped per thread
+    process_guards.guard_worker(int(sys.argv[2]))
 
 import asyncio
 import os
 import signal
 import socket
-import sys
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
@@ -31,6 +47,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .. import logs
+from ..engine.program_watch import ProgramWatch
 from ..gc_freeze import freeze_startup_objects
 from ..ops import load_configured_ops
 from ..settings import Settings
@@ -39,6 +56,9 @@ from . import state_volume
 from .byte_grants import GrantedBudget, asker
 from .local_sessions import LocalSessions
 from .tenant_channel import Call, Channel, open_channel
+
+
+_PURGE_ABOVE = 256  # programs the front may still ask about (cancelled mid-step): the finished ones forgotten past this
 
 
 def settings_to_wire(settings: Settings) -> dict:
@@ -61,11 +81,12 @@ class TenantWorker:
         self.state_dir: Path | None = None
         self.stopping = asyncio.Event()
         self.steps = StepHistogram("remote_autograd_op_seconds", "", OP_BUCKETS)  # the front renders them
+        self.running: dict[int, ProgramWatch] = {}  # the front's tag of each program call -> its watch
         self.handlers = {
             "hello": self.hello, "create_session": self.create_session, "describe_session": self.describe_session,
             "delete_session": self.delete_session, "program": self.program, "read_tensor": self.read_tensor,
             "load": self.load, "figures": self.figures, "readiness": self.readiness, "return_slack": self.return_slack,
-            "save_state": self.save_state, "stop": self.stop,
+            "save_state": self.save_state, "stop": self.stop, "where": self.where,
         }
 
     async def hello(self, call: Call) -> None:
@@ -89,7 +110,9 @@ class TenantWorker:
             prefixes += await asyncio.to_thread(state_volume.restore, sessions, self.state_dir, None)
         sessions.start()
         freeze_startup_objects()  # this process exists to serve one tenant from here on
-        await call.answer({"pid": os.getpid(), "prefixes": sorted(set(prefixes)), "sessions": len(sessions.store)})
+        limit = _limit_memory(settings)
+        await call.answer({"pid": os.getpid(), "prefixes": sorted(set(prefixes)), "sessions": len(sessions.store),
+                           "memory_limit": limit})
 
     async def create_session(self, call: Call) -> None:
         await call.answer(await self._ready().create_session(None))
@@ -102,12 +125,34 @@ class TenantWorker:
 
     async def program(self, call: Call) -> None:
         f = call.fields
-        async with self._ready().answer_program(f["sid"], None, call.body, f.get("ctype"), f.get("accept")) as answer:
-            # Inside: the answer's parts may view the session's memory, which the next program may
-            # write once this block ends. So the answer must be in the socket's hands first (flush).
-            await call.answer({"status": answer.status, "media_type": answer.media_type,
-                               "steps": answer.steps_seconds, "worker": answer.worker_seconds},
-                              answer.parts, flush=True)
+        sessions = self._ready()
+        watch = ProgramWatch(sessions.settings.max_program_seconds)
+        tag = f.get("tag")
+        if isinstance(tag, int):
+            if len(self.running) > _PURGE_ABOVE:
+                self.running = {t: w for t, w in self.running.items() if not w.finished}
+            self.running[tag] = watch
+        try:
+            async with sessions.answer_program(f["sid"], None, call.body, f.get("ctype"), f.get("accept"),
+                                               watch) as answer:
+                # Inside: the answer's parts may view the session's memory, which the next program may
+                # write once this block ends. So the answer must be in the socket's hands first (flush).
+                await call.answer({"status": answer.status, "media_type": answer.media_type,
+                                   "steps": answer.steps_seconds, "worker": answer.worker_seconds},
+                                  answer.parts, flush=True)
+        finally:
+            # a program cancelled mid-step runs on in its thread: the front may still ask where it is
+            if isinstance(tag, int) and not watch.running:
+                self.running.pop(tag, None)
+
+    async def where(self, call: Call) -> None:
+        """Where the program the front tagged ``tag`` is (``ProgramWatch.position``), or ``done``: the
+        front asks when one runs long (``step_deadline``)."""
+        tag = call.fields.get("tag")
+        watch = self.running.get(tag) if isinstance(tag, int) else None
+        if watch is not None and watch.finished:
+            del self.running[tag]
+        await call.answer({"done": True} if watch is None else watch.position())
 
     async def read_tensor(self, call: Call) -> None:
         """The tensor message as msgpack in the body (its data may be big: headers carry small fields only)."""
@@ -167,6 +212,25 @@ class TenantWorker:
             await call
         except Exception:  # the front is gone: nothing to return the bytes to
             pass
+
+
+def _limit_memory(settings: Settings) -> int | None:
+    """Bound this process's private memory (``RLIMIT_DATA``): what it holds now (torch, the op table,
+    restored sessions), each thread it may start a stack, and ``worker_memory_bytes`` (automatic:
+    half as much again as the bytes its sessions may hold, for kernels' temporaries). The limit, or
+    None where none is set (a GPU, ``-1``)."""
+    if settings.worker_memory_bytes < 0 or settings.resolved_device().type == "cuda":
+        return None
+    allowance = settings.worker_memory_bytes or worker_memory_default(settings)
+    # each worker thread opens an OpenMP team of its own on the CPU (service.backends.workers)
+    threads = settings.resolved_workers() * (torch.get_num_threads() + 1) + 16
+    limit = process_guards.data_bytes() + threads * process_guards.stack_bytes() + allowance
+    return limit if process_guards.limit_data(limit) else None
+
+
+def worker_memory_default(settings: Settings) -> int:
+    """``worker_memory_bytes`` left at 0: what one worker's sessions may hold, and half as much again."""
+    return min(settings.max_bytes_per_token, settings.max_total_bytes) * 3 // 2
 
 
 async def serve(fd: int) -> None:

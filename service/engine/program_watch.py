@@ -9,7 +9,10 @@ the boundary stay done and the answer says where it stopped, as for any failing 
 the same program is answered from it and never runs the done steps twice.
 
 ``cancel`` is called on the event loop and ``check`` on a worker thread; a bool set once
-and only ever read is all they share.
+and only ever read is all they share. ``position`` (read on the event loop) says which step
+is running and for how long: a tenant's worker tells its front, which ends the worker when
+one step outlives the limit (``service/backends/step_deadline.py``): a step itself cannot
+be stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class ProgramWatch:
         self.cancelled = False
         self._started: float | None = None
         self._on_cancel: list[Callable[[], None]] = []
+        self.index: int | None = None  # the step running now (set before it runs), and its op (or kind)
+        self.op: str | None = None
+        self.finished = False  # its steps are over (set by the runner, on the thread that ran them)
 
     def cancel(self) -> None:
         """Stop the program at its next step boundary (and tell whoever asked: ``on_cancel``)."""
@@ -51,8 +57,11 @@ class ProgramWatch:
             return self.seconds
         return self.seconds - (perf_counter() - self._started)
 
-    def check(self) -> None:
-        """Before a step: ``cancelled`` or ``time_limit`` if the program must stop here."""
+    def check(self, index: int | None = None, step=None) -> None:
+        """Before step ``index``: ``cancelled`` or ``time_limit`` if the program must stop here. (Only the
+        step's name is kept: the step itself may hold a big body's bytes.)"""
+        self.index = index
+        self.op = None if step is None else step.op if step.kind == "call" else step.kind
         now = perf_counter()
         if self._started is None:
             self._started = now
@@ -63,3 +72,18 @@ class ProgramWatch:
             raise ProtocolError(ErrorCode.TIME_LIMIT, f"the program ran {now - self._started:.3g} s: limit "
                                 f"max_program_seconds={self.seconds}; it stopped before this step, the steps "
                                 "before it stay done")
+
+    @property
+    def running(self) -> bool:
+        """On its thread: started and not finished (a caller that stops waiting does not stop it)."""
+        return self._started is not None and not self.finished
+
+    def position(self) -> dict:
+        """Where the program is: ``done``; or not ``running`` while it waits behind its session's other
+        programs; else ``seconds`` since its first step, the step running (``step``, ``op``: its op, or
+        its kind)."""
+        if self.finished:
+            return {"done": True}
+        if self._started is None:
+            return {"running": False}
+        return {"running": True, "seconds": perf_counter() - self._started, "step": self.index, "op": self.op}

@@ -90,6 +90,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     finally:
         reset(token)
         TURNS.leave()
+        if watch is not None:
+            watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
     if steps.failed is not None:
         return steps.failed
     if run.plan is not None:
@@ -126,7 +128,7 @@ class StepLoop:
             began = perf_counter()
             try:
                 if watch is not None:
-                    watch.check()
+                    watch.check(index, step)
                 kind = type(step)
                 if kind is CallStep:
                     results.append(_call(run, step, index))
@@ -157,7 +159,7 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
     """One step of a template (``templates.run_plainly``) through the handler of its kind: the time
     limit asked first, a failure raised as a ``ProtocolError``, what the graph let go settled after."""
     if run.watch is not None:
-        run.watch.check()
+        run.watch.check(index, step)
     try:
         return _call(run, step, index) if type(step) is CallStep else _HANDLERS[type(step)](run, step)
     except ProtocolError:
@@ -185,6 +187,9 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
         err = exc
     elif isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # the device's allocator, or the host's
         err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"device out of memory in {op}: {_first_line(exc)}")
+    elif _host_allocator_refused(exc):  # the host's memory, or a tenant worker's bound (process_guards.limit_data)
+        err = ProtocolError(ErrorCode.OUT_OF_MEMORY, f"host memory refused in {op} (a tenant worker holds at most "
+                            f"worker_memory_bytes above its start): {_first_line(exc)}")
     elif isinstance(exc, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, ZeroDivisionError,
                           OverflowError, AssertionError)):
         err = ProtocolError(ErrorCode.OP_ERROR, _first_line(exc) or type(exc).__name__)
@@ -194,6 +199,12 @@ def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
     err.message = scrubbed(err.message)  # torch's words reach the client, the server's addresses do not
     err.step, err.op = step, op
     return err
+
+
+def _host_allocator_refused(exc: Exception) -> bool:
+    """torch's CPU allocator refusing memory: a plain ``RuntimeError`` (c10's enforce), told by its
+    fixed prefix (``c10/core/impl/alloc_cpu.cpp``): it has no type of its own to be told by."""
+    return type(exc) is RuntimeError and "DefaultCPUAllocator: " in str(exc)
 
 
 def _first_line(exc: BaseException) -> str:

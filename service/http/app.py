@@ -1,11 +1,12 @@
 """``create_app``: the app wired from its parts. The routes themselves are in ``service/http/routes/``.
 
 Authentication, request ids, metrics and access logs happen in ``middleware.Gatekeeper``
-before any route. Routes speak to a ``SessionBackend`` in ids and bytes: ``LocalSessions``
-(the default: sessions in this process, torch on worker threads, so the event loop keeps
-answering ``/healthz`` while torch works), ``TenantProcesses`` (each token's sessions in a
-worker process of its own, each running ``LocalSessions``) or ``RaySessions`` (sessions in
-worker actors on a Ray cluster). The last two keep no session state in this process.
+before any route. Routes speak to a ``SessionBackend`` in ids and bytes: ``TenantProcesses`` (the default:
+each token's sessions in a worker process of its own, each running ``LocalSessions``),
+``LocalSessions`` (``REMOTE_AUTOGRAD_TENANT_PROCESSES=off``: sessions in this process, torch
+on worker threads, so the event loop keeps answering ``/healthz`` while torch works) or
+``RaySessions`` (sessions in worker actors on a Ray cluster). The first and the last keep no
+session state in this process.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ from .middleware import Gatekeeper
 from .openapi import install as install_openapi
 from .routes import ROUTERS, errors
 from .tenant_metrics import TenantFigures
+from .waiting_answers import WaitingAnswers
 
 log = logging.getLogger("remote_autograd.service")
+
+SINGLE_PROCESS_RISK = (
+    "REMOTE_AUTOGRAD_TENANT_PROCESSES=off: every session runs in the server's own process. A kernel that "
+    "crashes (a segfault, an abort) ends the server and every session in it; every tenant shares one address "
+    "space; a step that runs past max_program_seconds cannot be stopped. Leave it unset (on) for a worker "
+    "process per tenant")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -67,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs_page(app)  # /docs without a CDN, and with a token field
     app.state.settings, app.state.backend, app.state.metrics = settings, backend, metrics
     app.state.bodies = BodyBytes(settings.max_body_bytes_in_flight)
+    app.state.waiting_answers = WaitingAnswers(settings.max_bytes_per_token)  # (http_protocol charges it)
     # the Gatekeeper matches routes itself (the program route, and the route of a request it refuses):
     # it gets them flat, as an included router sits in app.router.routes as one opaque entry
     routes = [*app.router.routes, *(route for router in ROUTERS for route in router.routes)]
@@ -82,9 +91,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def make_backend(settings: Settings):
     """The ``SessionBackend`` that ``settings.backend`` names: ``inprocess`` (default) or ``ray``.
 
-    In process, each token's sessions run in a worker process of their own when
-    ``settings.per_tenant_processes()`` (by default: more than one token); with one token or
-    none, in this process (the fast path: no hop between processes)."""
+    In process, each token's sessions run in a worker process of their own (one token or none
+    too), unless ``REMOTE_AUTOGRAD_TENANT_PROCESSES=off``: then in this process, without the hop
+    between processes (``SINGLE_PROCESS_RISK``, which a server's start logs, says what that risks)."""
     settings.replays()  # a misspelt REMOTE_AUTOGRAD_REPLAY stops the server at its start, not a program
     settings.graph_mode()  # and REMOTE_AUTOGRAD_CUDA_GRAPHS
     compiled_templates.available(settings)  # and REMOTE_AUTOGRAD_COMPILE; a missing compiler said at the start

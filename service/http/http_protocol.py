@@ -17,11 +17,15 @@ is patched, and other servers in the process are untouched) adds:
   connection closes, however the bytes arrive: counted as pieces arrive, before httptools has
   gathered more, and counted again as httptools hands the head over, so a head that came whole
   in one piece (or whose last piece completed it) is refused before its request starts;
-- ``answer_timeout_seconds``: an answer the client stops reading (the transport's buffer full,
-  its writes paused) for that long is dropped and the connection aborted. An answer waiting
-  for its reader pins its bytes (a 256 MiB fetch, encoded) and its session's gate; 12 clients
-  that never read pinned 3.4 GB. Silence, not total time, as for bodies: a slow link that
-  keeps reading gets the whole answer.
+- ``answer_timeout_seconds`` and ``min_answer_bytes_per_second``: once an answer has to wait for
+  its reader (the transport's buffer full, its writes paused), the reader must take at least
+  ``min_answer_bytes_per_second`` times ``answer_timeout_seconds`` bytes of it in each
+  ``answer_timeout_seconds`` (and at least a byte), else the answer is dropped and the
+  connection aborted. An answer waiting for its reader pins its bytes (a 256 MiB fetch,
+  encoded) and its session's gate: 12 clients that never read pinned 3.4 GB; a reader taking
+  1 MiB every 40 s kept one for ever (and a restart waiting for it). A link slower than the
+  minimum rate is too slow for tensors anyway. While it waits, the answer is charged to the
+  caller's token (``waiting_answers``).
 
 Their answers carry the protocol's error body in JSON (no request was parsed: its
 ``Accept`` is not known). The body's own limits are the program route's (``guards.read_body``).
@@ -46,7 +50,8 @@ def guarded_http_protocol(settings: Settings) -> type[HttpToolsProtocol]:
     own ``timeout_keep_alive`` is the idle timeout: pass ``settings.idle_timeout_seconds``)."""
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {
         "max_header_bytes": settings.max_header_bytes, "header_timeout_seconds": settings.header_timeout_seconds,
-        "answer_timeout_seconds": settings.answer_timeout_seconds})
+        "answer_timeout_seconds": settings.answer_timeout_seconds,
+        "min_answer_bytes_per_second": settings.min_answer_bytes_per_second})
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -55,6 +60,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = Settings.max_header_bytes
     header_timeout_seconds = Settings.header_timeout_seconds
     answer_timeout_seconds = Settings.answer_timeout_seconds
+    min_answer_bytes_per_second = Settings.min_answer_bytes_per_second
     LINGER_SECONDS = 1.0
 
     def __init__(self, *args, **kwargs) -> None:
@@ -64,7 +70,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._parsed_bytes = 0  # the head as httptools handed it over (the line and each header)
         self._head_timer = None
         self._refused = False  # answered 408 or 431: what else comes is dropped
-        self._stall_timer = None  # armed while the client takes none of the answer (writes paused)
+        self._window = None  # (cycle, its bytes left to write, bytes buffered) when the reader's window began
+        self._window_timer = None  # armed from the first pause of the writes while the reader has bytes to take
+        self._waiting = None  # (ledger, owner, bytes): an answer waiting for its reader, charged to its token
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -73,29 +81,73 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
-        self._end_stall()
+        if self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
+        self._release_waiting()
         super().connection_lost(exc)
+
+    # -- a slow reader ----------------------------------------------------------------------
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._stall_timer is None:
-            self._stall_timer = self.loop.call_later(self.answer_timeout_seconds, self._answer_stalled)
+        if self._window_timer is None:
+            self._open_window()
+        if self._waiting is None:
+            self._hold_waiting()
 
     def resume_writing(self) -> None:
-        self._end_stall()
         super().resume_writing()
+        if self.cycle is None or self.cycle.response_complete:
+            self._release_waiting()
 
-    def _end_stall(self) -> None:
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
+    def on_response_complete(self) -> None:
+        if not self.flow.write_paused:  # all of it in the socket's hands: nothing waits here any more
+            self._release_waiting()
+        super().on_response_complete()
 
-    def _answer_stalled(self) -> None:
-        """Nothing of the answer taken for ``answer_timeout_seconds``: drop it. ``abort``, not ``close``
-        (which would keep the buffer until the client reads it); uvicorn then marks the request
-        disconnected, its remaining sends do nothing, and the answer's memory and the session go free."""
-        self._stall_timer = None
-        self.transport.abort()
+    def _open_window(self) -> None:
+        cycle = self.cycle
+        self._window = (cycle, cycle.expected_content_length if cycle is not None else 0,
+                        self.transport.get_write_buffer_size())
+        self._window_timer = self.loop.call_later(self.answer_timeout_seconds, self._window_ended)
+
+    def _window_ended(self) -> None:
+        """``answer_timeout_seconds`` since the window opened: what did the reader take? Too little:
+        drop the answer. ``abort``, not ``close`` (which would keep the buffer until the client reads
+        it); uvicorn then marks the request disconnected, its remaining sends do nothing, and the
+        answer's memory and the session go free."""
+        self._window_timer = None
+        cycle, left, buffered = self._window
+        now_buffered = self.transport.get_write_buffer_size()
+        if cycle is not self.cycle:  # a new request's answer began (the last one was all written): judge it afresh
+            if self.flow.write_paused or now_buffered:
+                self._open_window()
+            return
+        # written since (uvicorn counts down a Content-Length answer), less what still waits to be sent
+        taken = (left - cycle.expected_content_length if cycle is not None else 0) - (now_buffered - buffered)
+        if taken < max(1, self.min_answer_bytes_per_second * self.answer_timeout_seconds):
+            self.transport.abort()
+        elif self.flow.write_paused or now_buffered:
+            self._open_window()
+
+    def _hold_waiting(self) -> None:
+        """Charge what the answer still holds here (its unwritten rest and the buffer) to the caller's token."""
+        cycle = self.cycle
+        app = cycle.scope.get("app") if cycle is not None else None
+        ledger = getattr(getattr(app, "state", None), "waiting_answers", None)
+        if ledger is None or (cycle.response_complete and not self.transport.get_write_buffer_size()):
+            return
+        nbytes = cycle.expected_content_length + self.transport.get_write_buffer_size()
+        owner = cycle.scope.get("state", {}).get("owner")
+        ledger.hold(owner, nbytes)
+        self._waiting = (ledger, owner, nbytes)
+
+    def _release_waiting(self) -> None:
+        if self._waiting is not None:
+            ledger, owner, nbytes = self._waiting
+            self._waiting = None
+            ledger.release(owner, nbytes)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # answered and closing (see _refuse): the rest is dropped unread

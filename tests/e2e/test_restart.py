@@ -4,7 +4,8 @@ The server is stopped as ``docker compose up`` with a new image stops it (SIGTER
 new one starts on the same port and ``REMOTE_AUTOGRAD_STATE_DIR``; the SDK session in
 the middle of its loop notices nothing. Its parameters, optimizer state and generator
 (dropout masks) must end exactly where an uninterrupted run ends. Once with a single
-process (no tokens) and once with a worker process per tenant (two tokens).
+process (``REMOTE_AUTOGRAD_TENANT_PROCESSES=off``) and once with a worker process per tenant
+(the default; two tokens). A client that reads its answer slowly cannot hold the save back.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,10 @@ from torch import nn
 from remote_autograd import client
 
 from ..client.capture.test_backend import train_step
-from ..servers import _free_port, api, call, error_of, launch, program, put, ref
+from ..servers import _free_port, api, call, error_of, launch, program, put, ref, slow_fetch
 from .test_training import _data
 
-CASES = {"one-process": {}, "process-per-tenant": {"REMOTE_AUTOGRAD_TOKENS": "a,b"}}
+CASES = {"one-process": {"REMOTE_AUTOGRAD_TENANT_PROCESSES": "off"}, "process-per-tenant": {"REMOTE_AUTOGRAD_TOKENS": "a,b"}}
 CHUNKS, STEPS_PER_PROGRAM, RESTART_AFTER = 4, 3, 1
 
 
@@ -159,3 +161,28 @@ def test_a_compiled_step_goes_on_across_a_restart_its_templates_sent_again(tmp_p
     finally:
         server.close()
         torch._dynamo.reset()
+
+
+def test_a_slow_reader_cannot_hold_the_sigterm_save(tmp_path: Path):
+    """A client reads a 32 MiB answer 2 MiB every 5 s (never silent for answer_timeout_seconds, and
+    faster than the minimum rate set here); SIGTERM: the open answer is cut after
+    shutdown_grace_seconds and every session is saved, the other session restored by the next
+    server. Before: uvicorn waited for the reader until the kill, which wrote nothing."""
+    env = {"REMOTE_AUTOGRAD_STATE_DIR": str(tmp_path), "REMOTE_AUTOGRAD_SHUTDOWN_GRACE_SECONDS": "1",
+           "REMOTE_AUTOGRAD_MIN_ANSWER_BYTES_PER_SECOND": "1"}
+    port = _free_port()
+    server = launch(port, **env)
+    try:
+        with client.connect(server.url) as other, client.connect(server.url) as slow:
+            kept = other.tensor([4.0, 5.0])
+            big = slow.tensor(torch.zeros(8 << 20))
+            other.sync(), slow.sync()
+            reader, _ = slow_fetch(port, slow.id, big._id, every=5.0)
+            time.sleep(1.0)  # its answer is under way, and waits for it
+            assert server.stop(timeout=30) in (0, -signal.SIGTERM)  # not killed: it ended on its own
+            reader.close()
+            assert any(tmp_path.iterdir()), "nothing was written on SIGTERM"
+            server = launch(port, **env)
+            assert kept.tolist() == [4.0, 5.0]
+    finally:
+        server.close()

@@ -2,7 +2,7 @@
 from packages below it, at the top of its file. An import under ``if TYPE_CHECKING:`` (annotations
 only) may point anywhere; an import inside a function is allowed only where listed below, with its reason.
 
-    leaves:    service/__init__.py, settings.py, logs.py, step_histogram.py, gc_freeze.py, openmp_wait.py
+    leaves:    service/__init__.py, settings.py, logs.py, step_histogram.py, gc_freeze.py, openmp_wait.py, process_guards.py
     ops:       service/ops/         the op table (torch's surface, our own entries)
     sessions:  service/sessions/    Session, budgets, the store, CustomTensor: data
     engine:    service/engine/      admission, the runner and its steps, answers
@@ -20,7 +20,7 @@ import pytest
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 LAYERS = ["leaves", "ops", "sessions", "engine", "backends", "http", "entry"]
-LEAVES = {"__init__", "settings", "logs", "step_histogram", "gc_freeze", "openmp_wait"}
+LEAVES = {"__init__", "settings", "logs", "step_histogram", "gc_freeze", "openmp_wait", "process_guards"}
 # (module, imported module): why it is imported inside a function
 LATE_IMPORTS = {
     ("http.app", "backends.ray_sessions"): "ray is an optional extra: imported only when the Ray backend is asked for",

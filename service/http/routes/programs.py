@@ -32,6 +32,7 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     settings, backend = state.settings, state.backend
     version, declared, ctype, accept = _program_headers(scope["headers"])
     owner = caller_of(scope, version)
+    state.waiting_answers.check(owner)  # 429 while its slow readers' answers hold its share
     sid = scope["path_params"]["sid"]
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
     await backend.check_session(sid, owner, declared_length(declared))

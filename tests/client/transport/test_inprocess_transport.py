@@ -25,8 +25,8 @@ from ...conftest import start_server
 
 @pytest.fixture(scope="module")
 def plain_server_url() -> Iterator[str]:
-    """A socket server with default settings: the same as the in-process app's."""
-    with start_server() as url:
+    """A socket server with the in-process app's settings: its defaults, its sessions in its own process."""
+    with start_server(REMOTE_AUTOGRAD_TENANT_PROCESSES="off") as url:
         yield url
 
 

@@ -45,6 +45,8 @@ LIMITS = {
     "max_body_bytes_in_flight": 100000,
     "max_templates_per_session": 3,
     "max_step_flops": 10**6,
+    "step_grace_seconds": 10.0,
+    "min_answer_bytes_per_second": 65536,
 }
 FLOATS = [0.5] * 1000  # 4000 bytes as float32
 

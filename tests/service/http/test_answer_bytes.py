@@ -2,7 +2,9 @@
 waiting for a reader, request bodies in flight (issue 19, item 2), with resident memory measured.
 
 Before: 40 fetches of an 8 MiB tensor as JSON grew the server 3.2 GB (the retry cache's 1 MiB
-cap counted binary data only); 12 clients that never read a 256 MiB answer pinned 3.4 GB.
+cap counted binary data only); 12 clients that never read a 256 MiB answer pinned 3.4 GB;
+then (issue 31) a reader taking 1 MiB every 40 s kept its answer for ever, and twelve slow
+readers' answers were every tenant's memory, not their token's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from ...servers import memory_of, running, session_pids
+from ...servers import memory_of, running, session_pids, slow_fetch
 from ..wire import Wire, checked_client, put_step
 
 MiB = 1 << 20
@@ -24,7 +26,7 @@ MiB = 1 << 20
 @pytest.fixture(scope="module", params=["off", "on"], ids=["inprocess", "tenants"])
 def server(request):
     with running(REMOTE_AUTOGRAD_TOKENS="a,b", REMOTE_AUTOGRAD_TENANT_PROCESSES=request.param,
-                 REMOTE_AUTOGRAD_ANSWER_TIMEOUT_SECONDS="2",
+                 REMOTE_AUTOGRAD_ANSWER_TIMEOUT_SECONDS="2", REMOTE_AUTOGRAD_MIN_ANSWER_BYTES_PER_SECOND=str(6 * MiB),
                  MALLOC_MMAP_THRESHOLD_=str(1 << 20)) as s:  # freed big blocks leave: resident is what is live
         yield s
 
@@ -111,3 +113,64 @@ def test_slow_bodies_on_many_connections_hold_only_what_they_sent(server, wire: 
         for s in slow + made_up:
             s.close()
     wire.c.delete(f"/v1/sessions/{sid}")
+
+
+def _get_tensor(port: int, sid: str, tid: str, token: str) -> socket.socket:
+    """A tensor read on a socket of its own that reads nothing (a small receive buffer)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET /v1/sessions/{sid}/tensors/{tid} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+              "Remote-Autograd-Protocol: 1\r\nAccept: application/msgpack\r\n\r\n".encode())
+    return s
+
+
+def test_an_answer_read_below_the_minimum_rate_is_dropped(server, wire: Wire):
+    """A reader that takes 2 MiB of a 32 MiB answer every second (2 MiB/s, under the 6 MiB/s minimum
+    here; each burst empties what waits, so it is never silent for answer_timeout_seconds) is
+    dropped within a few windows of 2 s (before: it kept the answer, and its session's gate, to
+    its end)."""
+    mp = Wire(wire.c, "msgpack")
+    sid = mp.session()
+    mp.ok(sid, [put_step("x", mp.tensor(torch.rand(8 * MiB)))])
+    reader, got = slow_fetch(server.port, sid, "x", token="a")
+    try:
+        deadline = time.monotonic() + 40  # the whole answer would take 16 s
+        while not got[1]:
+            assert time.monotonic() < deadline, f"still reading after {got[0]} bytes"
+            time.sleep(0.2)
+        assert got[0] < 24 * MiB, got  # dropped, not read to its end
+    finally:
+        reader.close()
+        mp.c.delete(f"/v1/sessions/{sid}")
+
+
+def test_answers_waiting_for_slow_readers_are_charged_to_their_token():
+    """Five readers of a 16 MiB tensor that read nothing hold 80 MiB of answers: past token ``a``'s
+    64 MiB share, so its next request is 429 (nothing runs) while ``b`` goes on; once the readers
+    go, ``a`` works again (before: the answers were every tenant's memory, without bound)."""
+    env = {"REMOTE_AUTOGRAD_TOKENS": "a,b", "REMOTE_AUTOGRAD_MAX_BYTES_PER_TOKEN": str(64 * MiB),
+           "REMOTE_AUTOGRAD_ANSWER_TIMEOUT_SECONDS": "60"}
+    with running(**env) as s, checked_client(s.url, headers={"Authorization": "Bearer a",
+                                                             "Remote-Autograd-Protocol": "1"}) as c:
+        mp = Wire(c, "msgpack")
+        sid = mp.session()
+        mp.ok(sid, [put_step("x", mp.tensor(torch.rand(4 * MiB)))])
+        readers = [_get_tensor(s.port, sid, "x", "a") for _ in range(5)]
+        try:
+            deadline = time.monotonic() + 30
+            while (status := mp.program(sid, [{"kind": "fetch", "id": "x", "value": False}])[0]) == 200:
+                assert time.monotonic() < deadline, "the waiting answers were never charged"
+                time.sleep(0.2)
+            status, body = mp.program(sid, [{"kind": "free", "ids": ["x"]}])
+            assert status == 429 and "max_bytes_per_token=67108864" in body["error"]["message"], body
+            with checked_client(s.url, headers={"Authorization": "Bearer b", "Remote-Autograd-Protocol": "1"}) as b:
+                theirs = Wire(b, "msgpack")
+                theirs.ok(theirs.session(), [put_step("y", theirs.tensor(torch.rand(4)))])  # 200: b is not charged
+        finally:
+            for r in readers:
+                r.close()
+        deadline = time.monotonic() + 30
+        while mp.program(sid, [{"kind": "fetch", "id": "x", "value": False}])[0] != 200:
+            assert time.monotonic() < deadline, "the charge outlived the readers"
+            time.sleep(0.2)

@@ -103,4 +103,6 @@ def test_logs_are_json_lines_with_the_request(server: Server):
 def test_readyz_says_the_device_computes(server: Server):
     with api(server.url) as c:
         r = c.get("/readyz", headers={"Remote-Autograd-Protocol": ""})  # no protocol header needed
-        assert r.status_code == 200 and r.json() == {"status": "ready", "device": c.get("/healthz").json()["device"]}
+        body = r.json()
+        assert body.pop("tenant_workers") in (0, 1)  # a default server's one tenant's worker, once it has started
+        assert r.status_code == 200 and body == {"status": "ready", "device": c.get("/healthz").json()["device"]}
