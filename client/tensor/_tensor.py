@@ -239,6 +239,10 @@ class RemoteTensor(torch.Tensor):
         fill = _DISPATCHED_FILLS.get(func)
         if fill is not None:  # torch.zeros_like(local, device=remote): torch's kernel fills what our empty made
             return _call_op(args[0]._session, fill, args, kwargs or {})
+        method = _DISPATCHED_METHODS.get(func)
+        if method is not None:  # torch's rule: a view is an inference tensor exactly when its base is one
+            with torch.inference_mode(args[0].is_inference()):
+                return LOCAL_HANDLERS[method](*args, **(kwargs or {}))
         local = LOCAL_HANDLERS.get(func)
         if local is not None:  # an aten call torch's Python binding sends past __torch_function__ (set_(storage))
             return local(*args, **(kwargs or {}))
@@ -260,6 +264,9 @@ HANDLE_FIELDS = frozenset({"_session", "_id", "_shape", "_dtype", "_rg", "_is_le
 _aten = torch.ops.aten
 _DISPATCHED_FILLS = {_aten.zero_.default: "zero_", _aten.fill_.Scalar: "fill_", _aten.normal_.default: "normal_",
                      _aten.uniform_.default: "uniform_"}
+# aten calls torch's C++ makes on a remote tensor without its Python method: a Function returning an
+# input unchanged where nothing is recorded gets ``input.detach()`` (its C++ requires_grad is the SDK's)
+_DISPATCHED_METHODS = {_aten.detach.default: torch.Tensor.detach}
 
 
 def _session_of(args: tuple, kwargs: dict) -> Session:
