@@ -20,7 +20,7 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES
 from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin
 from ..session._unsupported import not_in_table
-from . import _traced, _views
+from . import _func_transforms, _traced, _views
 from ._factory_outputs import MADE, settle_requires_grad
 
 if TYPE_CHECKING:  # the public Session, above this module, is what every handle holds
@@ -199,6 +199,8 @@ class RemoteTensor(torch.Tensor):
         kwargs = kwargs or {}
         if _compiler._is_compiling_flag and _traced.is_traced(args, kwargs):  # torch.compile traces: _traced.py
             return _traced.through(func, args, kwargs)
+        if _func_transforms.active():  # torch.func.grad / vmap / jacrev around the call
+            raise _func_transforms.refused(func)
         if MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
             settle_requires_grad()
         local = LOCAL_HANDLERS.get(func)
@@ -246,6 +248,8 @@ class RemoteTensor(torch.Tensor):
         local = LOCAL_HANDLERS.get(func)
         if local is not None:  # an aten call torch's Python binding sends past __torch_function__ (set_(storage))
             return local(*args, **(kwargs or {}))
+        if _func_transforms.below():
+            raise _func_transforms.refused(func)
         # Anything else got here under torch's functions: a torch.func transform (grad, vmap, jacrev
         # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(

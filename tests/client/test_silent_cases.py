@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -163,12 +165,30 @@ def test_forward_hooks_that_read_values_run(sess):
     assert len(seen) == 1 and torch.equal(seen[0], out.detach().cpu())
 
 
-def test_function_transforms_and_compile_are_refused(sess):
-    w = torch.randn(3, device=sess.device)
-    with pytest.raises(RuntimeError, match="torch.func transforms"):
-        torch.func.grad(lambda x: (x * x).sum())(w)
-    with pytest.raises(RuntimeError, match="torch.func transforms"):
-        torch.vmap(lambda x: x * 2)(w)
+@pytest.mark.parametrize("called, transform", [
+    ("torch.func.grad", lambda w, x: torch.func.grad(lambda v: (x @ v).sum())(w)),
+    ("torch.func.vmap", lambda w, x: torch.vmap(lambda r: r * w)(x)),
+    ("torch.func.grad", lambda w, x: torch.func.jacrev(lambda v: x @ v)(w)),
+    ("jacfwd", lambda w, x: torch.func.jacfwd(lambda v: x @ v)(w)),
+    ("a torch.func transform", lambda w, x: torch.vmap(torch.func.grad(lambda v, r: r @ v), in_dims=(None, 0))(w, x)),
+])
+def test_function_transforms_are_refused_naming_the_transform(sess, called, transform):
+    # the remote tensor inside a transform's wrappers said "found at least two devices, remote:0 and remote:0"
+    w, x = torch.randn(3, device=sess.device), torch.randn(2, 3, device=sess.device)
+    with pytest.raises(RuntimeError, match=f"{re.escape(called)}.* on remote tensors .*loss.backward"):
+        transform(w, x)
+    assert torch.equal(x.cpu() @ w.cpu(), (x @ w).cpu())  # and the session goes on
+
+
+def test_functional_call_is_no_transform_and_runs(sess):
+    model, local = nn.Linear(3, 2).double(), nn.Linear(3, 2).double()
+    local.load_state_dict(model.state_dict())
+    model.to(sess.device)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    params = dict(model.named_parameters())
+    torch.func.functional_call(model, params, (x.to(sess.device),)).pow(2).sum().backward()
+    torch.func.functional_call(local, dict(local.named_parameters()), (x,)).pow(2).sum().backward()
+    torch.testing.assert_close(model.weight.grad.cpu(), local.weight.grad)
 
 
 def test_errors_name_what_the_user_wrote():
