@@ -15,6 +15,9 @@ session (its value, or its grad), with every other argument as its type and valu
 arithmetic op's floats by type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken
 once, at its first use in the program (the plan's ``layouts``).
 
+A template's runs (``templates.run_plainly``) have plans of their own, kept by the template: a
+number a run binds (``{scalar: name}``) is part of a pattern by its value, as a literal is.
+
 A call is *planned* (``check_planned``: only the checks that read values run again) when its
 pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
 layout equals the plan's for its origin, or an output of a planned call. Layouts of outputs are
@@ -234,6 +237,8 @@ class PlanRun:
         if kind is dict:
             ref = wire.get("ref")
             if ref is None:
+                if "scalar" in wire:  # a template's number (``templates``): by its value this run, as a literal
+                    return self._part(value, value)
                 if "grad_of" not in wire:  # a dtype, a slice, an ellipsis
                     (tag, payload), = wire.items()
                     return tag, tuple(payload) if type(payload) is list else payload

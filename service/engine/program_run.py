@@ -27,7 +27,9 @@ class ProgramRun:
     a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
     grad still answer their metadata (only the server knows it).
 
-    ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``).
+    ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``);
+    ``torch_state``: the program's torch settings where they are not torch's defaults (``None``: the
+    defaults), which a template's own plan is keyed by too (``templates.run_plainly``).
 
     ``forward``: ``anomaly.Forwards`` when the program was sent with ``detect_anomaly`` (its call
     steps mark the autograd nodes they make), else ``None``.
@@ -44,6 +46,7 @@ class ProgramRun:
     views: bool = False
     omit_known_meta: bool = False
     plan: Any = None
+    torch_state: Any = None
     watch: Any = None
     forward: Any = None
     untimed: float = 0.0

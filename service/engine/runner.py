@@ -76,8 +76,9 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
         run.forward = Forwards(program.id)
     state = torch_globals.from_wire(program.torch_globals)
     default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
+    run.torch_state = None if default else state
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state
-        run.plan = PlanRun.start(session.plans, program.steps, None if default else state)
+        run.plan = PlanRun.start(session.plans, program.steps, run.torch_state)
     steps = StepLoop(run, program, observe, watch)
     TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
@@ -161,7 +162,12 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
     if run.watch is not None:
         run.watch.check(index, step)
     try:
-        return _call(run, step, index) if type(step) is CallStep else _HANDLERS[type(step)](run, step)
+        if type(step) is CallStep:
+            return _call(run, step, index)
+        result = _HANDLERS[type(step)](run, step)
+        if run.plan is not None:
+            run.plan.other(step)
+        return result
     except ProtocolError:
         raise
     except Exception as exc:  # as StepLoop.execute: every failure becomes data

@@ -20,7 +20,8 @@ defined (``compiled_templates.runner_for``): ``run_plainly``, or with ``REMOTE_A
 runner that runs it compiled once inductor has compiled it, and plainly until then. It runs each step through the runner's own handlers (the
 ``execute`` the runner passes in), so every check applies on every run: the meta check before each
 kernel (with its outputs' elements and its cost: ``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
-every run), the time limit between steps. The template's names live in the session's tensor table
+every run), the time limit between steps. A repeated run is checked by its plan (``program_plan``: what a call's layouts answered last run, its contract
+and the limits held again). The template's names live in the session's tensor table
 under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
 bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
 a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature; it must keep
@@ -29,6 +30,7 @@ the outputs under ``step.out`` (``values.store_made``: counted and charged) or r
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -39,6 +41,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, Ru
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
 from . import compiled_templates
+from .program_plan import PlanRun
 from .program_run import ProgramRun
 from .values import bound_scalars, check_new_ids, meta_message
 
@@ -57,7 +60,9 @@ def _bad(template: str, index: int | None, message: str, code: ErrorCode = Error
 class Template:
     """A validated template: its wire step, and its steps with every name under the template's prefix.
 
-    ``runner`` runs it (``run_plainly``, or a compiled way set later); ``runs`` counts its runs."""
+    ``runner`` runs it (``run_plainly``, or a compiled way set later); ``runs`` counts its runs;
+    ``plans``: what its plain runs' calls answered (``program_plan``: a repeated run is checked by
+    its plan, as a repeated program is)."""
 
     step: TemplateStep
     steps: list
@@ -66,6 +71,7 @@ class Template:
     outputs: list[str]  # prefixed
     runner: Callable[..., None] = field(default=None)  # type: ignore[assignment]
     runs: int = 0
+    plans: OrderedDict = field(default_factory=OrderedDict)  # its runs' program_plan plans, as a session's
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -302,7 +308,9 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     table for the run; the outputs kept under ``step.out``, the rest freed (all of them on a failure)."""
     session = run.session
     tensors = session.tensors
-    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, watch=run.watch, untimed=run.untimed)
+    plan = PlanRun.start(template.plans, template.steps, run.torch_state) if run.settings.replay == "on" else None
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, plan=plan,
+                       torch_state=run.torch_state, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is _GradStandIn]
     tensors.update(zip(template.inputs, bound))
     tid = template.step.id
@@ -316,6 +324,8 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
                     raise ProtocolError(err.code, f"step {index} of template {tid!r}: {op}: {err.message}") from None
         outputs = [tensors.pop(name) for name in template.outputs]
         tensors.update(zip(step.out, outputs))
+        if plan is not None:
+            plan.finish(True)
     finally:
         for name in template.inputs:
             tensors.pop(name, None)

@@ -328,3 +328,32 @@ def test_a_program_repeated_under_other_torch_settings_has_a_plan_of_its_own():
     assert len(session.plans) == 2
     assert [session.tensors[f"r{n}"].dtype for n in range(5)] == [torch.float32] * 2 + [torch.float64] * 2 + \
         [torch.float32]
+
+
+# -- a template's runs -------------------------------------------------------------------------------
+
+
+def _expand_template() -> dict:
+    """z = x.expand(n, 3).clone() * scale: an int that sizes an output, a float of arithmetic, numbers of a run."""
+    return {"kind": "template", "id": "R", "inputs": [{"id": "x", "dtype": "float32", "shape": [1, 3]}],
+            "scalars": [{"id": "n", "kind": "int"}, {"id": "scale", "kind": "float"}],
+            "steps": [_call("expand", [{"ref": "x"}, [{"scalar": "n"}, 3]], ["e"]), _call("clone", [{"ref": "e"}], ["r"]),
+                      _call("mul", [{"ref": "r"}, {"scalar": "scale"}], ["z"])],
+            "outputs": ["z"]}
+
+
+def _template_run(k: int, n: int, scale: float) -> dict:
+    return {"id": f"t{k}", "steps": [{"kind": "run_template", "template": "R", "inputs": [{"ref": "x"}],
+                                      "scalars": [n, scale], "out": [f"z{k}"]}, {"kind": "fetch", "id": f"z{k}"}]}
+
+
+def test_a_templates_repeated_runs_are_served_by_its_plan_and_a_number_by_its_value(monkeypatch):
+    # a template's run has a plan of its own (templates.run_plainly), as a repeated program does; a
+    # number bound by a run is part of the pattern by its value (an int that sizes an output: checked again)
+    setup = {"id": "setup", "steps": [_put("x", torch.arange(3.0).reshape(1, 3)), _expand_template()]}
+    counted = Counted(monkeypatch)
+    answers, states = _run_both([setup, _template_run(1, 1, 2.0), _template_run(2, 1, 3.0), _template_run(3, 4, 0.5)])
+    _assert_same(answers, states)
+    assert all(status == 200 for status, _ in answers[0])
+    assert torch.equal(states[0]["z3"][0], torch.arange(3.0).expand(4, 3) * 0.5)
+    assert counted.planned == 3  # run 2 whole (the float by type); run 3's changed int: none of its calls
