@@ -223,9 +223,33 @@ class RunTemplateStep(_Model):
     out: list[TensorId] = Field(default_factory=list, json_schema_extra={"default": []})
 
 
+class FunctionStep(_Model):
+    """A user's ``torch.autograd.Function`` applied on the client (its forward's steps came before):
+    ``outputs`` become the outputs of one autograd node whose inputs are ``inputs``. Its backward binds
+    the grads of the outputs (one each; zeros where none flows) then ``saved`` as the inputs of template
+    ``backward`` (``null``: a backward that computes nothing) and runs it; ``grads[i]``, the grad of
+    ``inputs[i]``, indexes those bound tensors followed by the template's outputs (``null``: none).
+    ``dirty``: indices of ``inputs`` the forward wrote in place (each is also an output: its history is
+    rebased); ``non_differentiable``: indices of ``outputs``; ``once_differentiable``: a backward through
+    the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors."""
+
+    kind: Literal["function"]
+    name: str = Field(min_length=1, max_length=256)
+    backward: TemplateId | None = None
+    inputs: list[TensorRef] = Field(max_length=4096)
+    outputs: list[TensorRef] = Field(min_length=1, max_length=4096)
+    saved: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    grads: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+    dirty: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
+                                                             json_schema_extra={"default": []})
+    non_differentiable: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
+                                                                          json_schema_extra={"default": []})
+    once_differentiable: bool = False
+
+
 Step = Annotated[
     Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
-          LoadStep, TemplateStep, RunTemplateStep],
+          LoadStep, TemplateStep, RunTemplateStep, FunctionStep],
     Field(discriminator="kind"),
 ]
 

@@ -42,6 +42,7 @@ MESSAGES: dict[str, Any] = {
     "TemplateInput": m.TemplateInput,
     "TemplateScalar": m.TemplateScalar,
     "RunTemplateStep": m.RunTemplateStep,
+    "FunctionStep": m.FunctionStep,
     "TensorData": m.TensorData,
     "TensorMeta": m.TensorMeta,
     "TensorMessage": m.TensorMessage,

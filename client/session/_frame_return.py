@@ -66,3 +66,6 @@ def _on_event(frame: FrameType, event: str, arg: Any) -> None:
     except BaseException:
         watched.clear()  # Python unsets a profile function that raises: nothing is watched any more
         raise
+
+
+ON_EVENT_CODE = _on_event.__code__  # a frame running it is the profile callback of a watched frame's return

@@ -287,12 +287,13 @@ def _kept(results: list, origins: list) -> list:
 
 
 def _lost_template(body: Any, steps: list) -> str | None:
-    """The template a ``run_template`` step asked for that the server did not hold (``unknown_template``)."""
+    """The template a ``run_template`` step (or a ``function`` step, its ``backward``) asked for that the server
+    did not hold (``unknown_template``)."""
     err = (body or {}).get("error") if isinstance(body, dict) else None
     k = (err or {}).get("step")
     if (err or {}).get("code") != "unknown_template" or not isinstance(k, int) or k >= len(steps):
         return None
-    return steps[k].get("template")
+    return steps[k].get("template") or steps[k].get("backward")
 
 
 def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:

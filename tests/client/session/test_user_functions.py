@@ -1,8 +1,9 @@
 """A user's ``torch.autograd.Function`` on remote tensors: its forward runs where torch records
 nothing (under ``no_grad``/``inference_mode``, or on inputs that need no gradient) and gives local
-torch's result; where torch would record it (its backward would have to run inside the server's
-autograd) it is refused at the user's line, never run with its gradient lost. Checkpointing:
-``use_reentrant=False`` gives local torch's gradients; ``use_reentrant=True`` is refused with what to do.
+torch's result; where torch would record it, its backward runs inside the server's autograd
+(``test_function_backward.py``), and what cannot is refused at the user's line, never run with its
+gradient lost. Checkpointing: ``use_reentrant=False`` gives local torch's gradients;
+``use_reentrant=True`` is refused with what to do.
 
 Each case runs the same code on CPU tensors and on the device."""
 
@@ -27,14 +28,14 @@ class Scaled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, k):
-        ctx.save_for_backward(w)
+        ctx.save_for_backward(x, w)
         ctx.k = k
         return x * w * k
 
     @staticmethod
     def backward(ctx, g):
-        (w,) = ctx.saved_tensors
-        return g * w * ctx.k, None, None
+        x, w = ctx.saved_tensors
+        return g * w * ctx.k, g * x * ctx.k, None
 
 
 class Through(torch.autograd.Function):
@@ -128,22 +129,43 @@ def test_a_functions_forward_runs_on_inputs_that_need_no_gradient(sess):
     torch.testing.assert_close(out.cpu(), x)
 
 
-def test_a_function_torch_would_record_is_refused_at_the_users_line(sess):
-    calls = _calls(sess.device)
-    for name in ("scaled", "through", "gp mean"):
-        with pytest.raises(RuntimeError, match="torch would record the call") as info:
-            calls[name]()
-        assert "test_user_functions.py:" in str(info.value) and "sess.ops" in str(info.value), name
-    w = torch.randn(3, device=sess.device, requires_grad=True)
-    line = _line(2)
-    with pytest.raises(RuntimeError, match=r"Scaled\.apply with grad mode on") as info:
-        Scaled.apply(w, w, 1.0)
-    assert line in str(info.value) and info.traceback[0].lineno + 1 == int(line.rsplit(":", 1)[1])
+def _recorded_grads(device):
+    """Where torch records the calls: their outputs and the gradients of their inputs' leaves."""
+    calls = _calls(device)
+    found = []
+    for name in ("scaled", "through", "in place"):
+        outs = calls[name]()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        differentiable = [o for o in outs if o.requires_grad]
+        found += [o.detach() for o in outs]
+        found += torch.autograd.grad(sum((o * o).sum() for o in differentiable), _leaves(calls[name]))
+    return found
+
+
+def _leaves(call):
+    """The tensors a call closes over that require grad (its parameters)."""
+    cells = [c.cell_contents for c in call.__closure__ or ()]
+    return [t for t in cells if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def test_a_function_torch_would_record_gives_local_torchs_result_and_gradients(sess):
+    for got, want in zip(_recorded_grads(sess.device), _recorded_grads("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
     assert sys.getprofile() is None, "nothing is left watching"
 
 
-def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess):
-    """Outputs a forward makes with ``detach()`` or from values it read are refused as well."""
+def test_a_backward_that_raises_is_refused_at_apply_naming_it(sess):
+    """The backward is recorded as ``apply`` returns: one that raises (the GP's here) raises there, at the
+    user's line (torch would raise at backward)."""
+    with pytest.raises(RuntimeError, match=r"RBF\.backward raised AssertionError as the SDK recorded it") as info:
+        _calls(sess.device)["gp mean"]()
+    assert "test_user_functions.py:" in str(info.value)
+    assert sys.getprofile() is None, "nothing is left watching"
+
+
+def test_a_function_whose_output_is_made_without_a_remote_op(sess):
+    """An output a forward makes with ``detach()`` gets torch's gradient; one made from values it read
+    is local, its gradient would be lost: refused."""
     class Detached(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -151,7 +173,7 @@ def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess
 
         @staticmethod
         def backward(ctx, g):
-            return g
+            return g * 3
 
     class FromValues(torch.autograd.Function):
         @staticmethod
@@ -163,11 +185,12 @@ def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess
             return g.expand(3).to(g.device)
 
     w = torch.ones(3, device=sess.device, requires_grad=True)
-    for fn in (Detached, FromValues):
-        with pytest.raises(RuntimeError, match="torch would record the call"):
-            fn.apply(w)
-        with torch.no_grad():
-            assert fn.apply(w).cpu().sum().item() == 3.0
+    Detached.apply(w).sum().backward()
+    assert w.grad.cpu().tolist() == [3.0] * 3
+    with pytest.raises(RuntimeError, match="torch would record the call"):
+        FromValues.apply(w)
+    with torch.no_grad():
+        assert FromValues.apply(w).cpu().sum().item() == 3.0
 
 
 def test_a_local_input_that_requires_grad_makes_the_call_recorded(sess):
@@ -208,20 +231,24 @@ def test_a_local_function_that_reads_remote_values_is_an_ordinary_local_node(ses
     torch.testing.assert_close(x.grad, x.detach().cos())
 
 
-def test_an_outer_function_around_an_inner_one_is_checked_too(sess):
+def test_an_outer_function_around_an_inner_one(sess):
+    """The inner call runs with grad off (recorded by nobody); the outer one is a node of the server's graph."""
     class Outer(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
-            return Scaled.apply(x, w, 2.0) + 1  # the inner call runs with grad off: recorded by nobody
+            return Scaled.apply(x, w, 2.0) + 1
 
         @staticmethod
         def backward(ctx, g):
-            return g, g
+            return g, 3 * g
 
     x, w = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64, requires_grad=True)
     xr, wr = x.to(sess.device), w.detach().to(sess.device).requires_grad_()
-    with pytest.raises(RuntimeError, match=r"Outer\.apply"):
-        Outer.apply(xr, wr)
+    got, want = Outer.apply(xr, wr), Outer.apply(x, w)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach())
+    torch.testing.assert_close(wr.grad.cpu(), w.grad)
     with torch.no_grad():
         torch.testing.assert_close(Outer.apply(xr, wr).cpu(), Outer.apply(x, w))
     assert sys.getprofile() is None

@@ -1,4 +1,6 @@
-"""``Recorder``: what a graph's torch calls are queued into while the remote backend records them.
+"""``Recorder``: what a graph's torch calls are queued into while the remote backend records them
+(``capture/_translate``), and a user Function's backward while the SDK records it
+(``dispatch/_user_functions``).
 
 The backend runs the graph's remote nodes once, through the SDK's own eager path (``call_op``, the
 handlers), on handles whose session is a ``Recorder``: every step the SDK would send for those calls

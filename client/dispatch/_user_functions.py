@@ -1,0 +1,270 @@
+"""A user's ``torch.autograd.Function`` applied to remote tensors where torch records it: its backward
+recorded into a template as ``apply`` returns, and the call made a node of the server's autograd.
+
+``session/_callsite`` sees ``apply`` return with the caller's grad mode (``_frame_return``) and, where torch
+recorded the call on remote outputs, calls ``attach``. Its forward has run already, as ordinary steps
+with grad off (as torch runs it). What torch recorded on the client is the ``ctx`` the forward saw:
+the C++ node of a tensor output (its saved tensors, ``needs_input_grad``, the user's attributes).
+
+``attach`` runs ``backward`` (or ``vjp``) once, now, on handles of a ``Recorder`` (``session/_recorder``, the capture's):
+one per output's grad (``g0``...), one per tensor it saved or put on ``ctx`` (``s0``...). A stand-in
+``ctx`` answers those with the handles and everything else from the real one. Its steps become a
+template named by a hash of its content, so the same Function on the same layouts defines it once
+per session. While it records, the real session refuses every step: a backward that reads a remote
+tensor it neither saved nor put on ``ctx`` fails loudly, never sending a step. A backward that reads
+values on the client (``.item()``, a bool of a tensor) cannot be a template: refused at ``apply``'s
+line, naming the Function. It records with grad on (torch runs a backward under ``create_graph``
+so), so double backward works where torch's does; ``once_differentiable`` turns it off itself.
+
+Then one ``function`` step (``service/engine/user_functions.py``) makes the forward's outputs the
+outputs of a server node whose backward runs that template, and the outputs' handles become
+non-leaves that depend on the inputs' leaves, as torch's would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from remote_autograd.proto import dtype_name
+
+from ..session import _callsite
+from ..session._recorder import Recorder, Untranslatable
+from ..session._session_core import _Origin
+from ..tensor import _views
+from ..tensor._tensor import RemoteTensor
+
+_GRAD_FN = torch.Tensor.grad_fn.__get__
+_ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
+
+
+class _BackwardRecorder(Recorder):
+    """A ``Recorder`` for one Function's backward: a read of values, or of a remote tensor the backward
+    was not given, is named as such."""
+
+    def __init__(self, session: Any, name: str) -> None:
+        super().__init__(session)
+        self.function = name
+
+    def flush(self) -> list:
+        raise Untranslatable("it reads a remote tensor's values on the client (.item(), .tolist(), .cpu(), "
+                             "numpy, a bool of a tensor), which the server's backward cannot do")
+
+    def foreign(self, handle: RemoteTensor) -> RuntimeError:
+        return _unsaved(self.function)
+
+
+def _unsaved(name: str) -> RuntimeError:
+    return RuntimeError(f"{name}.backward reads a remote tensor it was not given: save it with "
+                        "ctx.save_for_backward (or put it on ctx) in the forward")
+
+
+class _Ctx:
+    """The ``ctx`` the recorded backward sees: its saved tensors and tensor attributes are the recording's
+    handles; anything else is the real node's (``needs_input_grad``, the user's other attributes)."""
+
+    def __init__(self, ctx: Any, saved: tuple, attributes: dict) -> None:
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "_own", dict(attributes))
+        object.__setattr__(self, "saved_tensors", saved)
+
+    @property
+    def saved_variables(self) -> tuple:
+        return self.saved_tensors
+
+    def __getattr__(self, name: str) -> Any:
+        own = object.__getattribute__(self, "_own")
+        if name in own:
+            return own[name]
+        return getattr(object.__getattribute__(self, "_ctx"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # a backward's own notes stay on the recording's ctx
+        self._own[name] = value
+
+
+def attach(cls: type, args: tuple, outputs: tuple, line: str | None) -> None:
+    """Make the call of ``cls.apply(*args)`` whose tensor outputs (all remote) are ``outputs`` a node of the
+    server's autograd (see the module's docstring); a clear RuntimeError where it cannot be one."""
+    name = getattr(cls, "__name__", "a torch.autograd.Function")
+    at = f" ({line})" if line else ""
+    tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+    with DisableTorchFunctionSubclass():
+        nodes = [_GRAD_FN(o) for o in tensors]
+    ctx = next((n for n in nodes if n is not None), None)
+    if ctx is None:  # every output marked non-differentiable: nothing flows back
+        return
+    session = tensors[0]._session
+    inputs = [a for a in args if isinstance(a, RemoteTensor)]
+    for a in (*inputs, *tensors):
+        if a._session is not session:
+            raise RuntimeError(f"{name}.apply on tensors of two sessions{at}")
+    saved, bindings = _saved(ctx, session, tensors, name)
+    attributes = {}
+    for key, value in list(vars(ctx).items()):
+        if isinstance(value, RemoteTensor):
+            attributes[key] = len(saved)
+            saved.append(value)
+            bindings.append(_binding(value, tensors))
+    recorder = _BackwardRecorder(session, name)
+    grads = [None if not isinstance(o, torch.Tensor) else _handle(recorder, f"g{k}", o, False, contiguous=True)
+             for k, o in enumerate(outputs)]
+    handles = [None if s is None else s if not isinstance(s, RemoteTensor) else _handle(recorder, f"s{k}", s, s._rg)
+               for k, s in enumerate(saved)]
+    proxy = _Ctx(ctx, tuple(handles[:len(saved) - len(attributes)]),
+                 {key: handles[k] for key, k in attributes.items()})
+    backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
+    try:
+        returned = _record(session, recorder, name, lambda: backward(proxy, *grads))
+    except Untranslatable as why:
+        raise RuntimeError(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
+    except RuntimeError as err:
+        raise RuntimeError(f"{err}{at}") from None
+    except Exception as err:  # the user's backward raised: torch would raise it at backward, we record it now
+        raise RuntimeError(f"{name}.backward raised {type(err).__name__} as the SDK recorded it (at apply, to run "
+                           f"it inside the server's backward): {err}{at}") from err
+    returned = returned if isinstance(returned, tuple) else (returned,)
+    grad_of = _grads_of_inputs(name, args, returned, recorder, grads, handles, at)
+    _send(session, recorder, name, inputs, tensors, nodes, bindings, grads, handles, grad_of,
+          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE)
+    _mark_outputs(inputs, tensors, nodes)
+
+
+def _saved(ctx: Any, session: Any, outputs: list, name: str) -> tuple[list, list]:
+    """The tensors ``ctx`` saved, and what each binds on the server: its id, or an output's (torch hands
+    a saved output back as a new tensor each time: told by asking twice)."""
+    first = ctx.saved_tensors
+    saved, bindings = list(first), []
+    again = None
+    for k, s in enumerate(first):
+        if not isinstance(s, RemoteTensor):
+            if isinstance(s, torch.Tensor) and s.requires_grad:
+                raise RuntimeError(f"{name}: a saved local tensor that requires grad beside remote ones")
+            bindings.append(None)
+            continue
+        if s._session is not session:
+            raise RuntimeError(f"{name}.apply saved a tensor of another session")
+        output = _same_layout_output(s, outputs)
+        if output is not None:
+            again = again if again is not None else ctx.saved_tensors
+            if again[k] is not s:  # unpacked anew: torch saved an output
+                bindings.append(output._id)
+                continue
+        bindings.append(_binding(s, outputs))
+    return saved, bindings
+
+
+def _same_layout_output(s: RemoteTensor, outputs: list) -> RemoteTensor | None:
+    for o in outputs:
+        if (o is not s and s._storage is not None and s._storage is o._storage and s._shape == o._shape
+                and _views.strides(s) == _views.strides(o) and s._byte_offset == o._byte_offset):
+            return o
+    return None
+
+
+def _binding(t: RemoteTensor, outputs: list) -> str:
+    t._check_usable()
+    if t._grad_owner is not None:
+        raise RuntimeError("a Function's ctx holds a remote tensor's .grad: save a clone of it instead")
+    return t._id
+
+
+def _handle(recorder: Recorder, name: str, like: RemoteTensor, requires_grad: bool, contiguous: bool = False
+            ) -> RemoteTensor:
+    h = RemoteTensor._new(recorder, name, like._shape, like._dtype, requires_grad=requires_grad,
+                          is_leaf=True, leaves=frozenset({name}) if requires_grad else frozenset())
+    strides = _views.strides(like)
+    if not contiguous and strides != _views.contiguous_strides(like._shape):
+        h._strides = strides
+    return h
+
+
+def _record(session: Any, recorder: Recorder, name: str, backward) -> Any:
+    """``backward()`` on the recording's handles, grad on, with the real session refusing every step."""
+    def refuse(*args, **kwargs):
+        raise _unsaved(name)
+
+    # shadowed on the instance (the class's come back below): a step, or an op mixing its handles with the
+    # recording's, names the tensor the backward was not given
+    session.enqueue, session.flush, session.foreign = refuse, refuse, lambda handle: _unsaved(name)
+    try:
+        with _callsite.recording(), torch.enable_grad():
+            return backward()
+    finally:
+        del session.enqueue, session.flush, session.foreign
+
+
+def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: Recorder, grads: list, handles: list,
+                     at: str) -> list:
+    """For each remote input, the recording's handle that is its grad (or None), checked as torch checks
+    what a backward returns."""
+    if len(returned) < len(args) or any(r is not None for r in returned[len(args):]):
+        raise RuntimeError(f"function {name}Backward returned an incorrect number of gradients (expected "
+                           f"{len(args)}, got {len(returned)}){at}")
+    found = []
+    for i, (a, r) in enumerate(zip(args, returned)):
+        if not isinstance(a, torch.Tensor):
+            if r is not None:
+                raise RuntimeError(f"function {name}Backward returned a gradient different than None at position "
+                                   f"{i + 1}, but the corresponding forward input was not a Variable{at}")
+            continue
+        if not isinstance(a, RemoteTensor):
+            continue  # a local input needing no grad (one that needs it is refused before): torch drops its grad
+        if r is not None and not (isinstance(r, RemoteTensor) and r._session is recorder):
+            if isinstance(r, RemoteTensor):
+                raise _unsaved(name)
+            raise RuntimeError(f"{name}.backward returned a {type(r).__name__} as the gradient of a remote input{at}")
+        found.append(r)
+    return found
+
+
+def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: list, nodes: list, bindings: list,
+          grads: list, handles: list, grad_of: list, once: bool) -> None:
+    bound = [g for g in grads if g is not None] + [h for h in handles if isinstance(h, RemoteTensor)]
+    bound_names = [h._id for h in bound]
+    outs: list[str] = []
+    index = []
+    for r in grad_of:
+        if r is None:
+            index.append(None)
+        elif r._id in bound_names:
+            index.append(bound_names.index(r._id))
+        else:
+            if r._id not in outs:
+                outs.append(r._id)
+            index.append(len(bound) + outs.index(r._id))
+    step: dict[str, Any] = {"kind": "function", "name": name[:256], "inputs": [a._id for a in inputs],
+                            "outputs": [o._id for o in outputs],
+                            "saved": [b for b, h in zip(bindings, handles) if isinstance(h, RemoteTensor)],
+                            "grads": index}
+    if recorder.steps:
+        template = {"inputs": [{"id": h._id, "dtype": dtype_name(h._dtype), "shape": list(h._shape),
+                                "requires_grad": h._rg} for h in bound],
+                    "steps": recorder.steps, "outputs": outs}
+        digest = hashlib.sha256(json.dumps(template, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        template = {"kind": "template", "id": f"fn-{digest}", **template}
+        session.ensure_template(template["id"], template)
+        step["backward"] = template["id"]
+    position = {id(a): i for i, a in enumerate(inputs)}
+    dirty = [position[id(o)] for o in outputs if id(o) in position]
+    if dirty:
+        step["dirty"] = dirty
+    non_differentiable = [j for j, n in enumerate(nodes) if n is None]
+    if non_differentiable:
+        step["non_differentiable"] = non_differentiable
+    if once:
+        step["once_differentiable"] = True
+    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in outputs]))
+
+
+def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:
+    """The outputs' handles as torch's: non-leaves requiring grad, on the leaves of the inputs that need it."""
+    leaves = frozenset().union(*(a._leaves for a in inputs if a._rg))
+    for o, node in zip(outputs, nodes):
+        if node is None:
+            continue
+        o._rg, o._is_leaf, o._leaves = True, False, leaves  # (torch set its C++ requires_grad, with the node)
