@@ -166,8 +166,8 @@ def _check(step: FunctionStep, template: Template | None) -> None:
     for k in step.grads:
         if k is not None and k >= known:
             raise bad(f"grad {k} is out of range: the backward has {known} tensors (bound, then the template's outputs)")
-    if len(set(step.inputs)) != len(step.inputs) or len(set(step.outputs)) != len(step.outputs):
-        raise bad("inputs and outputs each name a tensor once")
+    if len(set(step.outputs)) != len(step.outputs):  # (an input may repeat: F.apply(x, x), as in torch)
+        raise bad("outputs name each tensor once")
     dirty = set()
     for i in step.dirty:
         if i >= len(step.inputs) or step.inputs[i] not in step.outputs:

@@ -317,3 +317,14 @@ def test_a_local_input_that_requires_grad_beside_remote_outputs_is_still_refused
     x = torch.ones(3, device=sess.device, requires_grad=True)
     with pytest.raises(RuntimeError, match="torch would record the call"):
         Mixed.apply(x, torch.ones(1, requires_grad=True))
+
+
+def _twice(device):
+    x = torch.linspace(-1, 1, 4, dtype=torch.float64).to(device).requires_grad_()
+    out = CustomAdd.apply(x, x, 2.0)  # one tensor as two inputs: its gradients add up
+    (out * out).sum().backward()
+    return out.detach(), x.grad
+
+
+def test_one_tensor_passed_as_two_inputs(sess):
+    _assert_same(_twice(sess.device), _twice("cpu"))
