@@ -226,9 +226,12 @@ class RunTemplateStep(_Model):
 class FunctionStep(_Model):
     """A user's ``torch.autograd.Function`` applied on the client (its forward's steps came before):
     ``outputs`` become the outputs of one autograd node whose inputs are ``inputs``. Its backward binds
-    the grads of the outputs (one each; zeros where none flows) then ``saved`` as the inputs of template
-    ``backward`` (``null``: a backward that computes nothing) and runs it; ``grads[i]``, the grad of
-    ``inputs[i]``, indexes those bound tensors followed by the template's outputs (``null``: none).
+    the grads of the outputs (one each; zeros where none flows), ``saved``, then ``live`` (the session's
+    tensors themselves, read when the backward runs: a checkpoint's module parameters, whose ``.grad``
+    its own backward fills) as the inputs of template ``backward`` (``null``: a backward that computes
+    nothing) and runs it; ``grads[i]``, the grad of ``inputs[i]``, indexes those bound tensors followed
+    by the template's outputs (``null``: none). ``reentrant``: the backward runs a backward of its own
+    (torch's reentrant checkpoint), refused under a ``grad`` step or a ``backward`` with ``inputs``.
     ``dirty``: indices of ``inputs`` the forward wrote in place (each is also an output: its history is
     rebased); ``non_differentiable``: indices of ``outputs``; ``once_differentiable``: a backward through
     the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors."""
@@ -244,7 +247,9 @@ class FunctionStep(_Model):
                                                              json_schema_extra={"default": []})
     non_differentiable: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
                                                                           json_schema_extra={"default": []})
+    live: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     once_differentiable: bool = False
+    reentrant: bool = False
 
 
 Step = Annotated[

@@ -23,6 +23,7 @@ non-leaves that depend on the inputs' leaves, as torch's would.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import weakref
@@ -33,11 +34,14 @@ from torch._C import DisableTorchFunctionSubclass
 
 from remote_autograd.proto import dtype_name
 
+from ..device._device import recording_into
 from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
 from ..session._session_core import _Origin
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
+from . import _checkpoint
+from ._dispatch import call_op
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 _ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
@@ -47,20 +51,20 @@ class _BackwardRecorder(Recorder):
     """A ``Recorder`` for one Function's backward: a read of values, or of a remote tensor the backward
     was not given, is named as such."""
 
-    def __init__(self, session: Any, name: str) -> None:
+    def __init__(self, session: Any, name: str, unsaved: str | None = None) -> None:
         super().__init__(session)
-        self.function = name
+        self.function, self.unsaved = name, unsaved
 
     def flush(self) -> list:
         raise Untranslatable("it reads a remote tensor's values on the client (.item(), .tolist(), .cpu(), "
                              "numpy, a bool of a tensor), which the server's backward cannot do")
 
     def foreign(self, handle: RemoteTensor) -> RuntimeError:
-        return _unsaved(self.function)
+        return _unsaved(self.function, self.unsaved)
 
 
-def _unsaved(name: str) -> RuntimeError:
-    return RuntimeError(f"{name}.backward reads a remote tensor it was not given: save it with "
+def _unsaved(name: str, message: str | None = None) -> RuntimeError:
+    return RuntimeError(message or f"{name}.backward reads a remote tensor it was not given: save it with "
                         "ctx.save_for_backward (or put it on ctx) in the forward")
 
 
@@ -87,9 +91,10 @@ class _Ctx:
         self._own[name] = value
 
 
-def attach(cls: type, args: tuple, outputs: tuple, line: str | None) -> None:
+def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: Any = None) -> None:
     """Make the call of ``cls.apply(*args)`` whose tensor outputs (all remote) are ``outputs`` a node of the
-    server's autograd (see the module's docstring); a clear RuntimeError where it cannot be one."""
+    server's autograd (see the module's docstring); a clear RuntimeError where it cannot be one.
+    ``prepared``: what ``before_forward`` gave as the forward began (a checkpoint's generator state)."""
     name = getattr(cls, "__name__", "a torch.autograd.Function")
     at = f" ({line})" if line else ""
     tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
@@ -104,22 +109,30 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None) -> None:
         if a._session is not session:
             raise RuntimeError(f"{name}.apply on tensors of two sessions{at}")
     saved, bindings = _saved(ctx, session, tensors, name)
+    n_saved = len(saved)
     attributes = {}
     for key, value in list(vars(ctx).items()):
         if isinstance(value, RemoteTensor):
             attributes[key] = len(saved)
             saved.append(value)
             bindings.append(_binding(value, tensors))
-    recorder = _BackwardRecorder(session, name)
+    extras = _checkpoint.Extras(ctx, session) if _checkpoint.is_checkpoint(cls) else None
+    if prepared is not None:  # the generator's state at the forward: saved, for the recomputation
+        saved.append(prepared)
+        bindings.append(prepared._id)
+    live = [] if extras is None else extras.live
+    recorder = _BackwardRecorder(session, name, None if extras is None else _checkpoint.UNSAVED)
     grads = [None if not isinstance(o, torch.Tensor) else _handle(recorder, f"g{k}", o, False, contiguous=True)
              for k, o in enumerate(outputs)]
     handles = [None if s is None else s if not isinstance(s, RemoteTensor) else _handle(recorder, f"s{k}", s, s._rg)
                for k, s in enumerate(saved)]
-    proxy = _Ctx(ctx, tuple(handles[:len(saved) - len(attributes)]),
-                 {key: handles[k] for key, k in attributes.items()})
+    live_handles = [_handle(recorder, f"l{k}", t, t._rg) for k, t in enumerate(live)]
+    proxy = _Ctx(ctx, tuple(handles[:n_saved]), {key: handles[k] for key, k in attributes.items()})
     backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
     try:
-        returned = _record(session, recorder, name, lambda: backward(proxy, *grads))
+        returned = _record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
+                           None if extras is None else extras.recording(
+                               recorder, live_handles, None if prepared is None else handles[-1]))
     except Untranslatable as why:
         raise RuntimeError(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
     except RuntimeError as err:
@@ -129,9 +142,18 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None) -> None:
                            f"it inside the server's backward): {err}{at}") from err
     returned = returned if isinstance(returned, tuple) else (returned,)
     grad_of = _grads_of_inputs(name, args, returned, recorder, grads, handles, at)
-    _send(session, recorder, name, inputs, tensors, nodes, bindings, grads, handles, grad_of,
-          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE)
-    _mark_outputs(inputs, tensors, nodes)
+    _send(session, recorder, name, inputs, tensors, nodes, bindings, grads, handles, live, live_handles, grad_of,
+          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None)
+    _mark_outputs([*inputs, *live], tensors, nodes)
+
+
+def _own_tensors(returned: Any) -> Any:
+    """What a backward returned, with a handle of a ``.grad`` (a checkpoint returns its inputs' ``.grad``)
+    made a tensor of the template (``detach``: the same values, no copy)."""
+    def own(r: Any) -> Any:
+        return r.detach() if isinstance(r, RemoteTensor) and r._grad_owner is not None else r
+
+    return tuple(own(r) for r in returned) if isinstance(returned, tuple) else own(returned)
 
 
 def _saved(ctx: Any, session: Any, outputs: list, name: str) -> tuple[list, list]:
@@ -183,22 +205,24 @@ def _handle(recorder: Recorder, name: str, like: RemoteTensor, requires_grad: bo
     return h
 
 
-def _record(session: Any, recorder: Recorder, name: str, backward) -> Any:
-    """``backward()`` on the recording's handles, grad on, with the real session refusing every step."""
+def _record(session: Any, recorder: _BackwardRecorder, name: str, backward, around: Any = None) -> Any:
+    """``backward()`` on the recording's handles, grad on, with the real session refusing every step
+    (and inside the context ``around``: a checkpoint's)."""
     def refuse(*args, **kwargs):
-        raise _unsaved(name)
+        raise _unsaved(name, recorder.unsaved)
 
     # shadowed on the instance (the class's come back below): a step, or an op mixing its handles with the
     # recording's, names the tensor the backward was not given
-    session.enqueue, session.flush, session.foreign = refuse, refuse, lambda handle: _unsaved(name)
+    session.enqueue, session.flush, session.foreign = refuse, refuse, recorder.foreign
     try:
-        with _callsite.recording(), torch.enable_grad():
+        with _callsite.recording(), recording_into(session.device, recorder), torch.enable_grad(), \
+                around if around is not None else contextlib.nullcontext():
             return backward()
     finally:
         del session.enqueue, session.flush, session.foreign
 
 
-def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: Recorder, grads: list, handles: list,
+def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: _BackwardRecorder, grads: list, handles: list,
                      at: str) -> list:
     """For each remote input, the recording's handle that is its grad (or None), checked as torch checks
     what a backward returns."""
@@ -216,15 +240,16 @@ def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: Recorder
             continue  # a local input needing no grad (one that needs it is refused before): torch drops its grad
         if r is not None and not (isinstance(r, RemoteTensor) and r._session is recorder):
             if isinstance(r, RemoteTensor):
-                raise _unsaved(name)
+                raise RuntimeError(f"{_unsaved(name, recorder.unsaved)}{at}")
             raise RuntimeError(f"{name}.backward returned a {type(r).__name__} as the gradient of a remote input{at}")
         found.append(r)
     return found
 
 
 def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: list, nodes: list, bindings: list,
-          grads: list, handles: list, grad_of: list, once: bool) -> None:
-    bound = [g for g in grads if g is not None] + [h for h in handles if isinstance(h, RemoteTensor)]
+          grads: list, handles: list, live: list, live_handles: list, grad_of: list, once: bool, reentrant: bool
+          ) -> None:
+    bound = [g for g in grads if g is not None] + [h for h in handles if isinstance(h, RemoteTensor)] + live_handles
     bound_names = [h._id for h in bound]
     outs: list[str] = []
     index = []
@@ -256,8 +281,12 @@ def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: li
     non_differentiable = [j for j, n in enumerate(nodes) if n is None]
     if non_differentiable:
         step["non_differentiable"] = non_differentiable
+    if live:
+        step["live"] = [t._id for t in live]
     if once:
         step["once_differentiable"] = True
+    if reentrant:
+        step["reentrant"] = True
     session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in outputs]))
 
 
@@ -268,3 +297,4 @@ def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:
         if node is None:
             continue
         o._rg, o._is_leaf, o._leaves = True, False, leaves  # (torch set its C++ requires_grad, with the node)
+

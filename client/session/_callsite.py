@@ -86,9 +86,12 @@ def refuse_custom_function(func: Callable) -> None:
         f = f.f_back
 
 
-# The capture's ``attach`` (``capture/_user_functions``), which sits above this room: the wiring fills it.
-# It makes a recorded call on remote outputs a node of the server's autograd, or raises.
+# ``dispatch/_user_functions.attach`` and ``dispatch/_checkpoint.before_forward``, above this room: the
+# wiring fills them. ``attach`` makes a recorded call on remote outputs a node of the server's autograd,
+# or raises; ``before_forward(cls, args)`` runs as the forward's first remote op is queued, and what it
+# gives goes to ``attach``.
 ATTACH: list[Callable] = []
+BEFORE_FORWARD: list[Callable] = []
 _recording = threading.local()  # .on: a Function's backward is being recorded (``recording``)
 
 
@@ -134,6 +137,7 @@ def _watch_apply(apply_frame) -> None:
     error = _recorded_error(cls, line, _BY_KEYWORD if by_keyword and not local_needs else _LOCAL)
     args = tuple(apply_locals.get("args", ()))
     attachable = ATTACH and not local_needs and not by_keyword and not _special(cls)
+    prepared = BEFORE_FORWARD[0](cls, args) if attachable and BEFORE_FORWARD else None
 
     def check(output) -> None:  # output None: the forward raised (or made nothing)
         if output is None or not torch.is_grad_enabled():
@@ -144,7 +148,7 @@ def _watch_apply(apply_frame) -> None:
         if not (remote_needs or remote_out):
             return
         if attachable and remote_out and all(_on_the_device(o) for o in tensors):
-            ATTACH[0](cls, args, tuple(outputs), line)  # the backward recorded and attached, or an error
+            ATTACH[0](cls, args, tuple(outputs), line, prepared)  # the backward recorded and attached, or an error
             return
         raise error
 
@@ -155,9 +159,9 @@ def _watch_apply(apply_frame) -> None:
 
 
 def _special(cls) -> bool:
-    """torch's own Functions whose backward calls back into Python the SDK cannot record: refused as before."""
+    """torch's own Functions whose backward the SDK cannot record (a module's backward hooks): refused."""
     return getattr(cls, "__module__", "").startswith("torch.") and getattr(cls, "__name__", "") in (
-        "BackwardHookFunction", "CheckpointFunction")
+        "BackwardHookFunction",)
 
 
 def _on_the_device(t: torch.Tensor) -> bool:
@@ -182,11 +186,9 @@ def _recorded_error(cls, line: str | None, why: str = _LOCAL) -> RuntimeError:
         )
     if name == "CheckpointFunction" and module == "torch.utils.checkpoint":
         return RuntimeError(
-            "torch.utils.checkpoint(..., use_reentrant=True) on remote tensors: its backward recomputes the "
-            "forward with the module's parameters, which it never saves, and runs a backward of its own, which the "
-            "SDK cannot record for the server's backward. Pass use_reentrant=False "
-            "(same gradients; Hugging Face: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-            f"{{'use_reentrant': False}})){at}"
+            f"torch.utils.checkpoint(..., use_reentrant=True) on remote tensors, with grad on: {why}. Pass "
+            "use_reentrant=False (same gradients; Hugging Face: model.gradient_checkpointing_enable("
+            f"gradient_checkpointing_kwargs={{'use_reentrant': False}})){at}"
         )
     return RuntimeError(
         f"{name}.apply with grad mode on and an input that requires grad, on remote tensors: torch would record "

@@ -74,7 +74,7 @@ def _grad_outputs(values, session: Session) -> list | None:
 def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    with _running(run):
+    with _running(run, step.inputs is not None):
         if not step.detect_anomaly:
             return _backward(run, step, roots)
         with anomaly.detecting(roots, step.check_nan):
@@ -82,15 +82,17 @@ def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
 
 
 @contextlib.contextmanager
-def _running(run: ProgramRun):
+def _running(run: ProgramRun, explicit: bool):
     """``run`` held on its session while autograd runs: a user Function's node needs it to run its backward
-    template (``user_functions``). A backward inside such a template (a checkpoint's) holds its own run."""
+    template (``user_functions``), and whether the step names its inputs (a reentrant checkpoint refuses
+    that, as torch's). A backward inside such a template (a checkpoint's) holds its own."""
     session = run.session
-    outer, session.autograd_run = session.autograd_run, run
+    outer = session.autograd_run, session.autograd_explicit
+    session.autograd_run, session.autograd_explicit = run, explicit
     try:
         yield
     finally:
-        session.autograd_run = outer
+        session.autograd_run, session.autograd_explicit = outer
 
 
 def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) -> dict | None:
@@ -188,7 +190,7 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     inputs = [session.tensor(t).value for t in step.inputs]
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    with _running(run), anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext():
+    with _running(run, True), anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext():
         grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                     create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])

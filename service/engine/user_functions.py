@@ -37,7 +37,7 @@ class _Spec:
     """What a node of ``_UserFunction`` keeps besides its saved tensors (no tensor: those are saved)."""
 
     __slots__ = ("name", "template", "session", "execute", "grads", "outputs", "dirty", "non_differentiable", "saved",
-                 "once")
+                 "once", "live", "reentrant")
 
     def __init__(self, step: FunctionStep, template: Template | None, session, execute: Execute, outputs: list
                  ) -> None:
@@ -46,6 +46,7 @@ class _Spec:
         self.grads = step.grads
         self.outputs = outputs  # forward's only: dropped once it returns
         self.dirty, self.non_differentiable, self.once = step.dirty, step.non_differentiable, step.once_differentiable
+        self.live, self.reentrant = step.live, step.reentrant
         self.saved: list = []  # (kind, k): ("input", i), ("output", j) or ("value", tensor), until forward saves them
 
 
@@ -74,29 +75,34 @@ class _UserFunction(torch.autograd.Function):
 
 
 def _run_backward(ctx, *grads: torch.Tensor) -> tuple:
-    """The grads of the node's inputs: its template run on its grads and saved tensors."""
+    """The grads of the node's inputs: its template run on its grads, saved tensors and live tensors."""
     spec: _Spec = ctx.spec
-    bound = [*grads, *ctx.saved_tensors]
+    bound = [GradStandIn(t) for t in (*grads, *ctx.saved_tensors)]
     template = spec.template
     if template is None:
-        return tuple(None if k is None else bound[k] for k in spec.grads)
+        return tuple(None if k is None else bound[k].value for k in spec.grads)
     session = spec.session()
     run = None if session is None else session.autograd_run
     if run is None:
         raise RuntimeError(f"{spec.name}.backward runs only inside a backward or grad step of its session")
+    if spec.reentrant and session.autograd_explicit:  # torch's checkpoint asks _is_checkpoint_valid()
+        raise RuntimeError("When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
+                           "an `inputs` parameter to .backward(). To resolve this error, you can either set "
+                           "use_reentrant=False, or call .backward() without passing the `inputs` argument.")
+    bound += [session.tensor(tid) for tid in spec.live]  # the session's own: what the template writes stays
     names = [f"~fn{next(_RUNS)}/{j}" for j in range(len(template.outputs))]
     step = RunTemplateStep.model_construct(kind="run_template", template=template.step.id, inputs=[], scalars=[],
                                            out=names)
     template.runs += 1
     try:
-        template.runner(run, template, step, [GradStandIn(t) for t in bound], {}, spec.execute)
+        template.runner(run, template, step, bound, {}, spec.execute)
     except ProtocolError as err:
         raise RuntimeError(f"{spec.name}.backward: {err.message}") from None
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
     session.storages.drop(session, made)  # autograd holds them now; a grad kept is counted again
-    bound += [ct.value for ct in made]
-    return tuple(None if k is None else bound[k] for k in spec.grads)
+    values = [ct.value for ct in (*bound, *made)]
+    return tuple(None if k is None else values[k] for k in spec.grads)
 
 
 def _once_differentiable(ctx, *grads: torch.Tensor) -> tuple:
@@ -131,6 +137,8 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
         raise ProtocolError(ErrorCode.UNKNOWN_TEMPLATE, f"unknown template {step.backward!r} in this session: "
                             "send its template step first (a restart of the server keeps none)")
     _check(step, template)
+    for tid in step.live:  # (bound when the backward runs: an unknown one is said now)
+        session.tensor(tid)
     inputs = [session.tensor(t).value for t in step.inputs]
     position = {tid: i for i, tid in enumerate(step.inputs)}
     outputs = []
@@ -156,10 +164,10 @@ def _check(step: FunctionStep, template: Template | None) -> None:
     def bad(message: str) -> ProtocolError:
         return ProtocolError(ErrorCode.BAD_REQUEST, f"function step ({step.name}): {message}")
 
-    bound = len(step.outputs) + len(step.saved)
+    bound = len(step.outputs) + len(step.saved) + len(step.live)
     if template is not None and len(template.step.inputs) != bound:
         raise bad(f"template {step.backward!r} takes {len(template.step.inputs)} inputs, the step binds "
-                  f"{len(step.outputs)} grads and {len(step.saved)} saved tensors")
+                  f"{len(step.outputs)} grads, {len(step.saved)} saved and {len(step.live)} live tensors")
     if len(step.grads) != len(step.inputs):
         raise bad(f"grads has {len(step.grads)} entries for {len(step.inputs)} inputs")
     known = bound + (0 if template is None else len(template.outputs))

@@ -88,6 +88,7 @@ class Session:
     # the ProgramRun of the backward or grad step running autograd now: a user Function's node runs its
     # backward template with it (service.engine.user_functions), maybe on autograd's own thread
     autograd_run: Any = None
+    autograd_explicit: bool = False  # that step names its inputs (a grad, a backward with inputs)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:

@@ -2,8 +2,8 @@
 nothing (under ``no_grad``/``inference_mode``, or on inputs that need no gradient) and gives local
 torch's result; where torch would record it, its backward runs inside the server's autograd
 (``test_function_backward.py``), and what cannot is refused at the user's line, never run with its
-gradient lost. Checkpointing: ``use_reentrant=False`` gives local torch's gradients;
-``use_reentrant=True`` is refused with what to do.
+gradient lost. Checkpointing: ``use_reentrant=False`` and ``True`` give local torch's gradients (the
+reentrant one's backward, recomputation included, is recorded as a Function's).
 
 Each case runs the same code on CPU tensors and on the device."""
 
@@ -295,11 +295,63 @@ def test_checkpoint_without_reentrant_gives_local_torchs_gradients(sess):
         torch.testing.assert_close(got, want)
 
 
-def test_reentrant_checkpoint_says_to_pass_use_reentrant_false(sess):
-    with pytest.raises(RuntimeError, match=r"use_reentrant=False.*gradient_checkpointing_kwargs") as info:
-        _checkpointed_grads(sess.device, True)
+def test_reentrant_checkpoint_gives_local_torchs_gradients(sess):
+    for got, want in zip(_checkpointed_grads(sess.device, True), _checkpointed_grads("cpu", True), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+class _Block(nn.Module):
+    """A transformer-ish block with dropout, called the way Hugging Face's gradient checkpointing calls it
+    (``checkpoint(layer.__call__, hidden, use_reentrant=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm, self.drop = nn.Linear(6, 6), nn.LayerNorm(6), nn.Dropout(0.5)
+
+    def forward(self, h):
+        return h + self.drop(self.fc(self.norm(h)).tanh())
+
+
+def _blocks_run(sess, checkpointed: bool):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([_Block(), _Block()]).double().to(sess.device)
+    sess.manual_seed(7)
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(sess.device)
+    h = x.requires_grad_()
+    for block in blocks:
+        h = checkpoint(block.__call__, h, use_reentrant=True) if checkpointed else block(h)
+    loss = h.pow(2).mean()
+    loss.backward()
+    after = torch.rand(3, dtype=torch.float64, device=sess.device)  # the generator as the backward left it
+    return [t.cpu() for t in (loss.detach(), x.grad, *(p.grad for p in blocks.parameters()), after)]
+
+
+def test_reentrant_checkpoint_redraws_the_forwards_dropout_as_torch_does_on_cuda(sess):
+    """torch keeps a CUDA device's random state at the forward and sets it for the recomputation (then puts
+    the generator back): the same masks, so the gradients of the run without checkpointing, and the same
+    numbers drawn after it."""
+    for got, want in zip(_blocks_run(sess, True), _blocks_run(sess, False), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_reentrant_checkpoint_refuses_autograd_grad_as_torch(sess):
+    for device in ("cpu", sess.device):
+        model = _model(device)
+        x = torch.randn(2, 4, dtype=torch.float64).to(device).requires_grad_()
+        loss = checkpoint(model, x, use_reentrant=True).sum()
+        with pytest.raises(RuntimeError, match=r"When use_reentrant=True, torch.utils.checkpoint is incompatible "
+                                               r"with \.grad\(\)"):
+            torch.autograd.grad(loss, x)[0].cpu()
+
+
+def test_reentrant_checkpoint_of_a_function_reading_another_tensor_is_refused(sess):
+    w = torch.randn(4, 4, dtype=torch.float64, device=sess.device, requires_grad=True)
+    x = torch.randn(2, 4, dtype=torch.float64, device=sess.device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"use_reentrant=True\): the checkpointed function reads a remote tensor "
+                                           "that is neither its argument") as info:
+        checkpoint(lambda t: t @ w, x, use_reentrant=True)
     assert "test_user_functions.py:" in str(info.value)
-    model, x = _model(sess.device), torch.randn(2, 4, dtype=torch.float64)
+    model = _model(sess.device)
     with torch.no_grad():  # nothing recorded: the forward runs, as torch's
-        got = checkpoint(model, x.to(sess.device).requires_grad_(), use_reentrant=True)
-        torch.testing.assert_close(got.cpu(), _model("cpu")(x))
+        got = checkpoint(model, x, use_reentrant=True)
+        torch.testing.assert_close(got.cpu(), _model("cpu")(x.detach().cpu()))
