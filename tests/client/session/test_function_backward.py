@@ -15,6 +15,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.autograd.gradcheck import GradcheckError
 
+from .test_user_functions import AddInPlace
+
 
 def _line(offset: int = 0) -> str:
     frame = inspect.currentframe().f_back
@@ -224,17 +226,6 @@ def test_once_differentiable_gives_its_gradient_and_refuses_a_second_as_torch(se
             gx.cpu()  # pipelined: the error reaches the user where a value is needed
 
 
-class AddInPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, y):
-        ctx.mark_dirty(x)
-        return x.add_(y)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, 2 * g
-
-
 def _dirty(device):
     w = torch.arange(3.0, dtype=torch.float64).to(device).requires_grad_()
     x = torch.ones(3, dtype=torch.float64).to(device)
@@ -302,21 +293,6 @@ def test_the_same_function_on_the_same_layouts_defines_its_template_once(sess):
     Cube.apply(torch.randn(4, dtype=torch.float64, device=sess.device, requires_grad=True))
     assert len(sess._templates) == before + 2  # another layout: another template
     torch.testing.assert_close(x.grad.cpu(), 9 * x.detach().cpu() ** 2)
-
-
-def test_a_local_input_that_requires_grad_beside_remote_outputs_is_still_refused(sess):
-    class Mixed(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, remote, local):
-            return remote * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2, None
-
-    x = torch.ones(3, device=sess.device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="torch would record the call"):
-        Mixed.apply(x, torch.ones(1, requires_grad=True))
 
 
 def _twice(device):
