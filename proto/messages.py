@@ -92,6 +92,15 @@ class CallStep(_Model):
     autocast: str | None = Field(default=None, max_length=16)
 
 
+class TensorHook(_Model):
+    """A hook on a session tensor for one ``backward`` or ``grad`` step (``Tensor.register_hook``): when the
+    gradient with respect to tensor ``id`` is computed, template ``template`` (one input, the gradient;
+    one output, what replaces it) runs on it."""
+
+    id: TensorRef
+    template: TensorId
+
+
 class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
@@ -104,6 +113,7 @@ class BackwardStep(_Model):
     # as under ``torch.autograd.detect_anomaly(check_nan=...)``: a node whose gradient has a NaN raises torch's error
     detect_anomaly: bool = False
     check_nan: bool = True
+    hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -119,6 +129,7 @@ class GradStep(_Model):
     out: list[TensorId]
     detect_anomaly: bool = False
     check_nan: bool = True
+    hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):

@@ -31,6 +31,7 @@ MESSAGES: dict[str, Any] = {
     "PutStep": m.PutStep,
     "CallStep": m.CallStep,
     "BackwardStep": m.BackwardStep,
+    "TensorHook": m.TensorHook,
     "GradStep": m.GradStep,
     "SetGradStep": m.SetGradStep,
     "SetRequiresGradStep": m.SetRequiresGradStep,

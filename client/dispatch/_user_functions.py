@@ -6,8 +6,8 @@ recorded the call on remote outputs, calls ``attach``. Its forward has run alrea
 with grad off (as torch runs it). What torch recorded on the client is the ``ctx`` the forward saw:
 the C++ node of a tensor output (its saved tensors, ``needs_input_grad``, the user's attributes).
 
-``attach`` runs ``backward`` (or ``vjp``) once, now, on handles of a ``Recorder`` (``session/_recorder``, the capture's):
-one per output's grad (``g0``...), one per tensor it saved or put on ``ctx`` (``s0``...). A stand-in
+``attach`` runs ``backward`` (or ``vjp``) once, now, on handles of a ``Recorder`` (``session/_recorder``,
+the capture's): one per output's grad (``g0``...), one per tensor it saved or put on ``ctx`` (``s0``...). A stand-in
 ``ctx`` answers those with the handles and everything else from the real one. Its steps become a
 template named by a hash of its content, so the same Function on the same layouts defines it once
 per session. While it records, the real session refuses every step: a backward that reads a remote
@@ -18,7 +18,9 @@ so), so double backward works where torch's does; ``once_differentiable`` turns 
 
 Then one ``function`` step (``service/engine/user_functions.py``) makes the forward's outputs the
 outputs of a server node whose backward runs that template, and the outputs' handles become
-non-leaves that depend on the inputs' leaves, as torch's would.
+non-leaves that depend on the inputs' leaves, as torch's would. torch's reentrant checkpoint is such a
+Function, with what its backward reads besides its ctx (``_checkpoint``); tensor hooks are recorded
+the same way (``handlers/_hooks``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from remote_autograd.proto import dtype_name
 
@@ -41,19 +44,31 @@ from ..session._session_core import _Origin
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
 from . import _checkpoint
-from ._dispatch import call_op
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 _ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
 
 
-class _BackwardRecorder(Recorder):
+class BackwardRecorder(Recorder):
     """A ``Recorder`` for one Function's backward: a read of values, or of a remote tensor the backward
     was not given, is named as such."""
+
+    # the session's hooks are registered on the server for the backward or grad step that runs this one's
+    # template: a backward inside it (a checkpoint's) meets them there, as torch's would
+    _hooked: dict = {}
 
     def __init__(self, session: Any, name: str, unsaved: str | None = None) -> None:
         super().__init__(session)
         self.function, self.unsaved = name, unsaved
+
+    def template(self, inputs: list, outputs: list) -> dict:
+        """The recording as a template step, named by a hash of its content (the same recording on the same
+        layouts: the same template, sent once per session); ``outputs``: handles or names."""
+        body = {"inputs": [{"id": h._id, "dtype": dtype_name(h._dtype), "shape": list(h._shape),
+                            "requires_grad": h._rg} for h in inputs],
+                "steps": self.steps, "outputs": [o if isinstance(o, str) else o._id for o in outputs]}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        return {"kind": "template", "id": f"fn-{digest}", **body}
 
     def flush(self) -> list:
         raise Untranslatable("it reads a remote tensor's values on the client (.item(), .tolist(), .cpu(), "
@@ -121,16 +136,16 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: A
         saved.append(prepared)
         bindings.append(prepared._id)
     live = [] if extras is None else extras.live
-    recorder = _BackwardRecorder(session, name, None if extras is None else _checkpoint.UNSAVED)
-    grads = [None if not isinstance(o, torch.Tensor) else _handle(recorder, f"g{k}", o, False, contiguous=True)
+    recorder = BackwardRecorder(session, name, None if extras is None else _checkpoint.UNSAVED)
+    grads = [None if not isinstance(o, torch.Tensor) else stand_in(recorder, f"g{k}", o, False, contiguous=True)
              for k, o in enumerate(outputs)]
-    handles = [None if s is None else s if not isinstance(s, RemoteTensor) else _handle(recorder, f"s{k}", s, s._rg)
+    handles = [None if s is None else s if not isinstance(s, RemoteTensor) else stand_in(recorder, f"s{k}", s, s._rg)
                for k, s in enumerate(saved)]
-    live_handles = [_handle(recorder, f"l{k}", t, t._rg) for k, t in enumerate(live)]
+    live_handles = [stand_in(recorder, f"l{k}", t, t._rg) for k, t in enumerate(live)]
     proxy = _Ctx(ctx, tuple(handles[:n_saved]), {key: handles[k] for key, k in attributes.items()})
     backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
     try:
-        returned = _record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
+        returned = record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
                            None if extras is None else extras.recording(
                                recorder, live_handles, None if prepared is None else handles[-1]))
     except Untranslatable as why:
@@ -195,7 +210,7 @@ def _binding(t: RemoteTensor, outputs: list) -> str:
     return t._id
 
 
-def _handle(recorder: Recorder, name: str, like: RemoteTensor, requires_grad: bool, contiguous: bool = False
+def stand_in(recorder: Recorder, name: str, like: RemoteTensor, requires_grad: bool, contiguous: bool = False
             ) -> RemoteTensor:
     h = RemoteTensor._new(recorder, name, like._shape, like._dtype, requires_grad=requires_grad,
                           is_leaf=True, leaves=frozenset({name}) if requires_grad else frozenset())
@@ -205,7 +220,7 @@ def _handle(recorder: Recorder, name: str, like: RemoteTensor, requires_grad: bo
     return h
 
 
-def _record(session: Any, recorder: _BackwardRecorder, name: str, backward, around: Any = None) -> Any:
+def record(session: Any, recorder: BackwardRecorder, name: str, backward, around: Any = None) -> Any:
     """``backward()`` on the recording's handles, grad on, with the real session refusing every step
     (and inside the context ``around``: a checkpoint's)."""
     def refuse(*args, **kwargs):
@@ -214,15 +229,17 @@ def _record(session: Any, recorder: _BackwardRecorder, name: str, backward, arou
     # shadowed on the instance (the class's come back below): a step, or an op mixing its handles with the
     # recording's, names the tensor the backward was not given
     session.enqueue, session.flush, session.foreign = refuse, refuse, recorder.foreign
+    compiling = _set_eval_frame(None)  # inside torch.compile's call, dynamo would compile the user's code here
     try:
         with _callsite.recording(), recording_into(session.device, recorder), torch.enable_grad(), \
                 around if around is not None else contextlib.nullcontext():
             return backward()
     finally:
+        _set_eval_frame(compiling)
         del session.enqueue, session.flush, session.foreign
 
 
-def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: _BackwardRecorder, grads: list, handles: list,
+def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: BackwardRecorder, grads: list, handles: list,
                      at: str) -> list:
     """For each remote input, the recording's handle that is its grad (or None), checked as torch checks
     what a backward returns."""
@@ -267,11 +284,7 @@ def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: li
                             "saved": [b for b, h in zip(bindings, handles) if isinstance(h, RemoteTensor)],
                             "grads": index}
     if recorder.steps:
-        template = {"inputs": [{"id": h._id, "dtype": dtype_name(h._dtype), "shape": list(h._shape),
-                                "requires_grad": h._rg} for h in bound],
-                    "steps": recorder.steps, "outputs": outs}
-        digest = hashlib.sha256(json.dumps(template, sort_keys=True, default=str).encode()).hexdigest()[:32]
-        template = {"kind": "template", "id": f"fn-{digest}", **template}
+        template = recorder.template(bound, outs)
         session.ensure_template(template["id"], template)
         step["backward"] = template["id"]
     position = {id(a): i for i, a in enumerate(inputs)}

@@ -45,6 +45,16 @@ class Recorder:
         self._names = itertools.count()
         self.steps: list[dict] = []
         self.node: Any = None  # the FX node being recorded: its example value answers take_result
+        self._session_hooked = getattr(session, "_hooked", None)
+
+    @property
+    def _hooked(self) -> dict:
+        """The hooked tensors a recorded backward would record hooks for (``handlers/_hooks``): a graph's
+        backward with the session's tensors hooked cannot be a template (its calls then run one by one)."""
+        if self._session_hooked:
+            raise Untranslatable("a tensor of the session has hooks (register_hook), which a template's backward "
+                                 "would not run")
+        return {}
 
     def new_id(self) -> str:
         return f"v{next(self._names)}"

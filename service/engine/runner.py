@@ -491,8 +491,8 @@ def _fetch(run: ProgramRun, step: FetchStep) -> dict:
 _HANDLERS: dict[type, Callable[..., Any]] = {
     PutStep: _put,
     CallStep: _call,
-    BackwardStep: backward_step,
-    GradStep: grad_step,
+    BackwardStep: lambda run, step: backward_step(run, step, _execute),
+    GradStep: lambda run, step: grad_step(run, step, _execute),
     SetGradStep: _set_grad,
     SetRequiresGradStep: _set_requires_grad,
     RetainGradStep: _retain_grad,

@@ -121,6 +121,8 @@ def _names(step, index: int, tid: str) -> tuple[list[str], list[str]]:
         if step.kwargs:
             _refs(list(step.kwargs.values()), reads, 0)
         return reads, list(step.out)
+    if kind in (BackwardStep, GradStep) and step.hooks:
+        raise _bad(tid, index, "hooks are not allowed in a template (a template's steps name only its tensors)")
     if kind is BackwardStep:
         reads = list(step.tensors) + list(step.inputs or ())
         return _refs(step.grad_tensors or [], reads, 0), []

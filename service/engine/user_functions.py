@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
 
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import FunctionStep, RunTemplateStep
 
-from ..sessions.custom_tensor import CustomTensor
 from .program_run import ProgramRun
 from .templates import Execute, GradStandIn, Template
 
@@ -90,19 +88,27 @@ def _run_backward(ctx, *grads: torch.Tensor) -> tuple:
                            "an `inputs` parameter to .backward(). To resolve this error, you can either set "
                            "use_reentrant=False, or call .backward() without passing the `inputs` argument.")
     bound += [session.tensor(tid) for tid in spec.live]  # the session's own: what the template writes stays
+    made = run_bound(run, template, bound, spec.execute, f"{spec.name}.backward")
+    values = [ct.value for ct in bound] + made
+    return tuple(None if k is None else values[k] for k in spec.grads)
+
+
+def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute, what: str) -> list[torch.Tensor]:
+    """``template`` run inside autograd (a node's backward, a tensor's hook) on ``bound``: its outputs,
+    which autograd holds from here (the session forgets them; a grad kept is counted again)."""
+    session = run.session
     names = [f"~fn{next(_RUNS)}/{j}" for j in range(len(template.outputs))]
     step = RunTemplateStep.model_construct(kind="run_template", template=template.step.id, inputs=[], scalars=[],
                                            out=names)
     template.runs += 1
     try:
-        template.runner(run, template, step, bound, {}, spec.execute)
+        template.runner(run, template, step, bound, {}, execute)
     except ProtocolError as err:
-        raise RuntimeError(f"{spec.name}.backward: {err.message}") from None
+        raise RuntimeError(f"{what}: {err.message}") from None
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
-    session.storages.drop(session, made)  # autograd holds them now; a grad kept is counted again
-    values = [ct.value for ct in (*bound, *made)]
-    return tuple(None if k is None else values[k] for k in spec.grads)
+    session.storages.drop(session, made)
+    return [ct.value for ct in made]
 
 
 def _once_differentiable(ctx, *grads: torch.Tensor) -> tuple:
@@ -173,7 +179,8 @@ def _check(step: FunctionStep, template: Template | None) -> None:
     known = bound + (0 if template is None else len(template.outputs))
     for k in step.grads:
         if k is not None and k >= known:
-            raise bad(f"grad {k} is out of range: the backward has {known} tensors (bound, then the template's outputs)")
+            raise bad(f"grad {k} is out of range: the backward has {known} tensors (bound, then the template's "
+                      "outputs)")
     if len(set(step.outputs)) != len(step.outputs):  # (an input may repeat: F.apply(x, x), as in torch)
         raise bad("outputs name each tensor once")
     dirty = set()

@@ -1,7 +1,8 @@
-"""The ``function`` step over raw HTTP, written by hand as a non-Python client would (``proto/SPEC.md`` §4):
-a Function's forward sent as ordinary steps, then one ``function`` step makes its outputs a node of the
-session's graph whose backward runs a template; gradients and a double backward equal torch's. Refusals
-name the field, and a refused step leaves the session as it was."""
+"""The ``function`` step and a backward's ``hooks`` over raw HTTP, written by hand as a non-Python client
+would (``proto/SPEC.md`` §4): a Function's forward sent as ordinary steps, then one ``function`` step makes
+its outputs a node of the session's graph whose backward runs a template; gradients and a double backward
+equal torch's; a hook runs its template for its step alone. Refusals name the field, and a refused step
+leaves the session as it was."""
 
 from __future__ import annotations
 
@@ -66,3 +67,23 @@ def test_a_function_step_that_does_not_fit_is_refused_naming_the_field(wire: Wir
         {"kind": "function", "name": "F", "inputs": ["x"], "outputs": ["x"], "grads": [0]}]}))
     expect_error(r, 400, "bad_request", "an input the forward did not mark dirty")
     assert decode(wire.get(f"/v1/sessions/{sid}"))["tensors"] == held + len(cases)
+
+
+def test_a_hook_of_a_backward_step_runs_its_template_and_goes_with_the_step(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    double = {"kind": "template", "id": "double", "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}],
+              "steps": [call_step("mul", ref("g"), 2, out=["h"])], "outputs": ["h"]}
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), double, call_step("sum", ref("x"), out=["s"]),
+                  {"kind": "backward", "tensors": ["s"], "retain_graph": True,
+                   "hooks": [{"id": "x", "template": "double"}]},
+                  {"kind": "backward", "tensors": ["s"]}])
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # 2, then 1: removed
+    wire.ok(sid, [put_step("n", wire.tensor(x))])
+    for hooks, status, code, words in (([{"id": "x", "template": "nope"}], 404, "unknown_template", "nope"),
+                                       ([{"id": "x", "template": "cube-bw"}], 400, "bad_request", "one input"),
+                                       ([{"id": "n", "template": "double"}], 422, None, "doesn't require gradient")):
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            _CUBE_BACKWARD, call_step("sum", ref("x"), out=[f"s{status}"]),
+            {"kind": "backward", "tensors": [f"s{status}"], "hooks": hooks}]}))
+        expect_error(r, status, code, words)
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # nothing ran
