@@ -53,8 +53,8 @@ def _custom_add(device):
     return loss.detach(), x.grad, y.grad
 
 
-def test_the_seeds_custom_add_gives_local_torchs_gradients(sess):
-    _assert_same(_custom_add(sess.device), _custom_add("cpu"))
+def test_the_seeds_custom_add_gives_local_torchs_gradients(any_sess):
+    _assert_same(_custom_add(any_sess.device), _custom_add("cpu"))
 
 
 @pytest.mark.backends("tenants")

@@ -300,6 +300,21 @@ def test_reentrant_checkpoint_gives_local_torchs_gradients(sess):
         torch.testing.assert_close(got, want)
 
 
+def _aliasing_grads(device):
+    """A recomputation whose op returns its input itself (a dropout of probability 0): the server's view of it
+    is made in the step's grad mode, not the engine's (else the recomputed graph stopped there)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.0), nn.Tanh()).double().to(device)
+    x = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    checkpoint(model, x, use_reentrant=True).sum().backward()
+    return [t.cpu() for t in (x.grad, *(p.grad for p in model.parameters()))]
+
+
+def test_reentrant_checkpoint_through_an_op_that_returns_its_input(sess):
+    for got, want in zip(_aliasing_grads(sess.device), _aliasing_grads("cpu"), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 class _Block(nn.Module):
     """A transformer-ish block with dropout, called the way Hugging Face's gradient checkpointing calls it
     (``checkpoint(layer.__call__, hidden, use_reentrant=True)``)."""
