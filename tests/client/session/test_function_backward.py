@@ -304,3 +304,91 @@ def _twice(device):
 
 def test_one_tensor_passed_as_two_inputs(sess):
     _assert_same(_twice(sess.device), _twice("cpu"))
+
+
+class UncheckedAssign(torch.autograd.Function):
+    """torchdiffeq's ``_UncheckedAssign``: writes a solution step into a scratch tensor through ``.data`` (past
+    the version counter) and returns the scratch itself, not marked dirty (torch makes the output a view)."""
+
+    @staticmethod
+    def forward(ctx, scratch, value, index):
+        ctx.index = index
+        scratch.data[index] = value
+        return scratch
+
+    @staticmethod
+    def backward(ctx, grad_scratch):
+        return grad_scratch, grad_scratch[ctx.index], None
+
+
+def _solution(device):
+    v = torch.linspace(0, 1, 3, dtype=torch.float64).to(device).requires_grad_()
+    w = torch.ones(3, dtype=torch.float64).to(device).requires_grad_()
+    solution = torch.zeros(4, 3, dtype=torch.float64, device=device)
+    solution = UncheckedAssign.apply(solution, v * 2, 0)
+    solution = UncheckedAssign.apply(solution, v * w, 1)
+    loss = (solution ** 2).sum()
+    loss.backward()
+    return loss.detach(), v.grad, w.grad, solution.detach()
+
+
+def test_torchdiffeqs_unchecked_assign(sess):
+    _assert_same(_solution(sess.device), _solution("cpu"))
+
+
+class RBF(torch.autograd.Function):
+    """An RBF covariance with its own gradient (gpytorch's ``RBFCovariance`` in miniature)."""
+
+    @staticmethod
+    def forward(ctx, x1, x2, lengthscale):
+        diff = x1[:, None, :] - x2[None, :, :]
+        covar = torch.exp(-0.5 * (diff / lengthscale).pow(2).sum(-1))
+        ctx.save_for_backward(x1, x2, lengthscale, covar)
+        return covar
+
+    @staticmethod
+    def backward(ctx, g):
+        x1, x2, lengthscale, covar = ctx.saved_tensors
+        diff = x1[:, None, :] - x2[None, :, :]
+        weighted = (g * covar)[..., None]
+        g_ls = (weighted * diff.pow(2) / lengthscale.pow(3)).sum((0, 1))
+        g_x = weighted * diff / lengthscale.pow(2)
+        return -g_x.sum(1), g_x.sum(0), g_ls
+
+
+class Solve(torch.autograd.Function):
+    """``A^-1 b`` saving its solution (gpytorch's ``Solve`` in miniature)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        x = torch.linalg.solve(a, b)
+        ctx.save_for_backward(a, x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        a, x = ctx.saved_tensors
+        g_b = torch.linalg.solve(a.mT, g)
+        return -g_b @ x.mT, g_b
+
+
+def _gp_fit(device):
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 2, generator=g, dtype=torch.float64), torch.randn(8, 1, generator=g, dtype=torch.float64)
+    x, y = x.to(device), y.to(device)
+    log_ls = torch.zeros(2, dtype=torch.float64).to(device).requires_grad_()
+    opt = torch.optim.Adam([log_ls], lr=0.1)
+    eye = torch.eye(8, dtype=torch.float64, device=device)
+    losses = []
+    for _ in range(3):  # an exact GP's marginal likelihood, fitted
+        opt.zero_grad()
+        covar = RBF.apply(x, x, log_ls.exp()) + 0.1 * eye
+        loss = 0.5 * (y * Solve.apply(covar, y)).sum() + 0.5 * torch.logdet(covar)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [*losses, log_ls.detach()]
+
+
+def test_an_exact_gp_fits_through_its_own_functions_as_on_the_cpu(sess):
+    _assert_same(_gp_fit(sess.device), _gp_fit("cpu"))
