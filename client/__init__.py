@@ -43,7 +43,7 @@ import httpx
 import torch
 
 from ._session import Session
-from .dispatch import _checkpoint, _dispatch, _user_functions
+from .dispatch import _dispatch, _user_functions
 from .handlers import LOCAL_HANDLERS, _kernels
 from .session import _callsite
 from .tensor import _foreach, _tensor
@@ -56,7 +56,7 @@ from .transport._transport import Transport
 _tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
 _callsite.ATTACH.append(_user_functions.attach)  # a user's Function on remote tensors: its backward on the server
-_callsite.BEFORE_FORWARD.append(_checkpoint.before_forward)  # a reentrant checkpoint's generator state
+_callsite.BEFORE_FORWARD.append(_user_functions.before_forward)  # undone as apply returns
 _foreach.take_foreach_paths(RemoteTensor)  # torch's optimizers choose for sess.device what they choose for cuda
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]

@@ -10,7 +10,7 @@ of its own through it, and returns the inputs' grads. Two things it reads are no
   server (the session's own tensors, not copies): the inner backward accumulates their ``.grad`` there,
   as torch's does. Any other tensor the function reads is refused as any user Function's unsaved one.
 - the device's random state at the forward, which torch keeps for a CUDA device (``fwd_device_states``)
-  so that a dropout draws the forward's numbers again: ``before_forward`` queues a ``get_rng_state``
+  so that a dropout draws the forward's numbers again: ``rng_state_at_forward`` queues a ``get_rng_state``
   step as the forward's first op is queued (the state stays on the server: no round trip), and the
   template sets it before the recomputation and puts the generator back after it, as ``fork_rng`` does.
 """
@@ -40,7 +40,7 @@ def is_checkpoint(cls: type) -> bool:
     return cls is CheckpointFunction
 
 
-def before_forward(cls: type, args: tuple) -> RemoteTensor | None:
+def rng_state_at_forward(cls: type, args: tuple) -> RemoteTensor | None:
     """The session generator's state as a checkpoint's forward begins (a handle: the value stays there)."""
     if cls is not CheckpointFunction or len(args) < 2 or not args[1]:  # preserve_rng_state
         return None

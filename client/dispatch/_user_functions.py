@@ -42,7 +42,7 @@ from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
 from ..session._session_core import _Origin
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
+from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
 from . import _checkpoint
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
@@ -106,10 +106,45 @@ class _Ctx:
         self._own[name] = value
 
 
-def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: Any = None) -> None:
+class Prepared:
+    """What ``before_forward`` did as a Function's forward began, undone by ``restore`` as ``apply`` returns.
+
+    ``state``: a checkpoint's generator state (``_checkpoint``). ``flipped``: the remote inputs that are
+    no leaves for the SDK but are for torch's C++ (their history is on the server): their C++
+    ``requires_grad`` is off while the forward runs, so that torch's check of an input marked dirty (a
+    leaf that requires grad written in place) sees what the SDK knows; torch read what it needs of
+    them (which inputs need a gradient) before the forward began."""
+
+    __slots__ = ("state", "flipped")
+
+    def __init__(self, state: RemoteTensor | None, flipped: list) -> None:
+        self.state, self.flipped = state, flipped
+
+    def restore(self) -> None:
+        flipped, self.flipped = self.flipped, []
+        for t in flipped:
+            with DisableTorchFunctionSubclass():
+                if _GRAD_FN(t) is None:  # (one marked dirty has the node as its history now)
+                    set_requires_grad_flag(t, True)
+
+
+def before_forward(cls: type, args: tuple) -> Prepared:
+    """Run as the forward of ``cls.apply(*args)`` queues its first remote op (``session/_callsite``)."""
+    flipped = []
+    with DisableTorchFunctionSubclass():
+        for a in args:  # (a Function's output has a C++ history: torch's own)
+            if isinstance(a, RemoteTensor) and a._rg and not a._is_leaf and _GRAD_FN(a) is None:
+                flipped.append(a)
+    for t in flipped:
+        set_requires_grad_flag(t, False)
+    return Prepared(_checkpoint.rng_state_at_forward(cls, args), flipped)
+
+
+def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: Prepared | None = None) -> None:
     """Make the call of ``cls.apply(*args)`` whose tensor outputs (all remote) are ``outputs`` a node of the
     server's autograd (see the module's docstring); a clear RuntimeError where it cannot be one.
-    ``prepared``: what ``before_forward`` gave as the forward began (a checkpoint's generator state)."""
+    ``prepared``: what ``before_forward`` did as the forward began (restored already)."""
+    state = None if prepared is None else prepared.state
     name = getattr(cls, "__name__", "a torch.autograd.Function")
     at = f" ({line})" if line else ""
     tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
@@ -132,9 +167,9 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: A
             saved.append(value)
             bindings.append(_binding(value, tensors))
     extras = _checkpoint.Extras(ctx, session) if _checkpoint.is_checkpoint(cls) else None
-    if prepared is not None:  # the generator's state at the forward: saved, for the recomputation
-        saved.append(prepared)
-        bindings.append(prepared._id)
+    if state is not None:  # the generator's state at the forward: saved, for the recomputation
+        saved.append(state)
+        bindings.append(state._id)
     live = [] if extras is None else extras.live
     recorder = BackwardRecorder(session, name, None if extras is None else _checkpoint.UNSAVED)
     grads = [None if not isinstance(o, torch.Tensor) else stand_in(recorder, f"g{k}", o, False, contiguous=True)
@@ -147,7 +182,7 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: A
     try:
         returned = record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
                            None if extras is None else extras.recording(
-                               recorder, live_handles, None if prepared is None else handles[-1]))
+                               recorder, live_handles, None if state is None else handles[-1]))
     except Untranslatable as why:
         raise RuntimeError(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
     except RuntimeError as err:

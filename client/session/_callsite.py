@@ -86,10 +86,10 @@ def refuse_custom_function(func: Callable) -> None:
         f = f.f_back
 
 
-# ``dispatch/_user_functions.attach`` and ``dispatch/_checkpoint.before_forward``, above this room: the
-# wiring fills them. ``attach`` makes a recorded call on remote outputs a node of the server's autograd,
-# or raises; ``before_forward(cls, args)`` runs as the forward's first remote op is queued, and what it
-# gives goes to ``attach``.
+# ``dispatch/_user_functions``' ``attach`` and ``before_forward``, above this room: the wiring fills them.
+# ``attach`` makes a recorded call on remote outputs a node of the server's autograd, or raises;
+# ``before_forward(cls, args)`` runs as the forward's first remote op is queued: what it gives is
+# restored as apply returns, whatever happens, then goes to ``attach``.
 ATTACH: list[Callable] = []
 BEFORE_FORWARD: list[Callable] = []
 _recording = threading.local()  # .on: a Function's backward is being recorded (``recording``)
@@ -137,9 +137,11 @@ def _watch_apply(apply_frame) -> None:
     error = _recorded_error(cls, line, _BY_KEYWORD if by_keyword and not local_needs else _LOCAL)
     args = tuple(apply_locals.get("args", ()))
     attachable = ATTACH and not local_needs and not by_keyword and not _special(cls)
-    prepared = BEFORE_FORWARD[0](cls, args) if attachable and BEFORE_FORWARD else None
+    prepared = None
 
     def check(output) -> None:  # output None: the forward raised (or made nothing)
+        if prepared is not None:
+            prepared.restore()
         if output is None or not torch.is_grad_enabled():
             return
         outputs = output if isinstance(output, (tuple, list)) else (output,)
@@ -152,10 +154,16 @@ def _watch_apply(apply_frame) -> None:
             return
         raise error
 
-    if not _frame_return.watch(apply_frame, check):  # another profiler is set: no way to wait for the return
+    def abandon() -> None:
+        if prepared is not None:
+            prepared.restore()
+
+    if not _frame_return.watch(apply_frame, check, abandon):  # another profiler is set: no way to wait for return
         raise _recorded_error(cls, line, "A profiler is active (another profile function), so the SDK cannot see "
                               "apply return, where it reads the caller's grad mode and records the backward: it "
                               "refuses either way")
+    if attachable and BEFORE_FORWARD:  # once the return is watched: check undoes it
+        prepared = BEFORE_FORWARD[0](cls, args)
 
 
 def _special(cls) -> bool:

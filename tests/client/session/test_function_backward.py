@@ -392,3 +392,50 @@ def _gp_fit(device):
 
 def test_an_exact_gp_fits_through_its_own_functions_as_on_the_cpu(sess):
     _assert_same(_gp_fit(sess.device), _gp_fit("cpu"))
+
+
+def _dirty_non_leaf(device):
+    w = torch.linspace(-1, 1, 3, dtype=torch.float64).to(device).requires_grad_()
+    y = AddInPlace.apply(w * 2, w)  # an input with a history, written in place and marked dirty
+    (y * y).sum().backward()
+    return y.detach(), w.grad
+
+
+def test_mark_dirty_on_an_input_with_a_history(sess):
+    """torch's C++ sees a remote non-leaf as a leaf (its history is on the server): its check of a dirty
+    input must not refuse what torch allows."""
+    _assert_same(_dirty_non_leaf(sess.device), _dirty_non_leaf("cpu"))
+
+
+class Mixed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, remote, local):
+        return remote * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+def test_a_refused_inner_function_leaves_the_outer_inputs_as_they_were(sess):
+    """The inner call's refusal, raised as its apply returns, ends the watch of the outer one too: what the
+    outer one changed for its forward is put back all the same."""
+    class Outer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with torch.enable_grad():  # the inner call is recorded: a local input that requires grad, refused
+                return Mixed.apply(x, torch.ones(1, requires_grad=True))
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True) * 2  # no leaf
+    with pytest.raises(RuntimeError, match=r"Mixed\.apply .*torch would record the call"):
+        Outer.apply(x)
+    with torch._C.DisableTorchFunctionSubclass():
+        assert torch.Tensor.requires_grad.__get__(x), "torch's own flag of the input as the SDK's"
+    out = CustomAdd.apply(x, x, 1.0)
+    assert out.requires_grad
+    out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), torch.full((3,), 4.0, dtype=torch.float64))
