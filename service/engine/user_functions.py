@@ -1,5 +1,5 @@
 """The ``function`` step: a user's ``torch.autograd.Function``, applied on the client, made a node of
-the server's autograd graph (``proto/SPEC.md`` §5, "function").
+the server's autograd graph (``proto/SPEC.md`` §4, "function").
 
 The client ran the Function's forward as ordinary steps (with grad off, as torch runs it) and recorded
 its backward into a template (a template step before this one). This step applies one generic
@@ -103,8 +103,8 @@ def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute
     template.runs += 1
     try:
         template.runner(run, template, step, bound, {}, execute)
-    except ProtocolError as err:
-        raise RuntimeError(f"{what}: {err.message}") from None
+    except ProtocolError as err:  # its code kept (a limit is a 413): autograd raises it as it is
+        raise ProtocolError(err.code, f"{what}: {err.message}") from None
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
     session.storages.drop(session, made)

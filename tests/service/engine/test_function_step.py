@@ -87,3 +87,15 @@ def test_a_hook_of_a_backward_step_runs_its_template_and_goes_with_the_step(wire
             {"kind": "backward", "tensors": [f"s{status}"], "hooks": hooks}]}))
         expect_error(r, status, code, words)
     assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # nothing ran
+
+
+def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: str):
+    huge = {"kind": "template", "id": "huge-bw", "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}],
+            "steps": [call_step("repeat", ref("g"), [1 << 27], out=["big"])], "outputs": ["big"]}
+    wire.ok(sid, [put_step("x", wire.tensor(torch.ones(4, dtype=torch.float64)), True), huge,
+                  {**call_step("mul", ref("x"), 2, out=["y"]), "grad_enabled": False},
+                  {"kind": "function", "name": "Huge", "backward": "huge-bw", "inputs": ["x"], "outputs": ["y"],
+                   "grads": [1]}, call_step("sum", ref("y"), out=["s"])])
+    r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+        {"kind": "backward", "tensors": ["s"]}]}))
+    expect_error(r, 413, None, "Huge.backward", "max_tensor_elements")
