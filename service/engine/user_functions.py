@@ -12,7 +12,8 @@ backward runs the template through ``Template.runner`` with every check a templa
 
 The runner needs the ``ProgramRun`` of the ``backward`` or ``grad`` step that runs the engine:
 ``autograd_steps`` holds it on the session (``Session.autograd_run``) for its duration. A context
-variable would not do: autograd may call a node on another thread (a CUDA device's).
+variable would not do: autograd may call a node on another thread (a CUDA device's), which is also
+why ``run_bound`` sets the op context and the saved-tensor hooks again around the template.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import FunctionStep, RunTemplateStep
 
+from ..ops._context import RunContext, reset, set_current
 from .program_run import ProgramRun
+from .saved_tensors import counting_saved
 from .templates import Execute, GradStandIn, Template
 
 _RUNS = itertools.count()
@@ -101,10 +104,16 @@ def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute
     step = RunTemplateStep.model_construct(kind="run_template", template=template.step.id, inputs=[], scalars=[],
                                            out=names)
     template.runs += 1
+    # what the runner sets around a program, set again: on a CUDA device autograd calls the node on a thread
+    # of its own, where neither the session's generator nor the saved-tensor hooks would be found
+    token = set_current(RunContext(session.generator, session.device, run.settings.max_tensor_elements))
     try:
-        template.runner(run, template, step, bound, {}, execute)
+        with counting_saved(session, run.settings.max_session_bytes):
+            template.runner(run, template, step, bound, {}, execute)
     except ProtocolError as err:  # its code kept (a limit is a 413): autograd raises it as it is
         raise ProtocolError(err.code, f"{what}: {err.message}") from None
+    finally:
+        reset(token)
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
     session.storages.drop(session, made)
