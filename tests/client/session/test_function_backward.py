@@ -32,7 +32,7 @@ def _assert_same(got, want) -> None:
 
 
 class CustomAdd(torch.autograd.Function):
-    """The seed's own example: ``x + alpha * y``, backward ``(g, alpha * g, None)``."""
+    """The example this project started from: ``x + alpha * y``, backward ``(g, alpha * g, None)``."""
 
     @staticmethod
     def forward(ctx, input1, input2, alpha=1):
