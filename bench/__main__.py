@@ -7,13 +7,13 @@ import contextlib
 import os
 
 from . import (bulk, compile, gpu, latency, ray_backend, real_model, runner_overhead, same_machine, step_cost,
-               tenant_processes, training, wan)
+               tenant_processes, training, user_functions, wan)
 from ._util import serve
 
 SECTIONS = {"latency": latency.run, "training": training.run, "model": real_model.run, "compile": compile.run,
             "runner": runner_overhead.run, "bulk": bulk.run, "ray": ray_backend.run,
             "tenants": tenant_processes.run, "wan": wan.run, "same_machine": same_machine.run, "gpu": gpu.run,
-            "cost": step_cost.run}
+            "cost": step_cost.run, "functions": user_functions.run}
 WITHOUT_LOOPBACK_SERVER = {"runner", "tenants", "wan", "same_machine", "gpu", "cost"}  # in process, or servers of their own
 
 

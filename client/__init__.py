@@ -43,8 +43,9 @@ import httpx
 import torch
 
 from ._session import Session
-from .dispatch import _dispatch
+from .dispatch import _dispatch, _user_functions
 from .handlers import LOCAL_HANDLERS, _kernels
+from .session import _callsite
 from .tensor import _foreach, _tensor
 from .tensor._tensor import RemoteTensor
 from .transport._embedded import embedded_url
@@ -54,6 +55,8 @@ from .transport._transport import Transport
 
 _tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
+_callsite.ATTACH.append(_user_functions.attach)  # a user's Function on remote tensors: its backward on the server
+_callsite.BEFORE_FORWARD.append(_user_functions.before_forward)  # undone as apply returns
 _foreach.take_foreach_paths(RemoteTensor)  # torch's optimizers choose for sess.device what they choose for cuda
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]

@@ -92,6 +92,15 @@ class CallStep(_Model):
     autocast: str | None = Field(default=None, max_length=16)
 
 
+class TensorHook(_Model):
+    """A hook on a session tensor for one ``backward`` or ``grad`` step (``Tensor.register_hook``): when the
+    gradient with respect to tensor ``id`` is computed, template ``template`` (one input, the gradient;
+    one output, what replaces it) runs on it."""
+
+    id: TensorRef
+    template: TensorId
+
+
 class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
@@ -104,6 +113,7 @@ class BackwardStep(_Model):
     # as under ``torch.autograd.detect_anomaly(check_nan=...)``: a node whose gradient has a NaN raises torch's error
     detect_anomaly: bool = False
     check_nan: bool = True
+    hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -119,6 +129,7 @@ class GradStep(_Model):
     out: list[TensorId]
     detect_anomaly: bool = False
     check_nan: bool = True
+    hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):
@@ -223,9 +234,38 @@ class RunTemplateStep(_Model):
     out: list[TensorId] = Field(default_factory=list, json_schema_extra={"default": []})
 
 
+class FunctionStep(_Model):
+    """A user's ``torch.autograd.Function`` applied on the client (its forward's steps came before):
+    ``outputs`` become the outputs of one autograd node whose inputs are ``inputs``. Its backward binds
+    the grads of the outputs (one each; zeros where none flows), ``saved``, then ``live`` (the session's
+    tensors themselves, read when the backward runs: a checkpoint's module parameters, whose ``.grad``
+    its own backward fills) as the inputs of template ``backward`` (``null``: a backward that computes
+    nothing) and runs it; ``grads[i]``, the grad of ``inputs[i]``, indexes those bound tensors followed
+    by the template's outputs (``null``: none). ``reentrant``: the backward runs a backward of its own
+    (torch's reentrant checkpoint), refused under a ``grad`` step or a ``backward`` with ``inputs``.
+    ``dirty``: indices of ``inputs`` the forward wrote in place (each is also an output: its history is
+    rebased); ``non_differentiable``: indices of ``outputs``; ``once_differentiable``: a backward through
+    the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors."""
+
+    kind: Literal["function"]
+    name: str = Field(min_length=1, max_length=256)
+    backward: TemplateId | None = None
+    inputs: list[TensorRef] = Field(max_length=4096)
+    outputs: list[TensorRef] = Field(min_length=1, max_length=4096)
+    saved: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    grads: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+    dirty: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
+                                                             json_schema_extra={"default": []})
+    non_differentiable: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=4096,
+                                                                          json_schema_extra={"default": []})
+    live: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    once_differentiable: bool = False
+    reentrant: bool = False
+
+
 Step = Annotated[
     Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
-          LoadStep, TemplateStep, RunTemplateStep],
+          LoadStep, TemplateStep, RunTemplateStep, FunctionStep],
     Field(discriminator="kind"),
 ]
 

@@ -28,7 +28,7 @@ from torch._dynamo import trace_rules
 from ..device._device import DEVICE_TYPE, session_for
 from ..tensor._tensor import RemoteTensor
 from ._compiled import CompiledGraph
-from ._recorder import Untranslatable
+from ..session._recorder import Untranslatable
 from ._translate import translate
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

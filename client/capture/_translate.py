@@ -5,7 +5,7 @@ Each node of the FX graph is either **remote** (it makes or writes remote tensor
 numbers, CPU tensors: an optimizer's step count, the value of a float dynamo lifted into an input).
 
 - Remote nodes run once, now, through the SDK's eager path on handles whose session is a
-  ``Recorder`` (``_recorder``): their steps are the template's. The graph's global state (grad mode,
+  ``Recorder`` (``session/_recorder``): their steps are the template's. The graph's global state (grad mode,
   autocast) is set as the graph sets it while they run, so the steps carry it.
 - Local nodes run on every call, on the call's real arguments (``Plan.run_locals``). What a remote
   node takes from them reaches the template as a number (``{scalar}``): a size or a Python number as
@@ -42,7 +42,7 @@ from ..dispatch._dispatch import call_op
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
 from . import _symbols
-from ._recorder import Recorder, Untranslatable
+from ..session._recorder import Recorder, Untranslatable
 from ._symbols import Symbols, hint, is_symbolic
 
 # Global state a graph sets for the calls after it: set while recording, and set again by each call

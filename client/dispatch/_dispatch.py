@@ -43,6 +43,13 @@ _DEFAULT_DTYPE = torch.get_default_dtype
 _SAVED_TENSORS_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 
 
+def _foreign(session: SessionCore, v: RemoteTensor) -> RuntimeError:
+    """A handle of another session among an op's arguments: torch's device error, unless a Function's
+    backward is being recorded (``capture/_user_functions``), which names what it was not given."""
+    foreign = getattr(session, "foreign", None)
+    return foreign(v) if foreign is not None else mixed_devices(session.device, v.device)
+
+
 class Encoder:
     """Wire values for one step's arguments; collects the RemoteTensors it saw."""
 
@@ -55,7 +62,7 @@ class Encoder:
         """``v`` as a wire value; ``any_device``: a local tensor here is one torch takes from the CPU."""
         if isinstance(v, RemoteTensor):
             if v._session is not self.session:
-                raise mixed_devices(self.session.device, v.device)
+                raise _foreign(self.session, v)
             if v._error is not None:  # v._check_usable() and v._ref(), inlined: every argument of every op
                 raise v._error
             self.inputs.append(v)

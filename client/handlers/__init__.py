@@ -1,7 +1,8 @@
 """Torch calls a RemoteTensor answers without a server op of the same name, and the device's kernels.
 
 Each module answers a family in a ``HandlerTable`` of its own (``_handler_table``): ``_metadata``
-(shape, dtype, value reads), ``_autograd`` (requires_grad, grad, backward, detach), ``_moves``
+(shape, dtype, value reads), ``_autograd`` (requires_grad, grad, backward, detach), ``_hooks``
+(``register_hook``, recorded at each backward), ``_moves``
 (``.to``, ``.cpu``, ``new_*``), ``_addresses`` (``data_ptr``, ``untyped_storage``: which server
 memory a tensor is in), ``_packed`` (packed sequences), ``_composites`` (torch functions
 run as torch's own Python over our ops: ``nn.init``), ``_copies`` (``copy.deepcopy``, pickling a
@@ -13,8 +14,8 @@ refused.
 
 from __future__ import annotations
 
-from . import _addresses, _autograd, _composites, _copies, _metadata, _moves, _packed
+from . import _addresses, _autograd, _composites, _copies, _hooks, _metadata, _moves, _packed
 from ._handler_table import merge
 
-HANDLER_MODULES = (_metadata, _autograd, _moves, _addresses, _packed, _composites, _copies)
+HANDLER_MODULES = (_metadata, _autograd, _hooks, _moves, _addresses, _packed, _composites, _copies)
 LOCAL_HANDLERS = merge(*(m.HANDLERS for m in HANDLER_MODULES))

@@ -19,6 +19,7 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
+from ._hooks import hook_steps
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -133,6 +134,13 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
     queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
 
 
+def _with_hooks(session, step: dict) -> None:
+    """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``)."""
+    hooks = hook_steps(session)
+    if hooks:
+        step["hooks"] = hooks
+
+
 def _gradients(enc: Encoder, grads: list) -> list:
     """The given output gradients as wire values; a local one is refused with torch's words (as for CUDA outputs)."""
     for i, g in enumerate(grads):
@@ -152,6 +160,8 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
     session.autograd_step(step)  # first: it may send what is queued
+    if session._hooked:
+        _with_hooks(session, step)
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -202,6 +212,8 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
     session.autograd_step(step)  # first: it may send what is queued
+    if session._hooked:
+        _with_hooks(session, step)
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)

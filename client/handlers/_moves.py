@@ -62,7 +62,7 @@ def _refuse_tensor_hooks(apply_frame, device: torch.device) -> None:
     """Refuse a move that would drop a parameter's hooks, before any parameter moves.
 
     A parameter's hooks live on its local tensor; on the device its backward runs on the server,
-    where a hook written here cannot run yet, and the converted parameter would silently stop
+    where the local tensor's hooks are not, and the converted parameter would silently stop
     calling it (a clipping hook would stop clipping). The whole module being moved (the outermost
     ``_apply``) is checked at its first parameter, once per ``Module.to`` call: a refused move
     leaves every parameter where it was."""
@@ -82,12 +82,14 @@ def _refuse_tensor_hooks(apply_frame, device: torch.device) -> None:
             continue
         for attr, registered_by in _TENSOR_HOOKS:
             if getattr(p, attr, None):
+                again = ("register it again on the moved parameter (Tensor.register_hook on a remote tensor runs "
+                         "inside the server's backward), or do its work" if registered_by == "Tensor.register_hook"
+                         else "do its work")
                 raise RuntimeError(
                     f"{type(root).__name__}.to({device}): parameter '{name}' has a hook ({registered_by}) that the "
-                    "move would drop: a tensor hook runs inside backward, which runs on the server on this device, "
-                    "where a hook written on the client cannot run yet. Remove it before the move (the handle's "
-                    ".remove()) and do its work after backward on `.grad` (clipping: torch.nn.utils.clip_grad_norm_ "
-                    f"or clip_grad_value_ after loss.backward()) ({where() or '?'})"
+                    "move would drop: it lives on the local tensor, which the move replaces. Remove it before the "
+                    f"move (the handle's .remove()) and {again} after backward on `.grad` (clipping: "
+                    f"torch.nn.utils.clip_grad_norm_ or clip_grad_value_ after loss.backward()) ({where() or '?'})"
                 )
     if convert is not None:
         _CHECKED_MOVES.add(convert)

@@ -24,16 +24,17 @@ from typing import Any, Callable
 _local = threading.local()  # .watched: id(frame) -> (frame, check), this thread's
 
 
-def watch(frame: FrameType, check: Callable[[Any], None]) -> bool:
+def watch(frame: FrameType, check: Callable[[Any], None], abandon: Callable[[], None] | None = None) -> bool:
     """Run ``check(returned value)`` as ``frame`` returns (``None`` when it raises); False if another
-    profile function is set (nothing is watched then). A frame already watched keeps its first check."""
+    profile function is set (nothing is watched then). A frame already watched keeps its first check.
+    ``abandon()`` runs instead if the watch ends before ``frame`` returns (another check raised)."""
     watched = _watched()
     if id(frame) in watched:
         return True
     current = sys.getprofile()
     if current is not None and current is not _on_event:
         return False
-    watched[id(frame)] = (frame, check)
+    watched[id(frame)] = (frame, check, abandon)
     if current is None:
         sys.setprofile(_on_event)
     return True
@@ -64,5 +65,12 @@ def _on_event(frame: FrameType, event: str, arg: Any) -> None:
     try:
         entry[1](arg)
     except BaseException:
-        watched.clear()  # Python unsets a profile function that raises: nothing is watched any more
+        # Python unsets a profile function that raises: nothing is watched any more
+        abandoned = [e[2] for e in watched.values() if e[2] is not None]
+        watched.clear()
+        for abandon in abandoned:
+            abandon()
         raise
+
+
+ON_EVENT_CODE = _on_event.__code__  # a frame running it is the profile callback of a watched frame's return

@@ -80,6 +80,8 @@ class SessionCore:
         self._queue_dtype: torch.dtype | None = None
         self._globals = QueueGlobals()
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
+        # handles with hooks (handlers/_hooks), by id(handle): recorded at each backward and grad call
+        self._hooked: weakref.WeakValueDictionary[int, RemoteTensor] = weakref.WeakValueDictionary()
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
@@ -287,12 +289,13 @@ def _kept(results: list, origins: list) -> list:
 
 
 def _lost_template(body: Any, steps: list) -> str | None:
-    """The template a ``run_template`` step asked for that the server did not hold (``unknown_template``)."""
+    """The template a ``run_template`` step (or a ``function`` step, its ``backward``) asked for that the server
+    did not hold (``unknown_template``)."""
     err = (body or {}).get("error") if isinstance(body, dict) else None
     k = (err or {}).get("step")
     if (err or {}).get("code") != "unknown_template" or not isinstance(k, int) or k >= len(steps):
         return None
-    return steps[k].get("template")
+    return steps[k].get("template") or steps[k].get("backward")
 
 
 def meta_from_result(result: dict) -> list[tuple[str, tuple[int, ...], torch.dtype, bool] | None]:

@@ -29,8 +29,6 @@ _USER_NAMES = {
 
 # Calls that cannot be honoured through a proxy whose values live elsewhere.
 _WHY_NOT = {
-    "Tensor.register_hook": "a tensor hook runs inside the server's backward, which a client-side function "
-                            "cannot join; compute what the hook would do after backward, on `.grad`",
     "Tensor.register_post_accumulate_grad_hook": "hooks run inside the server's backward; act on `.grad` "
                                                  "after backward instead",
     "Tensor.share_memory_": "the values live on the server",

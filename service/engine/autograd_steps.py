@@ -17,9 +17,10 @@ from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Session
 from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings
-from . import anomaly, grad_ownership
+from . import anomaly, grad_ownership, tensor_hooks
 from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
 from .program_run import ProgramRun
+from .templates import Execute
 from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
 
@@ -71,13 +72,29 @@ def _grad_outputs(values, session: Session) -> list | None:
     return [resolve_value(v, session) for v in values]
 
 
-def backward_step(run: ProgramRun, step: BackwardStep) -> dict | None:
+def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict | None:
+    """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    if not step.detect_anomaly:
-        return _backward(run, step, roots)
-    with anomaly.detecting(roots, step.check_nan):
-        return _backward(run, step, roots)
+    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute):
+        if not step.detect_anomaly:
+            return _backward(run, step, roots)
+        with anomaly.detecting(roots, step.check_nan):
+            return _backward(run, step, roots)
+
+
+@contextlib.contextmanager
+def _running(run: ProgramRun, explicit: bool):
+    """``run`` held on its session while autograd runs: a user Function's node needs it to run its backward
+    template (``user_functions``), and whether the step names its inputs (a reentrant checkpoint refuses
+    that, as torch's). A backward inside such a template (a checkpoint's) holds its own."""
+    session = run.session
+    outer = session.autograd_run, session.autograd_explicit
+    session.autograd_run, session.autograd_explicit = run, explicit
+    try:
+        yield
+    finally:
+        session.autograd_run, session.autograd_explicit = outer
 
 
 def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) -> dict | None:
@@ -166,7 +183,7 @@ def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bo
             ct.grad.add_(g)
 
 
-def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
+def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     session, settings = run.session, run.settings
     if len(step.out) != len(step.inputs):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "out: needs one id per input")
@@ -175,7 +192,8 @@ def grad_step(run: ProgramRun, step: GradStep) -> dict | None:
     inputs = [session.tensor(t).value for t in step.inputs]
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    with anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext():
+    anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
+    with _running(run, True), tensor_hooks.registered(run, step.hooks, execute), anomalies:
         grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                     create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])

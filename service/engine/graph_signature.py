@@ -108,7 +108,8 @@ class _Walk:
         return part
 
     def backward(self, step: BackwardStep) -> tuple:
-        if step.grad_tensors is not None or step.inputs is not None or step.retain_graph or step.create_graph:
+        if (step.grad_tensors is not None or step.inputs is not None or step.retain_graph or step.create_graph
+                or step.hooks):
             raise Unfit
         roots = tuple(self.ref(t) for t in step.tensors)
         if any(r[0] == "s" for r in roots):

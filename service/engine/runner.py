@@ -20,6 +20,7 @@ from remote_autograd.proto.messages import (
     CallStep,
     FetchStep,
     FreeStep,
+    FunctionStep,
     GradStep,
     LoadStep,
     Program,
@@ -37,7 +38,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import graph_steps, templates
+from . import graph_steps, templates, user_functions
 from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
@@ -325,7 +326,7 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     # optional outputs that are None (attention weights with need_weights=False) get no id: the
     # client knows where they go from the same call on meta
     outputs = tuple(o for o in result if o is not None) if is_tuple else (result,)
-    outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args)
+    outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args, step.grad_enabled)
     ids = step.out
     if step.out_many:
         if len(step.out) != 1:
@@ -370,18 +371,21 @@ def _grad_mode(enabled: bool, *, matters: bool = True):
     return _SAME_MODE if not matters or torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
 
 
-def _no_aliases(outputs: tuple, inputs) -> tuple:
+def _no_aliases(outputs: tuple, inputs, grad_enabled: bool) -> tuple:
     """Outputs that are an input object itself (``contiguous()``, ``dropout(training=False)``) become views.
 
     Two ids must never share one tensor object: leaves are found by object identity
-    in backward, and the client already treats the result as a new non-leaf.
+    in backward, and the client already treats the result as a new non-leaf. The view is made in
+    the step's grad mode, as its op ran (inside a backward, a user Function's template runs with
+    grad on where the engine has it off: a view made off would cut the graph there).
     """
     if len(outputs) == 1 and not any(outputs[0] is a for a in inputs):  # the usual case, without a set
         return outputs
     tensors = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
     if not any(id(o) in tensors for o in outputs):
         return outputs
-    return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
+    with _grad_mode(grad_enabled):
+        return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
 
 
 def _run_inplace(call, step: CallStep, args: list, kwargs: dict) -> None:
@@ -493,8 +497,8 @@ def _fetch(run: ProgramRun, step: FetchStep) -> dict:
 _HANDLERS: dict[type, Callable[..., Any]] = {
     PutStep: _put,
     CallStep: _call,
-    BackwardStep: backward_step,
-    GradStep: grad_step,
+    BackwardStep: lambda run, step: backward_step(run, step, _execute),
+    GradStep: lambda run, step: grad_step(run, step, _execute),
     SetGradStep: _set_grad,
     SetRequiresGradStep: _set_requires_grad,
     RetainGradStep: _retain_grad,
@@ -503,4 +507,5 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     LoadStep: load_step,
     TemplateStep: templates.define_template,
     RunTemplateStep: lambda run, step: templates.run_template(run, step, _execute),
+    FunctionStep: lambda run, step: user_functions.apply_function(run, step, _execute),
 }

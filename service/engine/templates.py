@@ -127,6 +127,8 @@ def _names(step, index: int, tid: str) -> tuple[list[str], list[str]]:
         if step.kwargs:
             _refs(list(step.kwargs.values()), reads, 0)
         return reads, list(step.out)
+    if kind in (BackwardStep, GradStep) and step.hooks:
+        raise _bad(tid, index, "hooks are not allowed in a template (a template's steps name only its tensors)")
     if kind is BackwardStep:
         reads = list(step.tensors) + list(step.inputs or ())
         return _refs(step.grad_tensors or [], reads, 0), []
@@ -268,7 +270,7 @@ def _bind(session, value: Any, k: int, spec: TemplateStep) -> CustomTensor:
         if ct.grad is None:
             raise ProtocolError(ErrorCode.OP_ERROR, f"input {k} of template {spec.id!r}: tensor {tid!r} has no grad "
                                 "(it is None)")
-        ct = _GradStandIn(ct.grad)
+        ct = GradStandIn(ct.grad)
     t = ct.value
     if (dtype_name(t.dtype) != declared.dtype or not _fits(t.shape, declared.shape)
             or t.requires_grad != declared.requires_grad):
@@ -283,9 +285,10 @@ def _fits(shape, declared: list) -> bool:
     return len(shape) == len(declared) and all(d is None or d == n for n, d in zip(shape, declared))
 
 
-class _GradStandIn(CustomTensor):
+class GradStandIn(CustomTensor):
     """A grad bound as a run's input: its tensor is the grad itself (an in-place step changes the grad),
-    counted by the ledger only while a step has measured it, and forgotten at the run's end."""
+    counted by the ledger only while a step has measured it, and forgotten at the run's end. (A user
+    Function's backward binds its grads and saved tensors so too: ``user_functions``.)"""
 
     __slots__ = ()
 
@@ -311,7 +314,7 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     plan = PlanRun.start(template.plans, template.steps, run.torch_state) if run.settings.replay == "on" else None
     inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, plan=plan,
                        torch_state=run.torch_state, watch=run.watch, untimed=run.untimed)
-    stand_ins = [ct for ct in bound if type(ct) is _GradStandIn]
+    stand_ins = [ct for ct in bound if type(ct) is GradStandIn]
     tensors.update(zip(template.inputs, bound))
     tid = template.step.id
     try:

@@ -15,6 +15,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -84,6 +85,10 @@ class Session:
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
     # the GraphLost nodes of its tensors restored without their graph (tensor_snapshot), while any graph holds one
     lost_graphs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # the ProgramRun of the backward or grad step running autograd now: a user Function's node runs its
+    # backward template with it (service.engine.user_functions), maybe on autograd's own thread
+    autograd_run: Any = None
+    autograd_explicit: bool = False  # that step names its inputs (a grad, a backward with inputs)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:

@@ -108,9 +108,10 @@ def test_data_is_a_detached_alias_sharing_the_server_storage(sess):
 
 
 def test_hooks_the_sdk_cannot_honour_are_refused(sess):
+    """(``Tensor.register_hook`` runs inside the server's backward: ``handlers/test_hooks.py``.)"""
     w = torch.randn(3, device=sess.device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="Tensor.register_hook is not supported") as info:
-        w.register_hook(lambda g: g * 2)
+    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported") as info:
+        w.register_post_accumulate_grad_hook(lambda p: None)
     assert "custom op" not in str(info.value)
     with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported"):
         w.register_post_accumulate_grad_hook(lambda p: None)

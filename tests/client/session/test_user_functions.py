@@ -1,8 +1,9 @@
 """A user's ``torch.autograd.Function`` on remote tensors: its forward runs where torch records
 nothing (under ``no_grad``/``inference_mode``, or on inputs that need no gradient) and gives local
-torch's result; where torch would record it (its backward would have to run inside the server's
-autograd) it is refused at the user's line, never run with its gradient lost. Checkpointing:
-``use_reentrant=False`` gives local torch's gradients; ``use_reentrant=True`` is refused with what to do.
+torch's result; where torch would record it, its backward runs inside the server's autograd
+(``test_function_backward.py``), and what cannot is refused at the user's line, never run with its
+gradient lost. Checkpointing: ``use_reentrant=False`` and ``True`` give local torch's gradients (the
+reentrant one's backward, recomputation included, is recorded as a Function's).
 
 Each case runs the same code on CPU tensors and on the device."""
 
@@ -27,14 +28,14 @@ class Scaled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, k):
-        ctx.save_for_backward(w)
+        ctx.save_for_backward(x, w)
         ctx.k = k
         return x * w * k
 
     @staticmethod
     def backward(ctx, g):
-        (w,) = ctx.saved_tensors
-        return g * w * ctx.k, None, None
+        x, w = ctx.saved_tensors
+        return g * w * ctx.k, g * x * ctx.k, None
 
 
 class Through(torch.autograd.Function):
@@ -128,22 +129,43 @@ def test_a_functions_forward_runs_on_inputs_that_need_no_gradient(sess):
     torch.testing.assert_close(out.cpu(), x)
 
 
-def test_a_function_torch_would_record_is_refused_at_the_users_line(sess):
-    calls = _calls(sess.device)
-    for name in ("scaled", "through", "gp mean"):
-        with pytest.raises(RuntimeError, match="torch would record the call") as info:
-            calls[name]()
-        assert "test_user_functions.py:" in str(info.value) and "sess.ops" in str(info.value), name
-    w = torch.randn(3, device=sess.device, requires_grad=True)
-    line = _line(2)
-    with pytest.raises(RuntimeError, match=r"Scaled\.apply with grad mode on") as info:
-        Scaled.apply(w, w, 1.0)
-    assert line in str(info.value) and info.traceback[0].lineno + 1 == int(line.rsplit(":", 1)[1])
+def _recorded_grads(device):
+    """Where torch records the calls: their outputs and the gradients of their inputs' leaves."""
+    calls = _calls(device)
+    found = []
+    for name in ("scaled", "through", "in place"):
+        outs = calls[name]()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        differentiable = [o for o in outs if o.requires_grad]
+        found += [o.detach() for o in outs]
+        found += torch.autograd.grad(sum((o * o).sum() for o in differentiable), _leaves(calls[name]))
+    return found
+
+
+def _leaves(call):
+    """The tensors a call closes over that require grad (its parameters)."""
+    cells = [c.cell_contents for c in call.__closure__ or ()]
+    return [t for t in cells if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def test_a_function_torch_would_record_gives_local_torchs_result_and_gradients(sess):
+    for got, want in zip(_recorded_grads(sess.device), _recorded_grads("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
     assert sys.getprofile() is None, "nothing is left watching"
 
 
-def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess):
-    """Outputs a forward makes with ``detach()`` or from values it read are refused as well."""
+def test_a_backward_that_raises_is_refused_at_apply_naming_it(sess):
+    """The backward is recorded as ``apply`` returns: one that raises (the GP's here) raises there, at the
+    user's line (torch would raise at backward)."""
+    with pytest.raises(RuntimeError, match=r"RBF\.backward raised AssertionError as the SDK recorded it") as info:
+        _calls(sess.device)["gp mean"]()
+    assert "test_user_functions.py:" in str(info.value)
+    assert sys.getprofile() is None, "nothing is left watching"
+
+
+def test_a_function_whose_output_is_made_without_a_remote_op(sess):
+    """An output a forward makes with ``detach()`` gets torch's gradient; one made from values it read
+    is local, its gradient would be lost: refused."""
     class Detached(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -151,7 +173,7 @@ def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess
 
         @staticmethod
         def backward(ctx, g):
-            return g
+            return g * 3
 
     class FromValues(torch.autograd.Function):
         @staticmethod
@@ -163,11 +185,12 @@ def test_a_function_whose_output_is_made_without_a_remote_op_is_refused_too(sess
             return g.expand(3).to(g.device)
 
     w = torch.ones(3, device=sess.device, requires_grad=True)
-    for fn in (Detached, FromValues):
-        with pytest.raises(RuntimeError, match="torch would record the call"):
-            fn.apply(w)
-        with torch.no_grad():
-            assert fn.apply(w).cpu().sum().item() == 3.0
+    Detached.apply(w).sum().backward()
+    assert w.grad.cpu().tolist() == [3.0] * 3
+    with pytest.raises(RuntimeError, match="torch would record the call"):
+        FromValues.apply(w)
+    with torch.no_grad():
+        assert FromValues.apply(w).cpu().sum().item() == 3.0
 
 
 def test_a_local_input_that_requires_grad_makes_the_call_recorded(sess):
@@ -208,20 +231,24 @@ def test_a_local_function_that_reads_remote_values_is_an_ordinary_local_node(ses
     torch.testing.assert_close(x.grad, x.detach().cos())
 
 
-def test_an_outer_function_around_an_inner_one_is_checked_too(sess):
+def test_an_outer_function_around_an_inner_one(sess):
+    """The inner call runs with grad off (recorded by nobody); the outer one is a node of the server's graph."""
     class Outer(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
-            return Scaled.apply(x, w, 2.0) + 1  # the inner call runs with grad off: recorded by nobody
+            return Scaled.apply(x, w, 2.0) + 1
 
         @staticmethod
         def backward(ctx, g):
-            return g, g
+            return g, 3 * g
 
     x, w = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64, requires_grad=True)
     xr, wr = x.to(sess.device), w.detach().to(sess.device).requires_grad_()
-    with pytest.raises(RuntimeError, match=r"Outer\.apply"):
-        Outer.apply(xr, wr)
+    got, want = Outer.apply(xr, wr), Outer.apply(x, w)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach())
+    torch.testing.assert_close(wr.grad.cpu(), w.grad)
     with torch.no_grad():
         torch.testing.assert_close(Outer.apply(xr, wr).cpu(), Outer.apply(x, w))
     assert sys.getprofile() is None
@@ -268,11 +295,78 @@ def test_checkpoint_without_reentrant_gives_local_torchs_gradients(sess):
         torch.testing.assert_close(got, want)
 
 
-def test_reentrant_checkpoint_says_to_pass_use_reentrant_false(sess):
-    with pytest.raises(RuntimeError, match=r"use_reentrant=False.*gradient_checkpointing_kwargs") as info:
-        _checkpointed_grads(sess.device, True)
+def test_reentrant_checkpoint_gives_local_torchs_gradients(sess):
+    for got, want in zip(_checkpointed_grads(sess.device, True), _checkpointed_grads("cpu", True), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def _aliasing_grads(device):
+    """A recomputation whose op returns its input itself (a dropout of probability 0): the server's view of it
+    is made in the step's grad mode, not the engine's (else the recomputed graph stopped there)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.0), nn.Tanh()).double().to(device)
+    x = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    checkpoint(model, x, use_reentrant=True).sum().backward()
+    return [t.cpu() for t in (x.grad, *(p.grad for p in model.parameters()))]
+
+
+def test_reentrant_checkpoint_through_an_op_that_returns_its_input(sess):
+    for got, want in zip(_aliasing_grads(sess.device), _aliasing_grads("cpu"), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+class _Block(nn.Module):
+    """A transformer-ish block with dropout, called the way Hugging Face's gradient checkpointing calls it
+    (``checkpoint(layer.__call__, hidden, use_reentrant=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm, self.drop = nn.Linear(6, 6), nn.LayerNorm(6), nn.Dropout(0.5)
+
+    def forward(self, h):
+        return h + self.drop(self.fc(self.norm(h)).tanh())
+
+
+def _blocks_run(sess, checkpointed: bool):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([_Block(), _Block()]).double().to(sess.device)
+    sess.manual_seed(7)
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(sess.device)
+    h = x.requires_grad_()
+    for block in blocks:
+        h = checkpoint(block.__call__, h, use_reentrant=True) if checkpointed else block(h)
+    loss = h.pow(2).mean()
+    loss.backward()
+    after = torch.rand(3, dtype=torch.float64, device=sess.device)  # the generator as the backward left it
+    return [t.cpu() for t in (loss.detach(), x.grad, *(p.grad for p in blocks.parameters()), after)]
+
+
+def test_reentrant_checkpoint_redraws_the_forwards_dropout_as_torch_does_on_cuda(sess):
+    """torch keeps a CUDA device's random state at the forward and sets it for the recomputation (then puts
+    the generator back): the same masks, so the gradients of the run without checkpointing, and the same
+    numbers drawn after it."""
+    for got, want in zip(_blocks_run(sess, True), _blocks_run(sess, False), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_reentrant_checkpoint_refuses_autograd_grad_as_torch(sess):
+    for device in ("cpu", sess.device):
+        model = _model(device)
+        x = torch.randn(2, 4, dtype=torch.float64).to(device).requires_grad_()
+        loss = checkpoint(model, x, use_reentrant=True).sum()
+        with pytest.raises(RuntimeError, match=r"When use_reentrant=True, torch.utils.checkpoint is incompatible "
+                                               r"with \.grad\(\)"):
+            torch.autograd.grad(loss, x)[0].cpu()
+
+
+def test_reentrant_checkpoint_of_a_function_reading_another_tensor_is_refused(sess):
+    w = torch.randn(4, 4, dtype=torch.float64, device=sess.device, requires_grad=True)
+    x = torch.randn(2, 4, dtype=torch.float64, device=sess.device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"use_reentrant=True\): the checkpointed function reads a remote tensor "
+                                           "that is neither its argument") as info:
+        checkpoint(lambda t: t @ w, x, use_reentrant=True)
     assert "test_user_functions.py:" in str(info.value)
-    model, x = _model(sess.device), torch.randn(2, 4, dtype=torch.float64)
+    model = _model(sess.device)
     with torch.no_grad():  # nothing recorded: the forward runs, as torch's
-        got = checkpoint(model, x.to(sess.device).requires_grad_(), use_reentrant=True)
-        torch.testing.assert_close(got.cpu(), _model("cpu")(x))
+        got = checkpoint(model, x, use_reentrant=True)
+        torch.testing.assert_close(got.cpu(), _model("cpu")(x.detach().cpu()))

@@ -1,4 +1,6 @@
-"""``Recorder``: what a graph's torch calls are queued into while the remote backend records them.
+"""``Recorder``: what a graph's torch calls are queued into while the remote backend records them
+(``capture/_translate``), and a user Function's backward while the SDK records it
+(``dispatch/_user_functions``).
 
 The backend runs the graph's remote nodes once, through the SDK's own eager path (``call_op``, the
 handlers), on handles whose session is a ``Recorder``: every step the SDK would send for those calls
@@ -43,6 +45,16 @@ class Recorder:
         self._names = itertools.count()
         self.steps: list[dict] = []
         self.node: Any = None  # the FX node being recorded: its example value answers take_result
+        self._session_hooked = getattr(session, "_hooked", None)
+
+    @property
+    def _hooked(self) -> dict:
+        """The hooked tensors a recorded backward would record hooks for (``handlers/_hooks``): a graph's
+        backward with the session's tensors hooked cannot be a template (its calls then run one by one)."""
+        if self._session_hooked:
+            raise Untranslatable("a tensor of the session has hooks (register_hook), which a template's backward "
+                                 "would not run")
+        return {}
 
     def new_id(self) -> str:
         return f"v{next(self._names)}"

@@ -1,0 +1,117 @@
+"""``Tensor.register_hook`` on remote tensors: each ``backward()``/``torch.autograd.grad`` records the hooks
+anew and the server runs them inside its backward (``handlers/_hooks``, ``service/engine/tensor_hooks``).
+Each case runs the same code on CPU tensors and on the device, in float64, and compares."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+
+def _line(offset: int = 0) -> str:
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno + offset}"
+
+
+def _training(device):
+    """A clipping hook on a parameter whose bound changes between steps (a hook read anew at each backward),
+    a scaling hook on an activation, then the first hook removed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)).double().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x, t = (torch.randn(8, 4, generator=g, dtype=torch.float64).to(device),
+            torch.randn(8, 1, generator=g, dtype=torch.float64).to(device))
+    bound = {"clip": 0.05}
+    handle = model[0].weight.register_hook(lambda grad: grad.clamp(-bound["clip"], bound["clip"]))
+    seen = []
+    found = []
+    for step in range(4):
+        if step == 3:
+            handle.remove()
+        opt.zero_grad()
+        h = model[1](model[0](x))
+        h.register_hook(lambda grad: grad * 0.5)
+        loss = ((model[2](h) - t) ** 2).mean()
+        loss.backward()
+        opt.step()
+        bound["clip"] *= 2
+        seen.append(loss.detach())
+        found += [p.grad.clone() for p in model.parameters()]
+    return [*seen, *found, *(p.detach() for p in model.parameters())]
+
+
+def test_hooks_train_as_on_the_cpu(sess):
+    for got, want in zip(_training(sess.device), _training("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def _grads_with_hooks(device):
+    w = torch.linspace(-1, 1, 5, dtype=torch.float64).to(device).requires_grad_()
+    y = w.exp()
+    y.register_hook(lambda grad: grad + 1)  # a hook on a non-leaf: the gradient flowing on
+    w.register_hook(lambda grad: None)  # returns nothing: the gradient as it was
+    w.register_hook(lambda grad: grad * 3)  # hooks of one tensor run in order
+    return torch.autograd.grad((y * y).sum(), w)
+
+
+def test_hooks_run_in_autograd_grad_in_order(sess):
+    torch.testing.assert_close(_grads_with_hooks(sess.device)[0].cpu(), _grads_with_hooks("cpu")[0])
+
+
+def test_a_hook_that_reads_values_is_refused_at_the_backward(sess):
+    w = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True)
+    norms = []
+    w.register_hook(lambda grad: norms.append(grad.norm().item()))  # logging a norm: needs its value here
+    loss = (w * 2).sum()
+    line = _line(3)
+    with pytest.raises(RuntimeError, match=r"a hook on a remote tensor \(.*<lambda>\) cannot run inside the "
+                                           r"server's backward: it reads a remote tensor's values") as info:
+        loss.backward()
+    assert line in str(info.value)
+
+
+def test_a_hook_that_reads_another_remote_tensor_is_refused(sess):
+    w = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True)
+    mask = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64, device=sess.device)
+    w.register_hook(lambda grad: grad * mask)
+    with pytest.raises(RuntimeError, match="reads a remote tensor it is not given"):
+        (w * 2).sum().backward()
+
+
+def test_a_hook_on_a_tensor_that_needs_no_grad_is_refused_as_torch(sess):
+    for device in ("cpu", sess.device):
+        with pytest.raises(RuntimeError, match="cannot register a hook on a tensor that doesn't require gradient"):
+            torch.ones(2, device=device).register_hook(lambda grad: grad)
+
+
+def _compiled_step(device):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).double().to(device)
+    model.weight.register_hook(lambda grad: grad.clamp(-0.01, 0.01))
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def step():
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        return loss.detach()
+
+    compiled = torch.compile(step, backend="remote" if device != "cpu" else "eager")
+    return [compiled(), model.weight.grad.clone(), model.bias.grad.clone()]
+
+
+def test_a_compiled_step_meets_the_hooks_as_eager_code_does(sess):
+    """The hooks run on the server as without torch.compile (recorded in eager mode: dynamo stays out of the
+    recording); a graph whose backward would skip them is no template."""
+    import torch._dynamo
+
+    want = _compiled_step("cpu")
+    for in_the_graph in (False, True):  # the backward a graph break, or in the graph (trace_autograd_ops)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(trace_autograd_ops=in_the_graph):
+            got = _compiled_step(sess.device)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g.cpu(), w)

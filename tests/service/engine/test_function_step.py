@@ -1,0 +1,101 @@
+"""The ``function`` step and a backward's ``hooks`` over raw HTTP, written by hand as a non-Python client
+would (``proto/SPEC.md`` §4): a Function's forward sent as ordinary steps, then one ``function`` step makes
+its outputs a node of the session's graph whose backward runs a template; gradients and a double backward
+equal torch's; a hook runs its template for its step alone. Refusals name the field, and a refused step
+leaves the session as it was."""
+
+from __future__ import annotations
+
+import torch
+
+from remote_autograd.proto import decode_tensor
+
+from ..wire import Wire, call_step, decode, expect_error, new_id, put_step, ref
+
+# Cube: y = x ** 3, saving x; backward 3 * x ** 2 * g (grad on: twice differentiable)
+_CUBE_BACKWARD = {
+    "kind": "template", "id": "cube-bw",
+    "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}, {"id": "x", "dtype": "float64", "shape": [4]}],
+    "steps": [call_step("pow", ref("x"), 2, out=["x2"]), call_step("mul", ref("x2"), 3, out=["d"]),
+              call_step("mul", ref("d"), ref("g"), out=["gx"])],
+    "outputs": ["gx"],
+}
+
+
+def _cube(y: str = "y", **changes) -> list:
+    step = {"kind": "function", "name": "Cube", "backward": "cube-bw", "inputs": ["x"], "outputs": [y],
+            "saved": ["x"], "grads": [2], **changes}
+    return [{**call_step("pow", ref("x"), 3, out=[y]), "grad_enabled": False}, step]
+
+
+def _grad(wire: Wire, sid: str, tid: str) -> torch.Tensor:
+    return decode_tensor(decode(wire.get(f"/v1/sessions/{sid}/tensors/{tid}"))["grad"])
+
+
+def test_a_function_step_makes_a_node_whose_backward_runs_its_template(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), _CUBE_BACKWARD, *_cube()])
+    meta = decode(wire.get(f"/v1/sessions/{sid}/tensors/y"))
+    assert meta["requires_grad"] is True
+    wire.ok(sid, [call_step("sum", ref("y"), out=["s"]),
+                  {"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["gx"], "create_graph": True},
+                  call_step("sum", ref("gx"), out=["s2"]), {"kind": "backward", "tensors": ["s2"]}])
+    local = x.clone().requires_grad_()
+    (gx,) = torch.autograd.grad((local ** 3).sum(), local, create_graph=True)
+    gx.sum().backward()
+    assert torch.equal(_grad(wire, sid, "x"), local.grad)  # 6 x: through the template's own steps
+
+
+def test_a_function_step_that_does_not_fit_is_refused_naming_the_field(wire: Wire, sid: str):
+    x = torch.ones(4, dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), _CUBE_BACKWARD])
+    held = decode(wire.get(f"/v1/sessions/{sid}"))["tensors"]
+    cases = [
+        ({"grads": [3]}, 400, "bad_request", "grad 3 is out of range"),
+        ({"grads": [2, None]}, 400, "bad_request", "grads has 2 entries for 1 inputs"),
+        ({"saved": []}, 400, "bad_request", "takes 2 inputs"),
+        ({"dirty": [0]}, 400, "bad_request", "dirty input 0"),
+        ({"non_differentiable": [1]}, 400, "bad_request", "non_differentiable output 1"),
+        ({"backward": "nope"}, 404, "unknown_template", "nope"),
+    ]
+    for k, (changes, status, code, words) in enumerate(cases):
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs",
+                          wire.encode({"id": new_id(), "steps": _cube(f"y{k}", **changes)}))
+        expect_error(r, status, code, words)
+        assert decode(wire.get(f"/v1/sessions/{sid}/tensors/y{k}"))["requires_grad"] is False  # the forward's alone
+    r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+        {"kind": "function", "name": "F", "inputs": ["x"], "outputs": ["x"], "grads": [0]}]}))
+    expect_error(r, 400, "bad_request", "an input the forward did not mark dirty")
+    assert decode(wire.get(f"/v1/sessions/{sid}"))["tensors"] == held + len(cases)
+
+
+def test_a_hook_of_a_backward_step_runs_its_template_and_goes_with_the_step(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    double = {"kind": "template", "id": "double", "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}],
+              "steps": [call_step("mul", ref("g"), 2, out=["h"])], "outputs": ["h"]}
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), double, call_step("sum", ref("x"), out=["s"]),
+                  {"kind": "backward", "tensors": ["s"], "retain_graph": True,
+                   "hooks": [{"id": "x", "template": "double"}]},
+                  {"kind": "backward", "tensors": ["s"]}])
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # 2, then 1: removed
+    wire.ok(sid, [put_step("n", wire.tensor(x))])
+    for hooks, status, code, words in (([{"id": "x", "template": "nope"}], 404, "unknown_template", "nope"),
+                                       ([{"id": "x", "template": "cube-bw"}], 400, "bad_request", "one input"),
+                                       ([{"id": "n", "template": "double"}], 422, None, "doesn't require gradient")):
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            _CUBE_BACKWARD, call_step("sum", ref("x"), out=[f"s{status}"]),
+            {"kind": "backward", "tensors": [f"s{status}"], "hooks": hooks}]}))
+        expect_error(r, status, code, words)
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # nothing ran
+
+
+def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: str):
+    huge = {"kind": "template", "id": "huge-bw", "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}],
+            "steps": [call_step("repeat", ref("g"), [1 << 27], out=["big"])], "outputs": ["big"]}
+    wire.ok(sid, [put_step("x", wire.tensor(torch.ones(4, dtype=torch.float64)), True), huge,
+                  {**call_step("mul", ref("x"), 2, out=["y"]), "grad_enabled": False},
+                  {"kind": "function", "name": "Huge", "backward": "huge-bw", "inputs": ["x"], "outputs": ["y"],
+                   "grads": [1]}, call_step("sum", ref("y"), out=["s"])])
+    r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+        {"kind": "backward", "tensors": ["s"]}]}))
+    expect_error(r, 413, None, "Huge.backward", "max_tensor_elements")
