@@ -1,0 +1,210 @@
+"""Libraries nobody here wrote, as their users run them, on ``"cpu"`` and on ``sess.device``: the device
+the only difference, losses and parameters equal (issue 30's list). Each needs its package
+(``pip install '.[libraries]'``: torchdiffeq, gpytorch, botorch, pyro-ppl, lightning, opacus,
+transformers): a test whose package is missing is skipped (``make test``'s environment installs the
+``test`` extra only: scipy and scikit-learn, which gpytorch and torchdiffeq bring, are big to fetch in
+every CI run). The forms that still refuse are tested to refuse loudly, naming why.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+
+def _same(cpu: tuple, remote: tuple) -> None:
+    (losses, params), (got_losses, got_params) = cpu, remote
+    assert got_losses == losses
+    assert len(got_params) == len(params)
+    for want, got in zip(params, got_params):
+        assert torch.equal(got.detach().cpu(), want.detach())
+
+
+# -- torchdiffeq -------------------------------------------------------------------------------------
+
+
+def _ode_fit(device, adjoint: bool = False) -> tuple:
+    torchdiffeq = pytest.importorskip("torchdiffeq")
+    torch.manual_seed(0)
+
+    class Field(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2))
+
+        def forward(self, t, y):
+            return self.net(y)
+
+    field = Field().double().to(device)
+    y0 = torch.tensor([[1.0, 0.0]], dtype=torch.float64).to(device)
+    t = torch.linspace(0, 1, 5, dtype=torch.float64).to(device)
+    optimizer = torch.optim.SGD(field.parameters(), lr=0.1)
+    solve = torchdiffeq.odeint_adjoint if adjoint else torchdiffeq.odeint
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = solve(field, y0, t, method="rk4", options={"step_size": 0.25}).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, list(field.parameters())
+
+
+def test_torchdiffeq_odeint(sess):
+    _same(_ode_fit("cpu"), _ode_fit(sess.device))
+
+
+def test_torchdiffeq_odeint_adjoint_refuses_naming_its_backward(sess):
+    # its backward builds the solver's grid from the times' values: a read a recorded backward cannot make
+    _ode_fit("cpu", adjoint=True)
+    with pytest.raises(RuntimeError, match="OdeintAdjointMethod.backward cannot run inside the server's backward"):
+        _ode_fit(sess.device, adjoint=True)
+
+
+# -- gpytorch, botorch --------------------------------------------------------------------------------
+
+
+def _exact_gp_fit(device) -> tuple:
+    gpytorch = pytest.importorskip("gpytorch")
+    torch.manual_seed(0)
+    x = torch.linspace(0, 1, 20, dtype=torch.float64)
+    y = torch.sin(x * 2 * math.pi) + 0.1 * torch.randn(20, dtype=torch.float64)
+    x, y = x.to(device), y.to(device)
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self, likelihood) -> None:
+            super().__init__(x, y, likelihood)
+            self.mean = gpytorch.means.ConstantMean()
+            self.covariance = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+
+        def forward(self, inputs):
+            return gpytorch.distributions.MultivariateNormal(self.mean(inputs), self.covariance(inputs))
+
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double().to(device)
+    model = GP(likelihood).double().to(device)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, list(model.parameters())
+
+
+def test_gpytorch_exact_gp_fit(sess):
+    _same(_exact_gp_fit("cpu"), _exact_gp_fit(sess.device))
+
+
+def _single_task_gp_fit(device) -> tuple:
+    pytest.importorskip("botorch")
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    torch.manual_seed(0)
+    x = torch.rand(10, 2, dtype=torch.float64)
+    model = SingleTaskGP(x.to(device), x.sum(-1, keepdim=True).sin().to(device))  # self.to(train_X) inside
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model), optimizer_kwargs={"options": {"maxiter": 5}})
+    return [], list(model.parameters())
+
+
+def test_botorch_single_task_gp_fit(sess):
+    _same(_single_task_gp_fit("cpu"), _single_task_gp_fit(sess.device))
+
+
+# -- Lightning Fabric ---------------------------------------------------------------------------------
+
+
+def _fabric_loop(device) -> tuple:
+    lightning = pytest.importorskip("lightning")
+    torch.manual_seed(0)
+    fabric = lightning.Fabric(accelerator="cpu", devices=1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double().to(device)
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), move_to_device=False)
+    x, y = torch.randn(8, 4, dtype=torch.float64).to(device), torch.randn(8, 1, dtype=torch.float64).to(device)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, list(model.parameters())
+
+
+def test_lightning_fabric_loop(sess):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Fabric's notes about the CPU accelerator
+        _same(_fabric_loop("cpu"), _fabric_loop(sess.device))
+
+
+# -- Hugging Face gradient checkpointing ----------------------------------------------------------
+
+
+def _gpt2_checkpointed(device, reentrant: bool) -> tuple:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).double()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, list(model.parameters())
+
+
+def test_hugging_face_gradient_checkpointing(sess):
+    _same(_gpt2_checkpointed("cpu", reentrant=False), _gpt2_checkpointed(sess.device, reentrant=False))
+
+
+# -- the refusals that remain -------------------------------------------------------------------------
+
+
+def test_pyro_svi_refuses_its_value_reading_hooks(sess):
+    pyro = pytest.importorskip("pyro")
+    import pyro.distributions as dist
+    from pyro.infer import SVI, Trace_ELBO
+    from pyro.infer.autoguide import AutoDelta
+
+    data = torch.randn(30, dtype=torch.float64).to(sess.device)
+
+    def model(d):
+        loc = pyro.sample("loc", dist.Normal(torch.zeros((), dtype=torch.float64, device=sess.device), 5.0))
+        with pyro.plate("data", len(d)):
+            pyro.sample("obs", dist.Normal(loc, 1.0), obs=d)
+
+    pyro.clear_param_store()
+    svi = SVI(model, AutoDelta(model), pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+    # warn_if_nan registers a hook that reads the gradient's values (a bool of a tensor)
+    with pytest.raises(RuntimeError, match="reads a remote tensor's values on the client"):
+        svi.step(data)
+
+
+def test_opacus_hooks_mode_refuses_its_module_backward_hooks(sess):
+    opacus = pytest.importorskip("opacus")
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(sess.device)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
+                                       batch_size=8)
+    model, optimizer, data = opacus.PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=data, noise_multiplier=0.0,
+        max_grad_norm=1.0, poisson_sampling=False, grad_sample_mode="hooks")
+    x, y = next(iter(data))
+    with pytest.raises(RuntimeError, match="module backward hook"):
+        nn.functional.cross_entropy(model(x.to(sess.device)), y.to(sess.device)).backward()
