@@ -5,7 +5,8 @@ Its backward recomputes the forward (``ctx.run_function`` on the saved inputs, g
 of its own through it, and returns the inputs' grads. Two things it reads are not on its ctx:
 
 - the module's parameters and buffers, which it never saves: when ``run_function`` is a module or one
-  of its methods (``checkpoint(layer, x)``, Hugging Face's ``layer.__call__``), the module runs on the
+  of its methods (``checkpoint(layer, x)``), or a ``functools.partial`` of one (Hugging Face's
+  ``partial(forward, layer, **kwargs)``), the module runs on the
   recording's stand-ins of them (torch's own ``_reparametrize_module``). They are bound *live* on the
   server (the session's own tensors, not copies): the inner backward accumulates their ``.grad`` there,
   as torch's does. Any other tensor the function reads is refused as any user Function's unsaved one.
@@ -18,6 +19,7 @@ of its own through it, and returns the inputs' grads. Two things it reads are no
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import Any, Iterator
 
@@ -55,13 +57,22 @@ def rng_state_at_forward(cls: type, args: tuple) -> RemoteTensor | None:
     return state
 
 
+def _module_of(run_function: Any) -> nn.Module | None:
+    """The module ``run_function`` runs: itself, the module of a bound method, or the module a
+    ``functools.partial`` passes first (Hugging Face's ``partial(forward, layer, **kwargs)``)."""
+    while isinstance(run_function, functools.partial):
+        if run_function.args and isinstance(run_function.args[0], nn.Module):
+            return run_function.args[0]
+        run_function = run_function.func
+    module = run_function if isinstance(run_function, nn.Module) else getattr(run_function, "__self__", None)
+    return module if isinstance(module, nn.Module) else None
+
+
 class Extras:
     """What a checkpoint's backward reads besides its ctx (see the module's docstring)."""
 
     def __init__(self, ctx: Any, session: Any) -> None:
-        run_function = ctx.run_function
-        module = run_function if isinstance(run_function, nn.Module) else getattr(run_function, "__self__", None)
-        self.module = module if isinstance(module, nn.Module) else None
+        self.module = _module_of(ctx.run_function)
         self.names: list[str] = []
         self.live: list[RemoteTensor] = []  # the module's remote parameters and buffers
         if self.module is not None:

@@ -9,6 +9,8 @@ Each case runs the same code on CPU tensors and on the device."""
 
 from __future__ import annotations
 
+import functools
+
 import inspect
 import sys
 
@@ -281,11 +283,11 @@ def _model(device):
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double().to(device)
 
 
-def _checkpointed_grads(device, use_reentrant):
+def _checkpointed_grads(device, use_reentrant, run=lambda model: model):
     model = _model(device)
     x = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
     x.requires_grad_()
-    loss = checkpoint(model, x, use_reentrant=use_reentrant).pow(2).sum()
+    loss = checkpoint(run(model), x, use_reentrant=use_reentrant).pow(2).sum()
     loss.backward()
     return [t.cpu() for t in (loss.detach(), x.grad, *(p.grad for p in model.parameters()))]
 
@@ -295,8 +297,15 @@ def test_checkpoint_without_reentrant_gives_local_torchs_gradients(sess):
         torch.testing.assert_close(got, want)
 
 
-def test_reentrant_checkpoint_gives_local_torchs_gradients(sess):
-    for got, want in zip(_checkpointed_grads(sess.device, True), _checkpointed_grads("cpu", True), strict=True):
+@pytest.mark.parametrize("run", [
+    lambda model: model,
+    lambda model: model.__call__,
+    lambda model: functools.partial(nn.Sequential.forward, model),  # Hugging Face's partial(forward, layer, **kw)
+    lambda model: functools.partial(model.__call__),
+], ids=["module", "method", "partial-of-forward", "partial-of-method"])
+def test_reentrant_checkpoint_gives_local_torchs_gradients(sess, run):
+    for got, want in zip(_checkpointed_grads(sess.device, True, run), _checkpointed_grads("cpu", True, run),
+                         strict=True):
         torch.testing.assert_close(got, want)
 
 
