@@ -95,10 +95,12 @@ class CallStep(_Model):
 class TensorHook(_Model):
     """A hook on a session tensor for one ``backward`` or ``grad`` step (``Tensor.register_hook``): when the
     gradient with respect to tensor ``id`` is computed, template ``template`` (one input, the gradient;
-    one output, what replaces it) runs on it."""
+    one output, what replaces it) runs on it; or, with ``observe`` instead, the gradient is kept under that
+    new id for the client to run its hooks on after the step (hooks that read values)."""
 
     id: TensorRef
-    template: TensorId
+    template: TensorId | None = None
+    observe: TensorId | None = None
 
 
 class BackwardStep(_Model):
@@ -325,6 +327,7 @@ class StepResult(_Model):
     tensors: list[TensorMeta | None] | None = None
     tuple: bool | None = None
     no_grad: list[str] | None = None
+    observed: list[str] | None = None
     tensor: TensorMessage | None = None
 
 

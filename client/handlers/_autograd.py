@@ -19,7 +19,7 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
-from ._hooks import hook_steps
+from ._hooks import hook_steps, run_observed
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -134,11 +134,33 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
     queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
 
 
-def _with_hooks(session, step: dict) -> None:
-    """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``)."""
-    hooks = hook_steps(session)
+def _with_hooks(session, step: dict) -> dict:
+    """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``); the observed ones."""
+    if not session._hooked:
+        return {}
+    hooks, observed = hook_steps(session)
     if hooks:
         step["hooks"] = hooks
+    return observed
+
+
+def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
+    """Queue ``step``; with observed hooks, wait for its answer and run them on what it kept (``_hooks``)."""
+    if not observed:
+        session.enqueue(step, origin, nbytes)
+        return
+    order: list = []
+    correct = origin.on_result
+
+    def on_result(result) -> None:
+        if correct is not None:
+            correct(result)
+        order.extend((result or {}).get("observed") or ())
+
+    origin.on_result = on_result
+    session.enqueue(step, origin, nbytes)
+    session.flush()
+    run_observed(session, observed, order)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -160,8 +182,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
     session.autograd_step(step)  # first: it may send what is queued
-    if session._hooked:
-        _with_hooks(session, step)
+    observed = _with_hooks(session, step)
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -197,7 +218,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
-    session.enqueue(step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes)
+    _enqueue_hooked(session, step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes, observed)
 
 
 @_answers(torch.autograd.grad)
@@ -212,8 +233,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
     session.autograd_step(step)  # first: it may send what is queued
-    if session._hooked:
-        _with_hooks(session, step)
+    observed = _with_hooks(session, step)
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)
@@ -231,7 +251,10 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
             leaves = leaves | t._leaves
     if allow_unused or materialize_grads:  # which grads are None only the server knows
         index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
-        metas = meta_from_result(session.take_result(index))
+        result = session.take_result(index)
+        metas = meta_from_result(result)
+        if observed:
+            run_observed(session, observed, result.get("observed") or [])
         grads = []
         for m, inp in zip(metas, inputs):
             if m is None:
@@ -242,6 +265,6 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         return tuple(grads)
     grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
                                     leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
-    session.enqueue(step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes)
+    _enqueue_hooked(session, step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
     return grads
 

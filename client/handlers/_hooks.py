@@ -8,8 +8,16 @@ hooks in order on a stand-in of its gradient (``dispatch/_user_functions``' reco
 the real session refusing every step), into a template named by its content, and names them in the
 step (``hooks``); the server registers them for that step alone (``service/engine/tensor_hooks.py``).
 A hook therefore runs once on the client at each call, whether or not that backward reaches its
-tensor: Python side effects happen then, and a hook that reads values (``.item()``, printing the
-gradient) or a remote tensor it is not given (its gradient is all it gets) raises at that call.
+tensor: Python side effects happen then; a hook that reads a remote tensor it is not given (its
+gradient is all it gets) raises at that call.
+
+A hook that reads the gradient's values (a NaN check, a norm logged, a print) cannot be a template.
+Its tensor's hooks are *observed* from then on: the step names an ``observe`` id, the server keeps
+the gradient the hooks would have been given under it, and once the step has answered (the
+``backward()`` call waits for it) each observed tensor's hooks run here on it, in the order torch
+called them there (``run_observed``). Such hooks may only look: one that returns another gradient
+raises.
+Python a hook ran before its first read of a value ran once more as its recording was tried.
 """
 
 from __future__ import annotations
@@ -30,6 +38,11 @@ T = torch.Tensor
 HANDLERS = HandlerTable()
 _answers = HANDLERS.on
 _HOOKS = "_remote_hooks"  # a handle's own hooks (in its __dict__: only hooked handles carry them), by handle id
+_OBSERVED = "_remote_hooks_observed"  # set in a handle's __dict__ once its hooks read values: observed from then on
+
+
+class _ReadsValues(Exception):
+    """A tensor's hooks read its gradient's values: they cannot be recorded, only observed."""
 
 
 @_answers(T.register_hook)
@@ -48,18 +61,44 @@ def _register_hook(t: RemoteTensor, hook) -> RemovableHandle:
     return handle
 
 
-def hook_steps(session: Any) -> list[dict]:
+def hook_steps(session: Any) -> tuple[list[dict], dict]:
     """The ``hooks`` of a backward or grad step about to be queued: each hooked tensor's hooks recorded now
-    (their templates queued first)."""
-    found = []
+    (their templates queued first), or observed; and the observed ones, by ``observe`` id."""
+    found, observed = [], {}
     for t in list(session._hooked.values()):
         hooks = t.__dict__.get(_HOOKS)
         if not hooks or t._id is None:
             continue
-        tid = _record_hooks(session, t, list(hooks.values()))
-        if tid is not None:
-            found.append({"id": t._id, "template": tid})
-    return found
+        hooks = list(hooks.values())
+        if not t.__dict__.get(_OBSERVED):
+            try:
+                tid = _record_hooks(session, t, hooks)
+            except _ReadsValues:
+                t.__dict__[_OBSERVED] = True
+            else:
+                if tid is not None:
+                    found.append({"id": t._id, "template": tid})
+                continue
+        oid = session.new_id()
+        found.append({"id": t._id, "observe": oid})
+        observed[oid] = (t, hooks)
+    return found, observed
+
+
+def run_observed(session: Any, observed: dict, order: list) -> None:
+    """The observed tensors' hooks, on the gradients the step kept for them, in the order ``order`` (the
+    step's ``observed``: the order torch called the hooks in; a tensor the backward did not reach is not there)."""
+    at = where()  # the backward's line (inside a hook, where() names the hook's own)
+    for oid in order:
+        t, hooks = observed[oid]
+        grad = RemoteTensor._new(session, oid, t._shape, t._dtype)
+        for hook in hooks:
+            out = hook(grad)
+            if out is not None and out is not grad:  # (returning the gradient it was given changes nothing)
+                name = getattr(hook, "__qualname__", type(hook).__name__)
+                raise RuntimeError(f"the hook {name} on a remote tensor reads the gradient's values and returns a "
+                                   "new gradient: a hook that changes the gradient runs inside the server's backward, "
+                                   f"where values cannot be read on the client ({at})")
 
 
 def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:
@@ -83,8 +122,8 @@ def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:
 
     try:
         result = record(session, recorder, name, run_hooks)
-    except Untranslatable as why:
-        raise RuntimeError(f"{name} cannot run inside the server's backward: {why} ({where()})") from None
+    except Untranslatable:
+        raise _ReadsValues() from None
     if result is grad:  # every hook returned None: nothing to run there (its side effects happened here)
         return None
     template = recorder.template([grad], [result])

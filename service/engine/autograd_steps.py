@@ -76,11 +76,14 @@ def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict
     """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute):
+    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute) as observed:
         if not step.detect_anomaly:
-            return _backward(run, step, roots)
-        with anomaly.detecting(roots, step.check_nan):
-            return _backward(run, step, roots)
+            result = _backward(run, step, roots)
+        else:
+            with anomaly.detecting(roots, step.check_nan):
+                result = _backward(run, step, roots)
+    store_made(run.session, run.settings, tensor_hooks.observed_pairs(observed))
+    return tensor_hooks.answer_observed(observed, result)
 
 
 @contextlib.contextmanager
@@ -193,10 +196,12 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
-    with _running(run, True), tensor_hooks.registered(run, step.hooks, execute), anomalies:
+    with _running(run, True), tensor_hooks.registered(run, step.hooks, execute) as observed, anomalies:
         grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                     create_graph=step.create_graph, allow_unused=step.allow_unused)
-    store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None])
+    store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]
+               + tensor_hooks.observed_pairs(observed))
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
-        return None
-    return {"tensors": [None if g is None else meta_message(tid, g) for tid, g in zip(step.out, grads)]}
+        return tensor_hooks.answer_observed(observed, None)
+    return tensor_hooks.answer_observed(observed, {"tensors": [None if g is None else meta_message(tid, g)
+                                                               for tid, g in zip(step.out, grads)]})

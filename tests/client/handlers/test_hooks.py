@@ -62,14 +62,43 @@ def test_hooks_run_in_autograd_grad_in_order(sess):
     torch.testing.assert_close(_grads_with_hooks(sess.device)[0].cpu(), _grads_with_hooks("cpu")[0])
 
 
-def test_a_hook_that_reads_values_is_refused_at_the_backward(sess):
+def _observed(device, grad_call: bool = False):
+    """Hooks that read the gradient's values (a norm logged, a NaN check returning the gradient as pyro's
+    does, a print's reading) beside one that changes a gradient, over two backward calls; a tensor the
+    second backward does not reach is not observed there."""
+    torch.manual_seed(0)
+    w = torch.randn(3, dtype=torch.float64).to(device).requires_grad_()
+    v = torch.randn(3, dtype=torch.float64).to(device).requires_grad_()
+    seen = []
+    w.register_hook(lambda grad: seen.append(("w norm", grad.norm().item())))
+    v.register_hook(lambda grad: seen.append(("v", grad.tolist())))
+    h = w * 2
+    h.register_hook(lambda grad: grad * 3)  # changes the gradient: recorded, runs inside the server's backward
+    z = h * w + v
+    z.register_hook(lambda grad: seen.append(("z nan", bool(torch.isnan(grad).any()))) or grad)
+    if grad_call:
+        grads = torch.autograd.grad(z.sum(), [w, v])
+    else:
+        z.sum().backward()
+        grads = (w.grad.clone(),)
+    (w * w).sum().backward()  # v and z not reached
+    return seen, [g.cpu() for g in (*grads, w.grad)]
+
+
+@pytest.mark.parametrize("grad_call", [False, True], ids=["backward", "autograd.grad"])
+def test_hooks_that_read_values_run_on_the_gradients_kept_for_them_in_torchs_order(sess, grad_call):
+    (seen, grads), (want_seen, want_grads) = _observed(sess.device, grad_call), _observed("cpu", grad_call)
+    assert seen == want_seen and len(seen) == 4
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_hook_that_reads_values_and_changes_the_gradient_is_refused_at_the_backward(sess):
     w = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True)
-    norms = []
-    w.register_hook(lambda grad: norms.append(grad.norm().item()))  # logging a norm: needs its value here
+    w.register_hook(lambda grad: grad / grad.norm().item())  # needs a value here, and returns a new gradient
     loss = (w * 2).sum()
-    line = _line(3)
-    with pytest.raises(RuntimeError, match=r"a hook on a remote tensor \(.*<lambda>\) cannot run inside the "
-                                           r"server's backward: it reads a remote tensor's values") as info:
+    line = _line(2)
+    with pytest.raises(RuntimeError, match=r"reads the gradient's values and returns a new gradient") as info:
         loss.backward()
     assert line in str(info.value)
 

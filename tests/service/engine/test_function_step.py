@@ -89,6 +89,24 @@ def test_a_hook_of_a_backward_step_runs_its_template_and_goes_with_the_step(wire
     assert torch.equal(_grad(wire, sid, "x"), torch.full((4,), 3.0, dtype=torch.float64))  # nothing ran
 
 
+def test_an_observing_hook_keeps_the_gradient_its_hook_would_see_once_the_step_succeeds(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), call_step("mul", ref("x"), ref("x"), out=["y"]),
+                  call_step("sum", ref("y"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True,
+                             "hooks": [{"id": "x", "observe": "ox"}, {"id": "y", "observe": "oy"}]}])
+    assert results[0]["observed"] == ["oy", "ox"]  # in the order torch called the hooks: y's gradient first
+    assert torch.equal(decode_tensor(decode(wire.get(f"/v1/sessions/{sid}/tensors/ox"))["value"]), 2 * x)
+    for hooks, status, words in (([{"id": "x", "observe": "ox"}], 409, "ox"),  # an id the session holds
+                                 ([{"id": "x", "observe": "o2", "template": "t"}], 400, "one of template and observe"),
+                                 ([{"id": "x", "observe": "o3"}, {"id": "x", "template": "nope"}], 404, "nope")):
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            {"kind": "backward", "tensors": ["s"], "retain_graph": True, "hooks": hooks}]}))
+        expect_error(r, status, None, words)
+        assert wire.get(f"/v1/sessions/{sid}/tensors/o3").status_code == 404  # a refused step keeps none
+    assert torch.equal(_grad(wire, sid, "x"), 2 * x)
+
+
 def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: str):
     huge = {"kind": "template", "id": "huge-bw", "inputs": [{"id": "g", "dtype": "float64", "shape": [4]}],
             "steps": [call_step("repeat", ref("g"), [1 << 27], out=["big"])], "outputs": ["big"]}
