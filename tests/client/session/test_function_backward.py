@@ -15,7 +15,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.autograd.gradcheck import GradcheckError
 
-from .test_user_functions import AddInPlace
+from .test_user_functions import AddInPlace, Mixed
 
 
 def _line(offset: int = 0) -> str:
@@ -405,16 +405,6 @@ def test_mark_dirty_on_an_input_with_a_history(sess):
     """torch's C++ sees a remote non-leaf as a leaf (its history is on the server): its check of a dirty
     input must not refuse what torch allows."""
     _assert_same(_dirty_non_leaf(sess.device), _dirty_non_leaf("cpu"))
-
-
-class Mixed(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, remote, local):
-        return remote * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2, None
 
 
 def test_a_refused_inner_function_leaves_the_outer_inputs_as_they_were(sess):

@@ -195,17 +195,20 @@ def test_a_function_whose_output_is_made_without_a_remote_op(sess):
         assert FromValues.apply(w).cpu().sum().item() == 3.0
 
 
+class Mixed(torch.autograd.Function):
+    """Of a remote and a local input."""
+
+    @staticmethod
+    def forward(ctx, remote, local):
+        return remote * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
 def test_a_local_input_that_requires_grad_makes_the_call_recorded(sess):
     """torch records a call when any tensor input requires grad, a local one among remote ones too."""
-    class Mixed(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, remote, local):
-            return remote * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2, None
-
     x = torch.ones(3, device=sess.device)
     with pytest.raises(RuntimeError, match="torch would record the call"):
         Mixed.apply(x, torch.ones(1, requires_grad=True))
