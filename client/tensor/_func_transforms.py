@@ -5,6 +5,9 @@ them *locally*, level by level, below ``__torch_function__``: the wrapped remote
 entry point beside wrappers the SDK cannot send (torch then says "found at least two devices,
 remote:0 and remote:0", or an op of forward-mode AD is missing). None of it can give torch's
 answer, so the first remote op under a transform refuses, naming the transform the user called.
+(An op a transform sends below its level, as ``vmap`` over ``grad`` does, reaches
+``__torch_dispatch__``, whose refusal names torch.func's transforms in general: there nothing tells
+a transform's level from any other aten call.)
 ``torch.func.functional_call`` is no transform (it swaps a module's parameters) and runs as usual.
 """
 
@@ -16,20 +19,13 @@ import torch
 
 active: Callable[[], bool] = torch._C._are_functorch_transforms_active  # what autograd.Function.apply asks too
 
-
-def below() -> bool:
-    """Whether an aten call reaches ``__torch_dispatch__`` from inside a transform's level: functorch
-    pops its interpreter while it runs the level below (``active()`` is False there) and excludes its
-    front dispatch key meanwhile, which nothing else does."""
-    return torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode)
-
 _CALLED = {"Grad": "torch.func.grad / grad_and_value / vjp / jacrev", "Vmap": "torch.func.vmap",
            "Jvp": "torch.func.jvp / jacfwd / hessian", "Functionalize": "torch.func.functionalize"}
 
 
 def refused(func: Callable) -> RuntimeError:
     """The error for ``func`` called on a remote tensor while a transform runs (``active()``)."""
-    top = torch._C._functorch.peek_interpreter_stack()  # None below a level: the transform is not named
+    top = torch._C._functorch.peek_interpreter_stack()
     kind = top.key().name if top is not None else ""
     called = _CALLED.get(kind, "a torch.func transform")
     name = getattr(func, "__name__", str(func))

@@ -248,8 +248,6 @@ class RemoteTensor(torch.Tensor):
         local = LOCAL_HANDLERS.get(func)
         if local is not None:  # an aten call torch's Python binding sends past __torch_function__ (set_(storage))
             return local(*args, **(kwargs or {}))
-        if _func_transforms.below():
-            raise _func_transforms.refused(func)
         # Anything else got here under torch's functions: a torch.func transform (grad, vmap, jacrev
         # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(
