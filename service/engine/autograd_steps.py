@@ -78,11 +78,10 @@ def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict
     _check_graph_kept(run.session, roots)
     with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute) as observed:
         if not step.detect_anomaly:
-            result = _backward(run, step, roots)
+            result = _backward(run, step, roots, observed)
         else:
             with anomaly.detecting(roots, step.check_nan):
-                result = _backward(run, step, roots)
-    store_made(run.session, run.settings, tensor_hooks.observed_pairs(observed))
+                result = _backward(run, step, roots, observed)
     return tensor_hooks.answer_observed(observed, result)
 
 
@@ -100,7 +99,9 @@ def _running(run: ProgramRun, explicit: bool):
         session.autograd_run, session.autograd_explicit = outer
 
 
-def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) -> dict | None:
+def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor], observed: dict | None) -> dict | None:
+    """The backward itself; ``observed``: the gradients its observing hooks keep (``tensor_hooks``), kept
+    before any ``.grad`` is committed (a limit they meet leaves every ``.grad`` as it was)."""
     session, settings = run.session, run.settings
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
@@ -110,6 +111,7 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) ->
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
+        store_made(session, settings, tensor_hooks.observed_pairs(observed))
         return _backward_result(run, [])
     # Room for the new grads first (a 413 leaves the graph intact for a retry), then
     # temporaries, then commit: a failing backward leaves every .grad untouched.
@@ -117,6 +119,7 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor]) ->
     try:
         grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
                                     retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+        store_made(session, settings, tensor_hooks.observed_pairs(observed))
     except BaseException:
         session.release(reserved)
         raise

@@ -9,9 +9,10 @@ with every check a template run has), and removes them as the step ends, whateve
 
 A hook that reads the gradient's values (``.item()``, a NaN check, a norm logged) cannot be a template:
 the client names an ``observe`` id instead, and the gradient the hook would have seen is kept under it
-(a copy, taken as the hook fires). The step keeps those once it succeeded (``observed_pairs``: a
-failing step keeps none, as it keeps no ``.grad``) and answers them in the order torch called the hooks
-(``observed``), for the client to call its hooks on them then.
+(a copy, taken as the hook fires). The step keeps those before it commits anything else
+(``observed_pairs``, counted and limited as new tensors: a step that fails, on their limit too, keeps
+none, as it keeps no ``.grad``) and answers them in the order torch called the hooks (``observed``),
+for the client to call its hooks on them then.
 """
 
 from __future__ import annotations

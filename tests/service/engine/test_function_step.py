@@ -6,10 +6,14 @@ leaves the session as it was."""
 
 from __future__ import annotations
 
+import httpx
 import torch
 
+from remote_autograd import client
+from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.proto import decode_tensor
 
+from ...conftest import PROTOCOL_HEADERS
 from ..wire import Wire, call_step, decode, expect_error, new_id, put_step, ref
 
 # Cube: y = x ** 3, saving x; backward 3 * x ** 2 * g (grad on: twice differentiable)
@@ -105,6 +109,23 @@ def test_an_observing_hook_keeps_the_gradient_its_hook_would_see_once_the_step_s
         expect_error(r, status, None, words)
         assert wire.get(f"/v1/sessions/{sid}/tensors/o3").status_code == 404  # a refused step keeps none
     assert torch.equal(_grad(wire, sid, "x"), 2 * x)
+
+
+def test_a_limit_the_observed_gradients_meet_leaves_every_grad_as_it_was():
+    # x (32 bytes), y (32), s (8) and x's new grad (32) fit in 120 bytes; y's observed gradient (32) does not
+    with httpx.Client(transport=client.InProcessTransport(service_app(max_session_bytes=120)),
+                      base_url="http://in-process", headers=PROTOCOL_HEADERS) as http:
+        sid = http.post("/v1/sessions").json()["session_id"]
+        x = [0.5, -1.0, 2.0, 3.0]
+        r = http.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [
+            put_step("x", {"dtype": "float64", "shape": [4], "data": x}, True),
+            call_step("mul", ref("x"), ref("x"), out=["y"]), call_step("sum", ref("y"), out=["s"])]})
+        assert r.status_code == 200, r.text
+        r = http.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [
+            {"kind": "backward", "tensors": ["s"], "hooks": [{"id": "y", "observe": "oy"}]}]})
+        expect_error(r, 413, "too_large", "max_session_bytes=120")
+        assert http.get(f"/v1/sessions/{sid}/tensors/x").json()["grad"] is None
+        assert http.get(f"/v1/sessions/{sid}/tensors/oy").status_code == 404
 
 
 def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: str):
