@@ -18,6 +18,7 @@ why ``run_bound`` sets the op context and the saved-tensor hooks again around th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 
@@ -77,6 +78,13 @@ class _UserFunction(torch.autograd.Function):
         if not torch.is_grad_enabled():  # no create_graph: torch's grads carry no graph (the steps may record one)
             grads_of_inputs = [None if g is None else g.detach() for g in grads_of_inputs]
         return (None, *grads_of_inputs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _named(name: str) -> type:
+    """``_UserFunction`` under the user's Function's name, so that its node is ``{name}Backward`` as torch's
+    would be, in torch's own errors about it (a gradient of the wrong shape) and in ``grad_fn``'s name."""
+    return type(name, (_UserFunction,), {"__module__": __name__})
 
 
 def _run_backward(ctx, *grads: torch.Tensor) -> tuple:
@@ -182,7 +190,7 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
         j = out_position.get(tid)
         spec.saved.append(("output", j) if j is not None else
                           ("input", position[tid]) if tid in position else ("value", session.tensor(tid).value))
-    results = _UserFunction.apply(spec, *inputs)
+    results = _named(step.name).apply(spec, *inputs)
     tensors = session.tensors
     for tid, value in zip(step.outputs, results):
         if tid not in position:

@@ -7,6 +7,7 @@ the user's line, naming the Function."""
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 
 import pytest
@@ -483,3 +484,22 @@ def test_a_pattern_of_none_grads_the_backward_cannot_take_raises_at_the_backward
         _unmaterialized(FirstOnly, "cpu", (False, True))
     with pytest.raises(RuntimeError, match=r"set_materialize_grads\(False\), and no gradient reaches output\(s\) \[0\]"):
         _unmaterialized(FirstOnly, sess.device, (False, True))[0].cpu()  # (the backward answers at the sync)
+
+
+class WrongShape(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.sum(0, keepdim=True)
+
+
+def test_a_gradient_of_the_wrong_shape_raises_torchs_error_naming_the_function(sess):
+    words = "Function WrongShapeBackward returned an invalid gradient at index 0 - got [1, 3] but expected shape"
+    for device in ("cpu", sess.device):
+        x = torch.ones(2, 3).to(device).requires_grad_()
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            WrongShape.apply(x).sum().backward()
+            x.grad.cpu()  # (remotely, the backward answers at the sync)
