@@ -343,6 +343,7 @@ class StepResult(_Model):
     tuple: bool | None = None
     no_grad: list[str] | None = None
     observed: list[str] | None = None
+    hooked: list[str] | None = None
     tensor: TensorMessage | None = None
 
 

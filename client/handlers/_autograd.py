@@ -19,7 +19,7 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
-from ._hooks import hook_steps, run_observed
+from ._hooks import hook_steps, let_go, run_observed
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -145,22 +145,26 @@ def _with_hooks(session, step: dict) -> dict:
 
 
 def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
-    """Queue ``step``; with observed hooks, wait for its answer and run them on what it kept (``_hooks``)."""
-    if not observed:
+    """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``); with
+    observed hooks, wait for its answer and run them on what it kept."""
+    if "hooks" not in step:
         session.enqueue(step, origin, nbytes)
         return
     order: list = []
     correct = origin.on_result
+    retained = step.get("create_graph", False) if step.get("retain_graph") is None else step["retain_graph"]
 
     def on_result(result) -> None:
         if correct is not None:
             correct(result)
+        let_go(session, result, retained)
         order.extend((result or {}).get("observed") or ())
 
     origin.on_result = on_result
     session.enqueue(step, origin, nbytes)
-    session.flush()
-    run_observed(session, observed, order)
+    if observed:
+        session.flush()
+        run_observed(session, observed, order)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:

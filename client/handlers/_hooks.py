@@ -18,10 +18,17 @@ the gradient the hooks would have been given under it, and once the step has ans
 called them there (``run_observed``). Such hooks may only look: one that returns another gradient
 raises.
 Python a hook ran before its first read of a value ran once more as its recording was tried.
+
+torch keeps a non-leaf's hooks with its graph, not with the Python tensor: ``h.register_hook(f)`` then
+``h = h * 2`` still runs ``f`` in the backward. So a hooked non-leaf's handle is kept (``_hook_kept``, and
+its server tensor with it) until a backward or grad step that does not retain the graph has run its
+hooks (the step's answer names them, ``hooked``: after that torch could not run them again through that
+graph), or past ``MAX_KEPT`` of them, the oldest let go with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -53,12 +60,39 @@ def _register_hook(t: RemoteTensor, hook) -> RemovableHandle:
         raise RuntimeError(f"Tensor.register_hook inside a recorded backward or compiled graph, on a remote tensor: "
                            f"not supported ({where()})")
     hooks = t.__dict__.get(_HOOKS)
+    session = t._session
     if hooks is None:
         hooks = t.__dict__[_HOOKS] = OrderedDict()
-        t._session._hooked[id(t)] = t
+        session._hooked[id(t)] = t
+    if not t._is_leaf:
+        _keep(session, t)
     handle = RemovableHandle(hooks)
     hooks[handle.id] = hook
     return handle
+
+
+MAX_KEPT = 1024  # hooked non-leaves kept past their last Python reference, per session
+
+
+def _keep(session: Any, t: RemoteTensor) -> None:
+    kept = session._hook_kept
+    kept[t._id] = t
+    if len(kept) > MAX_KEPT:
+        oldest = next(iter(kept))
+        del kept[oldest]
+        warnings.warn(f"remote-autograd keeps the hooks of at most {MAX_KEPT} tensors no backward has reached; the "
+                      f"oldest ({oldest}) is let go: if nothing refers to it, a later backward through it will not "
+                      "run its hooks", RuntimeWarning, stacklevel=3)
+
+
+def let_go(session: Any, result: dict | None, retained: bool) -> None:
+    """After a backward or grad step answered ``result``: the hooked non-leaves whose hooks it ran are no
+    longer kept for them, unless it retained the graph (another backward may run them again)."""
+    if retained:
+        return
+    kept = session._hook_kept
+    for tid in (result or {}).get("hooked") or ():
+        kept.pop(tid, None)
 
 
 def hook_steps(session: Any) -> tuple[list[dict], dict]:
@@ -118,14 +152,16 @@ def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:
             if out._shape != t._shape:
                 raise RuntimeError(f"hook '{getattr(hook, '__name__', hook)}' has changed the size of value")
             current = out
+        if current is grad and recorder.steps:  # a hook changed its gradient in place and returned it: the
+            current = grad.view_as(grad)         # template's output (which may not be its input) is a view of it
         return current
 
     try:
         result = record(session, recorder, name, run_hooks)
     except Untranslatable:
         raise _ReadsValues() from None
-    if result is grad:  # every hook returned None: nothing to run there (its side effects happened here)
-        return None
+    if result is grad and not recorder.steps:  # each hook returned None or its gradient, untouched: nothing to
+        return None                             # run there (their side effects happened here)
     template = recorder.template([grad], [result])
     session.ensure_template(template["id"], template)
     return template["id"]

@@ -82,6 +82,7 @@ class SessionCore:
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
         # handles with hooks (handlers/_hooks), by id(handle): recorded at each backward and grad call
         self._hooked: weakref.WeakValueDictionary[int, RemoteTensor] = weakref.WeakValueDictionary()
+        self._hook_kept: dict[str, RemoteTensor] = {}  # hooked non-leaves kept as torch keeps their hooks, by id
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
@@ -170,7 +171,8 @@ class SessionCore:
         first call here: ``capture``)."""
         if tid not in self._templates:
             self._templates[tid] = step
-            self.enqueue(step, None)
+            # a program failing at or before it leaves the server without it: sent again at its next use
+            self.enqueue(step, _Origin("template", None, undo=lambda: self._templates.pop(tid, None)))
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""

@@ -13,12 +13,23 @@ the client names an ``observe`` id instead, and the gradient the hook would have
 (``observed_pairs``, counted and limited as new tensors: a step that fails, on their limit too, keeps
 none, as it keeps no ``.grad``) and answers them in the order torch called the hooks (``observed``),
 for the client to call its hooks on them then.
+
+The step's answer also names the tensors whose hooks ran (``hooked``): a client keeps a hooked tensor it
+no longer refers to for as long as torch would keep the hook (with the graph: until a backward that does
+not retain it reaches the tensor), and learns so when to let it go.
+
+torch's ``retain_grad`` keeps a gradient after its tensor's hooks (its own hook runs last), but the
+backward step fills its targets with ``autograd.grad``, which captures a non-leaf's gradient before its
+hooks when the walk goes on past it. So a retained non-leaf that a hook of the step changes is
+captured by one more hook, registered after the step's (``retained_after_hooks``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
+
+import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import TensorHook
@@ -30,16 +41,30 @@ from .user_functions import run_bound
 from .values import check_new_ids
 
 
+class StepHooks:
+    """What a step's hooks did while it ran: the gradients observed, by ``observe`` id in the order their
+    hooks ran (``None`` when no hook observes), and the ids of the tensors whose hooks ran."""
+
+    __slots__ = ("observed", "fired")
+
+    def __init__(self, observed: dict | None) -> None:
+        self.observed = observed
+        self.fired: dict[str, None] = {}  # (ordered, once each)
+
+
+_NONE = StepHooks(None)
+
+
 @contextlib.contextmanager
-def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> Iterator[dict | None]:
-    """The step's hooks on their tensors while it runs; yields the gradients observed so far, by ``observe``
-    id in the order their hooks ran (``None`` when no hook observes)."""
+def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> Iterator[StepHooks]:
+    """The step's hooks on their tensors while it runs; yields what they did (``StepHooks``)."""
     if not hooks:
-        yield None
+        yield _NONE
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]
-    observed: dict | None = {} if observing else None
+    step_hooks = StepHooks({} if observing else None)
+    observed, fired = step_hooks.observed, step_hooks.fired
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
         for hook in hooks:
@@ -48,8 +73,9 @@ def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> It
             if hook.observe is not None:
                 value = _hooked(session, hook.id)
 
-                def keep(grad, oid=hook.observe):
+                def keep(grad, oid=hook.observe, tid=hook.id):
                     observed.setdefault(oid, grad.detach().clone())  # what torch's hook would be given
+                    fired[tid] = None
 
                 stack.callback(value.register_hook(keep).remove)
                 continue
@@ -63,11 +89,32 @@ def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> It
             value = _hooked(session, hook.id)
             what = f"a hook on tensor {hook.id!r}"
 
-            def run_hook(grad, template=template, what=what):
+            def run_hook(grad, template=template, what=what, tid=hook.id):
+                fired[tid] = None
                 return run_bound(run, template, [GradStandIn(grad)], execute, what)[0]
 
             stack.callback(value.register_hook(run_hook).remove)
-        yield observed
+        yield step_hooks
+
+
+@contextlib.contextmanager
+def retained_after_hooks(session, hooks: list[TensorHook], targets: list[CustomTensor]) -> Iterator[dict]:
+    """Around a backward step's ``autograd.grad``: yields, by position in ``targets``, the gradient each
+    retained non-leaf with a hook of the step has after its hooks (see the module's docstring)."""
+    after: dict[int, torch.Tensor] = {}
+    hooked = {id(session.tensor(h.id)) for h in hooks if h.template is not None}
+    handles = []
+    for k, ct in enumerate(targets):
+        if ct.retains_grad and id(ct) in hooked and not ct.value.is_leaf:
+            def keep(grad, k=k) -> None:
+                after[k] = grad
+
+            handles.append(ct.value.register_hook(keep))
+    try:
+        yield after
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _hooked(session, tid: str):
@@ -78,12 +125,19 @@ def _hooked(session, tid: str):
     return value
 
 
-def observed_pairs(observed: dict | None) -> list[tuple[str, CustomTensor]]:
+def observed_pairs(hooks: StepHooks) -> list[tuple[str, CustomTensor]]:
     """The observed gradients as new tensors of the session, to keep once the step succeeded (a failing step
     keeps none, as it keeps no ``.grad``)."""
+    observed = hooks.observed
     return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items()]
 
 
-def answer_observed(observed: dict | None, result: dict | None) -> dict | None:
-    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran)."""
-    return result if observed is None else {**(result or {}), "observed": list(observed)}
+def answer(hooks: StepHooks, result: dict | None) -> dict | None:
+    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran) and
+    the tensors whose hooks ran."""
+    extra: dict = {}
+    if hooks.observed is not None:
+        extra["observed"] = list(hooks.observed)
+    if hooks.fired:
+        extra["hooked"] = list(hooks.fired)
+    return {**(result or {}), **extra} if extra else result
