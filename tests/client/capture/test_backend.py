@@ -110,6 +110,30 @@ def test_backward_in_the_graph_after_a_break_is_what_local_torch_makes_of_it(ses
         grads.append([p.grad is None for p in model.parameters()])
     assert grads[0] == grads[1]
 
+
+def test_a_compiled_step_under_autocast_trains_as_eager_local_torch(sess):
+    """``torch.autocast("remote")`` inside the compiled step (dynamo traced it to a stop before: no autocast
+    kernel of the device for ops without an autocast rule)."""
+    results = []
+    for device in ("cpu", sess.device):
+        model = _mlp().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y, device_type=torch.device(device).type):
+            with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        torch._dynamo.reset()
+        run = step if device == "cpu" else torch.compile(step, backend="remote")
+        losses = [run(X.to(device), Y.to(device)).cpu() for _ in range(3)]
+        results.append(losses + [p.detach().cpu() for p in model.parameters()])
+    for want, got in zip(*results, strict=True):
+        assert torch.equal(got, want)
+
 def test_torch_compile_of_a_module_trains_and_evaluates_as_local_torch(sess):
     model, twin = _mlp(), _mlp()
     compiled = torch.compile(twin.to(sess.device), backend="remote")
