@@ -54,9 +54,13 @@ def compile_graph(graph: TemplateGraph, examples: Sequence[torch.Tensor], *, cud
     """``compile_fx`` of ``graph`` for inputs like ``examples``: a callable taking the same arguments."""
     from torch._inductor.compile_fx import compile_fx  # imports inductor: only where a template compiles
 
+    from torch._functorch import config as aot_config
+
     patches = {"triton.cudagraphs": True} if cuda_graphs else {}
     module = copy.deepcopy(graph.module)  # compile_fx takes its module over and may change it
-    with torch.enable_grad():  # as the runner runs: each step's own mode is in the graph
+    # outputs that require grad: AOT autograd compiles their backward now, here, not at the first backward
+    # step through them (which it would make wait for a compile)
+    with torch.enable_grad(), aot_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(module, list(examples), config_patches=patches)
 
 

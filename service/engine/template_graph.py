@@ -19,8 +19,10 @@ the structure of each result (a tuple, its ``None``s, what requires grad) is tor
 graph cannot hold exactly raises ``Unfit`` and the template runs the plain way: a call that is not
 ``replayable``, a ``set_requires_grad``, a higher-order grad, a grad given to a tensor that is not
 an input, an input that requires grad without being a leaf (its graph goes on outside the
-template), inputs that share memory, an output that requires grad (a graph the template does not
-close). A call whose entry has an argument contract (``OpEntry.check``: the fused optimizers', and
+template), inputs that share memory. An output that requires grad is the compiled graph's own (AOT
+autograd traces the forward and its backward, compiled both before the variant is ready): a backward
+step after the run goes through it, and a backward through that backward raises torch's own error
+(compiled graphs support no double backward; the plain way does). A call whose entry has an argument contract (``OpEntry.check``: the fused optimizers', and
 the value checks of the kernels that index memory) keeps it: the compiled run runs it first, on the
 real values of the inputs and on fake tensors of the layouts of what the template computes
 (``Check``); a contract that must read a computed value fails there, and the run goes the plain way.
@@ -203,12 +205,9 @@ class _Builder:
             except Exception as exc:  # torch refused it on fake tensors: the runner will say how
                 raise Unfit(f"step {index}: {type(exc).__name__}: {exc}") from None
         self._mode(True)
-        outputs = []
-        for name in self.template.outputs:
-            node = self._node(name)
-            if self.fakes[node].requires_grad:
-                raise Unfit(f"output {name!r} requires grad: its graph would go on outside the template")
-            outputs.append(node)
+        # an output that requires grad carries the compiled graph's own backward (AOT autograd's), which a
+        # backward step outside the template runs: torch.compile(model)'s forward, its backward eager
+        outputs = [self._node(name) for name in self.template.outputs]
         given, cleared, results = [], [], list(outputs)
         for k, state in sorted(self.grads.items()):
             if state is None:

@@ -22,7 +22,7 @@ from remote_autograd.service.engine.template_compile import Compiler
 
 from ...conftest import PROTOCOL_HEADERS
 from ..wire import new_id
-from .template_cases import Case, by_compiled_way, by_runner, call, ref, template_step, train_step
+from .template_cases import Case, by_compiled_way, by_runner, call, mlp_backward, ref, template_step, train_step
 
 pytestmark = pytest.mark.inductor
 
@@ -152,4 +152,40 @@ def test_a_template_runs_compiled_after_its_first_run_with_the_plain_ways_answer
     assert template_compile.COMPILER.figures()["compiled_runs"] - before == 3
     with _app() as c:  # off, the default
         plain = _train(c, 4)
+    torch.testing.assert_close(compiled, plain)
+
+
+def _forward_then_backward(c: httpx.Client, runs: int, between=lambda: None) -> dict:
+    """``torch.compile(model)``'s way: the forward a template whose loss requires grad, the backward a step of
+    its own after it; the losses, then the parameters' grads (accumulated over the runs)."""
+    case = mlp_backward()
+    forward = Case("forward", case.steps[:4], case.inputs, ["loss"])
+    sid = c.post("/v1/sessions").json()["session_id"]
+    puts = [{"kind": "put", "id": name, "value": encode_tensor(v, as_json=True), "requires_grad": rg}
+            for name, (v, rg, _) in forward.inputs.items()]
+    _program(c, sid, [*puts, template_step(forward, "forward")])
+    losses = []
+    for n in range(runs):
+        run = {"kind": "run_template", "template": "forward", "inputs": [{"ref": name} for name in forward.inputs],
+               "scalars": [], "out": [f"loss{n}"]}
+        results = _program(c, sid, [run, {"kind": "backward", "tensors": [f"loss{n}"]}, {"kind": "fetch", "id": f"loss{n}"}])
+        losses.append(decode_tensor(results[2]["tensor"]["value"]))
+        between()
+    grads = {name: decode_tensor(_program(c, sid, [{"kind": "fetch", "id": name, "value": False, "grad": True}])[0]
+                                 ["tensor"]["grad"]) for name in ("w1", "b1", "w2", "b2")}
+    return {"losses": losses, "grads": grads}
+
+
+def test_a_forward_template_whose_loss_requires_grad_runs_compiled_and_its_backward_after_it():
+    """The loss of a compiled run carries the compiled backward: a backward step after the run fills the
+    parameters' grads as the plain way does, within torch's tolerance (it was never compiled: "output
+    requires grad")."""
+    if template_compile.compiler_missing():
+        pytest.skip(template_compile.compiler_missing())
+    before = template_compile.COMPILER.figures()["compiled_runs"]
+    with _app(compile="on") as c:  # the first run without grads, the second with: two variants, two plain runs
+        compiled = _forward_then_backward(c, 4, between=lambda: template_compile.COMPILER.wait(timeout=600))
+    assert template_compile.COMPILER.figures()["compiled_runs"] - before == 2
+    with _app() as c:
+        plain = _forward_then_backward(c, 4)
     torch.testing.assert_close(compiled, plain)
