@@ -228,6 +228,11 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
 @_answers(torch.autograd.grad)
 def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
                    allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    if is_grads_batched:  # torch runs the backward under vmap: a torch.func transform (known-differences.md)
+        raise RuntimeError("torch.autograd.grad(..., is_grads_batched=True) on remote tensors: torch runs the "
+                           "backward under torch.func.vmap, which cannot run on tensors whose values live on the "
+                           "server. Call torch.autograd.grad once per row of grad_outputs (retain_graph=True), "
+                           "or torch.autograd.functional.jacobian without vectorize=True")
     single_input = isinstance(inputs, torch.Tensor)
     outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     inputs = [inputs] if single_input else list(inputs)

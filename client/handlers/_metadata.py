@@ -27,6 +27,7 @@ _answers = HANDLERS.on
 _answers(T.shape.__get__)(lambda t: torch.Size(t._shape))
 _answers(T.dtype.__get__)(lambda t: t._dtype)
 _answers(T.device.__get__)(lambda t: t._session.device)
+_answers(T.get_device, torch.get_device)(lambda t: t._session.device.index)  # as a cuda tensor's: its index
 _answers(T.ndim.__get__, T.dim, T.ndimension)(lambda t: len(t._shape))
 _answers(T.is_leaf.__get__)(lambda t: t._is_leaf or not t._rg)
 _answers(T.requires_grad.__get__)(lambda t: t._rg)

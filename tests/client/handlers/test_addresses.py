@@ -104,6 +104,18 @@ def test_torch_numel(sess):
     assert torch.numel(torch.ones(2, 3, device=sess.device)) == 6
 
 
+def test_get_device_and_parameters_to_vector(sess):
+    """``get_device()`` answers the device's index, as a cuda tensor's (``parameters_to_vector`` checks it)."""
+    x = torch.ones(2, device=sess.device)
+    assert x.get_device() == torch.get_device(x) == sess.device.index
+    local = nn.Linear(3, 2)
+    remote = copy.deepcopy(local).to(sess.device)
+    for m in (local, remote):
+        nn.utils.vector_to_parameters(nn.utils.parameters_to_vector(m.parameters()) * 2, m.parameters())
+    for got, want in zip(remote.parameters(), local.parameters()):
+        assert torch.equal(got.detach().cpu(), want.detach())
+
+
 def test_module_to_another_tensor_takes_its_device_and_dtype(sess):
     """botorch's ``self.to(train_X)``: torch reads the tensor's device and dtype."""
     train_x = torch.randn(4, 2, dtype=torch.float64)

@@ -198,3 +198,14 @@ def test_a_template_whose_program_failed_is_sent_again(sess):
         else:
             h.sum().backward()
     assert torch.equal(x.grad.cpu(), torch.full((3,), 10.0, dtype=torch.float64))
+
+
+
+def test_batched_grads_are_refused_naming_the_argument(sess):
+    """``is_grads_batched=True`` runs the backward under vmap (``jacobian(..., vectorize=True)`` too): refused at
+    the call (it was sent unbatched, and the server refused the grads' shape at the next sync)."""
+    x = torch.linspace(-1, 1, 4, device=sess.device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"is_grads_batched=True\) on remote tensors"):
+        torch.autograd.grad(x.sin(), x, torch.eye(4, device=sess.device), is_grads_batched=True)
+    with pytest.raises(RuntimeError, match="is_grads_batched"):
+        torch.autograd.functional.jacobian(torch.sin, x.detach(), vectorize=True)
