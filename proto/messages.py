@@ -96,11 +96,15 @@ class TensorHook(_Model):
     """A hook on a session tensor for one ``backward`` or ``grad`` step (``Tensor.register_hook``): when the
     gradient with respect to tensor ``id`` is computed, template ``template`` (one input, the gradient;
     one output, what replaces it) runs on it; or, with ``observe`` instead, the gradient is kept under that
-    new id for the client to run its hooks on after the step (hooks that read values)."""
+    new id for the client to run its hooks on after the step (hooks that read values). With
+    ``post_accumulate`` (and ``observe``; a ``backward`` step only): nothing is kept, ``observe`` is answered
+    among the ``observed`` when torch would accumulate the leaf's ``.grad``, for the client to run its
+    ``register_post_accumulate_grad_hook`` hooks then."""
 
     id: TensorRef
     template: TensorId | None = None
     observe: TensorId | None = None
+    post_accumulate: bool = False
 
 
 class BackwardStep(_Model):

@@ -138,7 +138,7 @@ def _with_hooks(session, step: dict) -> dict:
     """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``); the observed ones."""
     if not session._hooked:
         return {}
-    hooks, observed = hook_steps(session)
+    hooks, observed = hook_steps(session, step["kind"] == "backward")
     if hooks:
         step["hooks"] = hooks
     return observed

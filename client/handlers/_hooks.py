@@ -18,6 +18,15 @@ the gradient the hooks would have been given under it, and once the step has ans
 called them there (``run_observed``). Such hooks may only look: one that returns another gradient
 raises.
 Python a hook ran before its first read of a value ran once more as its recording was tried.
+
+``Tensor.register_post_accumulate_grad_hook`` on a remote leaf: its hooks take the parameter itself
+(an optimizer step per parameter looks its optimizer up by it), which no template stand-in can be, so
+they run here after the backward step, on the leaf whose ``.grad`` the step accumulated, in the order
+torch would have called them: the step names a ``post_accumulate`` observe id per hooked leaf, the server
+answers it among the ``observed`` as the leaf's gradient is ready (when torch's accumulation would run:
+only in a ``backward``, only for a leaf it fills). So the hook sees the ``.grad`` it would have seen in
+torch, except that the whole backward has run: a hook that reads another leaf's ``.grad`` sees it
+filled already (the SDK cannot tell such a read: see docs/known-differences.md).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ T = torch.Tensor
 HANDLERS = HandlerTable()
 _answers = HANDLERS.on
 _HOOKS = "_remote_hooks"  # a handle's own hooks (in its __dict__: only hooked handles carry them), by handle id
+_POST_HOOKS = "_remote_post_hooks"  # its post-accumulate grad hooks, likewise
 _OBSERVED = "_remote_hooks_observed"  # set in a handle's __dict__ once its hooks read values: observed from then on
 
 
@@ -47,27 +57,41 @@ class _ReadsValues(Exception):
 
 @_answers(T.register_hook)
 def _register_hook(t: RemoteTensor, hook) -> RemovableHandle:
+    return _register(t, _HOOKS, hook, "Tensor.register_hook")
+
+
+@_answers(T.register_post_accumulate_grad_hook)
+def _register_post_accumulate_grad_hook(t: RemoteTensor, hook) -> RemovableHandle:
+    if t._rg and not t._is_leaf:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+    return _register(t, _POST_HOOKS, hook, "Tensor.register_post_accumulate_grad_hook")
+
+
+def _register(t: RemoteTensor, key: str, hook, name: str) -> RemovableHandle:
+    """``hook`` kept on the handle in its ``__dict__[key]`` (torch's RemovableHandle removes it there)."""
     if not t._rg:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
     if isinstance(t._session, Recorder):  # a stand-in of a recording: nothing would ever run the hook
-        raise RuntimeError(f"Tensor.register_hook inside a recorded backward or compiled graph, on a remote tensor: "
+        raise RuntimeError(f"{name} inside a recorded backward or compiled graph, on a remote tensor: "
                            f"not supported ({where()})")
-    hooks = t.__dict__.get(_HOOKS)
+    hooks = t.__dict__.get(key)
     if hooks is None:
-        hooks = t.__dict__[_HOOKS] = OrderedDict()
+        hooks = t.__dict__[key] = OrderedDict()
         t._session._hooked[id(t)] = t
     handle = RemovableHandle(hooks)
     hooks[handle.id] = hook
     return handle
 
 
-def hook_steps(session: Any) -> tuple[list[dict], dict]:
+def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
     """The ``hooks`` of a backward or grad step about to be queued: each hooked tensor's hooks recorded now
-    (their templates queued first), or observed; and the observed ones, by ``observe`` id."""
+    (their templates queued first), or observed; then, for a step that ``accumulates`` into ``.grad`` (a
+    backward), the leaves' post-accumulate hooks; and the observed ones, by ``observe`` id."""
     found, observed = [], {}
-    for t in list(session._hooked.values()):
+    hooked = [t for t in list(session._hooked.values()) if t._id is not None]
+    for t in hooked:
         hooks = t.__dict__.get(_HOOKS)
-        if not hooks or t._id is None:
+        if not hooks:
             continue
         hooks = list(hooks.values())
         if not t.__dict__.get(_OBSERVED):
@@ -81,7 +105,13 @@ def hook_steps(session: Any) -> tuple[list[dict], dict]:
                 continue
         oid = session.new_id()
         found.append({"id": t._id, "observe": oid})
-        observed[oid] = (t, hooks)
+        observed[oid] = (t, hooks, False)
+    for t in hooked if accumulates else ():  # after every tensor hook: torch calls a leaf's hooks first
+        hooks = t.__dict__.get(_POST_HOOKS)
+        if hooks:
+            oid = session.new_id()
+            found.append({"id": t._id, "observe": oid, "post_accumulate": True})
+            observed[oid] = (t, list(hooks.values()), True)
     return found, observed
 
 
@@ -90,7 +120,13 @@ def run_observed(session: Any, observed: dict, order: list) -> None:
     step's ``observed``: the order torch called the hooks in; a tensor the backward did not reach is not there)."""
     at = where()  # the backward's line (inside a hook, where() names the hook's own)
     for oid in order:
-        t, hooks = observed[oid]
+        t, hooks, post_accumulate = observed[oid]
+        if post_accumulate:
+            for hook in hooks:
+                out = hook(t)
+                if out is not None and out is not t:  # torch's rule (the parameter itself passes) and words
+                    raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
+            continue
         grad = RemoteTensor._new(session, oid, t._shape, t._dtype)
         for hook in hooks:
             out = hook(grad)

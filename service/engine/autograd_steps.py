@@ -76,7 +76,8 @@ def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict
     """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute) as observed:
+    with _running(run, step.inputs is not None), \
+            tensor_hooks.registered(run, step.hooks, execute, accumulates=True) as observed:
         if not step.detect_anomaly:
             result = _backward(run, step, roots, observed)
         else:

@@ -13,6 +13,12 @@ the client names an ``observe`` id instead, and the gradient the hook would have
 (``observed_pairs``, counted and limited as new tensors: a step that fails, on their limit too, keeps
 none, as it keeps no ``.grad``) and answers them in the order torch called the hooks (``observed``),
 for the client to call its hooks on them then.
+
+A ``post_accumulate`` hook (``Tensor.register_post_accumulate_grad_hook``, run by the client) keeps no
+gradient: its ``observe`` id is noted in that order where torch would accumulate the leaf's ``.grad``. The
+step computes its grads with ``autograd.grad`` and accumulates them itself, so torch's own
+post-accumulate hooks never fire here; a hook on the leaf fires as its gradient is captured, which is
+where torch's engine would run its ``AccumulateGrad`` node (the same ready queue), so the order is torch's.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from .values import check_new_ids
 
 
 @contextlib.contextmanager
-def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> Iterator[dict | None]:
+def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute, accumulates: bool = False
+               ) -> Iterator[dict | None]:
     """The step's hooks on their tensors while it runs; yields the gradients observed so far, by ``observe``
-    id in the order their hooks ran (``None`` when no hook observes)."""
+    id in the order their hooks ran (``None`` when no hook observes; ``None`` for a ``post_accumulate`` id).
+    ``accumulates``: the step is a ``backward`` (the only one with post-accumulate hooks)."""
     if not hooks:
         yield None
         return
@@ -42,9 +50,18 @@ def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> It
     observed: dict | None = {} if observing else None
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
-        for hook in hooks:
+        # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
+        for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: give one of template and observe")
+            if hook.post_accumulate:
+                value = _accumulated_leaf(session, hook, accumulates)
+
+                def note(grad, oid=hook.observe):
+                    observed.setdefault(oid, None)
+
+                stack.callback(value.register_hook(note).remove)
+                continue
             if hook.observe is not None:
                 value = _hooked(session, hook.id)
 
@@ -78,10 +95,21 @@ def _hooked(session, tid: str):
     return value
 
 
+def _accumulated_leaf(session, hook: TensorHook, accumulates: bool):
+    if not accumulates or hook.observe is None or hook.template is not None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: a post_accumulate hook names observe "
+                            "alone, in a backward step")
+    value = _hooked(session, hook.id)
+    if value.grad_fn is not None:  # torch's words
+        raise ProtocolError(ErrorCode.OP_ERROR, f"hook on {hook.id!r}: post accumulate grad hooks cannot be "
+                            "registered on non-leaf tensors")
+    return value
+
+
 def observed_pairs(observed: dict | None) -> list[tuple[str, CustomTensor]]:
     """The observed gradients as new tensors of the session, to keep once the step succeeded (a failing step
     keeps none, as it keeps no ``.grad``)."""
-    return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items()]
+    return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items() if g is not None]
 
 
 def answer_observed(observed: dict | None, result: dict | None) -> dict | None:

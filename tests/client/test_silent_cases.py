@@ -107,16 +107,6 @@ def test_data_is_a_detached_alias_sharing_the_server_storage(sess):
         p.data = torch.zeros(2, 3, dtype=torch.float64)
 
 
-def test_hooks_the_sdk_cannot_honour_are_refused(sess):
-    """(``Tensor.register_hook`` runs inside the server's backward: ``handlers/test_hooks.py``.)"""
-    w = torch.randn(3, device=sess.device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported") as info:
-        w.register_post_accumulate_grad_hook(lambda p: None)
-    assert "custom op" not in str(info.value)
-    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported"):
-        w.register_post_accumulate_grad_hook(lambda p: None)
-
-
 @pytest.mark.parametrize("register", [nn.Module.register_full_backward_hook,
                                       nn.Module.register_full_backward_pre_hook])
 def test_module_backward_hooks_are_refused_where_torch_would_call_them(sess, register):

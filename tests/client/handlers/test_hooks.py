@@ -144,3 +144,61 @@ def test_a_compiled_step_meets_the_hooks_as_eager_code_does(sess):
             got = _compiled_step(sess.device)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g.cpu(), w)
+
+
+def _optimizer_in_backward(device):
+    """torch's "optimizer step in backward" idiom: one optimizer per parameter, looked up by the parameter
+    its post-accumulate hook is given, which clamps its ``.grad``, steps and frees it; the order torch calls
+    the hooks in, and the ``.grad`` each sees, noted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)).double().to(device)
+    optimizers = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9) for p in model.parameters()}
+    names = {p: name for name, p in model.named_parameters()}
+    seen = []
+
+    def step(p):
+        seen.append((names[p], p.grad.clone()))
+        p.grad.clamp_(-0.05, 0.05)
+        optimizers[p].step()
+        optimizers[p].zero_grad()  # (set_to_none: the .grad freed inside backward)
+
+    handles = [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for k in range(3):
+        if k == 2:
+            handles[0].remove()  # 0.weight: accumulated as before, no longer stepped
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())
+    return seen, [*losses, *(p.detach() for p in model.parameters()), model[0].weight.grad]
+
+
+def test_post_accumulate_grad_hooks_step_each_parameter_in_backward_as_on_the_cpu(sess):
+    (seen, got), (want_seen, want) = _optimizer_in_backward(sess.device), _optimizer_in_backward("cpu")
+    assert [name for name, _ in seen] == [name for name, _ in want_seen] and len(seen) == 11
+    for (_, g), (_, w) in zip(seen, want_seen):
+        torch.testing.assert_close(g.cpu(), w)
+    assert got[-1] is not None  # the unhooked weight's .grad, kept as torch keeps it
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_post_accumulate_grad_hooks_run_only_where_torch_accumulates(sess):
+    """Not in autograd.grad, not for a leaf a backward's ``inputs`` leave out; on a non-leaf: torch's error."""
+    for device in ("cpu", sess.device):
+        calls = []
+        w = torch.ones(3, dtype=torch.float64, device=device, requires_grad=True)
+        v = torch.ones(3, dtype=torch.float64, device=device, requires_grad=True)
+        for t in (w, v):
+            t.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.sum().item()))
+        torch.autograd.grad((w * v * 2).sum(), [w, v])
+        (w * v * 3).sum().backward(inputs=[v])
+        assert calls == [9.0], device
+        with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot be registered on non-leaf"):
+            (w * 2).register_post_accumulate_grad_hook(lambda p: None)
+        w.register_post_accumulate_grad_hook(lambda p: p)  # the parameter itself passes torch's check
+        w.sum().backward()
+        w.register_post_accumulate_grad_hook(lambda p: p * 2)
+        with pytest.raises(RuntimeError, match="should return None"):
+            w.sum().backward()

@@ -138,3 +138,22 @@ def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: s
     r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
         {"kind": "backward", "tensors": ["s"]}]}))
     expect_error(r, 413, None, "Huge.backward", "max_tensor_elements")
+
+
+def test_post_accumulate_ids_are_answered_where_torch_accumulates_and_keep_nothing(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), put_step("w", wire.tensor(x), True),
+                  call_step("mul", ref("x"), ref("w"), out=["y"]), call_step("sum", ref("y"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True, "inputs": ["x"],
+                             "hooks": [{"id": "x", "observe": "px", "post_accumulate": True},
+                                       {"id": "w", "observe": "pw", "post_accumulate": True},
+                                       {"id": "x", "observe": "ox"}]}])
+    assert results[0]["observed"] == ["ox", "px"]  # w is not filled; x's own hook first
+    assert wire.get(f"/v1/sessions/{sid}/tensors/px").status_code == 404  # nothing kept under it
+    for step, status, words in (({"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["gx"], "retain_graph": True},
+                                 400, "in a backward step"),
+                                ({"kind": "backward", "tensors": ["s"], "retain_graph": True}, 422, "non-leaf")):
+        hooked = "y" if status == 422 else "x"
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            {**step, "hooks": [{"id": hooked, "observe": "p2", "post_accumulate": True}]}]}))
+        expect_error(r, status, None, words)
