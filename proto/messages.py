@@ -107,6 +107,19 @@ class TensorHook(_Model):
     post_accumulate: bool = False
 
 
+class NodeHook(_Model):
+    """A hook on the node a ``function`` step named ``node`` (torch's module backward hooks, which torch puts on
+    its ``BackwardHookFunction``'s node), for one ``backward`` or ``grad`` step: when that node runs, the
+    gradients it reads, the node's ``grads`` (``"inputs"``: those it passes on; ``"outputs"``: those it is
+    given), are kept, each under its id in ``keep`` (one per gradient; one that is ``None`` is not kept),
+    and ``observe`` is answered among the ``observed`` then, for the client to run the hook after the step."""
+
+    node: TensorId
+    grads: Literal["inputs", "outputs"]
+    observe: TensorId
+    keep: list[TensorId] = Field(max_length=4096)
+
+
 class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
@@ -120,6 +133,7 @@ class BackwardStep(_Model):
     detect_anomaly: bool = False
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -136,6 +150,7 @@ class GradStep(_Model):
     detect_anomaly: bool = False
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):
@@ -251,7 +266,8 @@ class FunctionStep(_Model):
     (torch's reentrant checkpoint), refused under a ``grad`` step or a ``backward`` with ``inputs``.
     ``dirty``: indices of ``inputs`` the forward wrote in place (each is also an output: its history is
     rebased); ``non_differentiable``: indices of ``outputs``; ``once_differentiable``: a backward through
-    the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors."""
+    the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors. ``node``: an
+    id the session knows the node by (weakly: while the graph holds it) for later steps' ``node_hooks``."""
 
     kind: Literal["function"]
     name: str = Field(min_length=1, max_length=256)
@@ -267,6 +283,7 @@ class FunctionStep(_Model):
     live: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     once_differentiable: bool = False
     reentrant: bool = False
+    node: TensorId | None = None
 
 
 Step = Annotated[
@@ -332,6 +349,7 @@ class StepResult(_Model):
     tuple: bool | None = None
     no_grad: list[str] | None = None
     observed: list[str] | None = None
+    gone: list[str] | None = None
     tensor: TensorMessage | None = None
 
 

@@ -47,6 +47,10 @@ from . import _checkpoint
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 _ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
+# torch's Function for module backward hooks: its node is named to the server, and its outputs carry under
+# HOOK_NODE (in their __dict__) that id and the layouts of its inputs' and outputs' grads
+_BACKWARD_HOOK = torch.nn.modules._functions.BackwardHookFunction
+HOOK_NODE = "_remote_hook_node"
 
 
 class BackwardRecorder(Recorder):
@@ -56,6 +60,7 @@ class BackwardRecorder(Recorder):
     # the session's hooks are registered on the server for the backward or grad step that runs this one's
     # template: a backward inside it (a checkpoint's) meets them there, as torch's would
     _hooked: dict = {}
+    _node_hooks: dict = {}
 
     def __init__(self, session: Any, name: str, unsaved: str | None = None) -> None:
         super().__init__(session)
@@ -192,9 +197,14 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
                            f"it inside the server's backward): {err}{at}") from err
     returned = returned if isinstance(returned, tuple) else (returned,)
     grad_of = _grads_of_inputs(name, args, returned, recorder, grads, handles, at)
+    node = session.new_id() if cls is _BACKWARD_HOOK else None
     _send(session, recorder, name, inputs, tensors, nodes, bindings, grads, handles, live, live_handles, grad_of,
-          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None)
+          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None, node=node)
     _mark_outputs([*inputs, *live], tensors, nodes)
+    if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
+        layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
+        for o in tensors:
+            o.__dict__[HOOK_NODE] = (node, *layouts)
 
 
 def _own_tensors(returned: Any) -> Any:
@@ -299,8 +309,8 @@ def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: Backward
 
 
 def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: list, nodes: list, bindings: list,
-          grads: list, handles: list, live: list, live_handles: list, grad_of: list, once: bool, reentrant: bool
-          ) -> None:
+          grads: list, handles: list, live: list, live_handles: list, grad_of: list, once: bool, reentrant: bool,
+          node: str | None) -> None:
     bound = [g for g in grads if g is not None] + [h for h in handles if isinstance(h, RemoteTensor)] + live_handles
     bound_names = [h._id for h in bound]
     outs: list[str] = []
@@ -335,6 +345,8 @@ def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: li
         step["once_differentiable"] = True
     if reentrant:
         step["reentrant"] = True
+    if node is not None:
+        step["node"] = node
     session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in outputs]))
 
 

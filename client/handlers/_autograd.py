@@ -20,6 +20,7 @@ from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
 from ._hooks import hook_steps, run_observed
+from ._node_hooks import forget, node_hook_steps
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -135,13 +136,22 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
 
 
 def _with_hooks(session, step: dict) -> dict:
-    """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``); the observed ones."""
-    if not session._hooked:
-        return {}
-    hooks, observed = hook_steps(session, step["kind"] == "backward")
-    if hooks:
-        step["hooks"] = hooks
+    """The session's tensor hooks, recorded now, and its module backward hooks, named in ``step`` (``_hooks``,
+    ``_node_hooks``); what runs the observed ones, by id."""
+    observed: dict = {}
+    if session._hooked:
+        hooks, observed = hook_steps(session, step["kind"] == "backward")
+        if hooks:
+            step["hooks"] = hooks
+    if session._node_hooks:
+        step["node_hooks"], more = node_hook_steps(session)
+        observed.update(more)
     return observed
+
+
+def _run_observed(session, observed: dict, result: dict | None) -> None:
+    forget(session, (result or {}).get("gone"))
+    run_observed(observed, (result or {}).get("observed") or [])
 
 
 def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
@@ -149,18 +159,18 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
     if not observed:
         session.enqueue(step, origin, nbytes)
         return
-    order: list = []
+    answer: dict = {}
     correct = origin.on_result
 
     def on_result(result) -> None:
         if correct is not None:
             correct(result)
-        order.extend((result or {}).get("observed") or ())
+        answer.update(result or {})
 
     origin.on_result = on_result
     session.enqueue(step, origin, nbytes)
     session.flush()
-    run_observed(session, observed, order)
+    _run_observed(session, observed, answer)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -254,7 +264,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         result = session.take_result(index)
         metas = meta_from_result(result)
         if observed:
-            run_observed(session, observed, result.get("observed") or [])
+            _run_observed(session, observed, result)
         grads = []
         for m, inp in zip(metas, inputs):
             if m is None:

@@ -32,6 +32,7 @@ filled already (the SDK cannot tell such a read: see docs/known-differences.md).
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 import torch
@@ -86,7 +87,8 @@ def _register(t: RemoteTensor, key: str, hook, name: str) -> RemovableHandle:
 def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
     """The ``hooks`` of a backward or grad step about to be queued: each hooked tensor's hooks recorded now
     (their templates queued first), or observed; then, for a step that ``accumulates`` into ``.grad`` (a
-    backward), the leaves' post-accumulate hooks; and the observed ones, by ``observe`` id."""
+    backward), the leaves' post-accumulate hooks; and the observed ones: by ``observe`` id, what runs them
+    (``run_observed``)."""
     found, observed = [], {}
     hooked = [t for t in list(session._hooked.values()) if t._id is not None]
     for t in hooked:
@@ -105,36 +107,44 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
                 continue
         oid = session.new_id()
         found.append({"id": t._id, "observe": oid})
-        observed[oid] = (t, hooks, False)
+        observed[oid] = partial(_run_tensor_hooks, session, oid, t, hooks)
     for t in hooked if accumulates else ():  # after every tensor hook: torch calls a leaf's hooks first
         hooks = t.__dict__.get(_POST_HOOKS)
         if hooks:
             oid = session.new_id()
             found.append({"id": t._id, "observe": oid, "post_accumulate": True})
-            observed[oid] = (t, list(hooks.values()), True)
+            observed[oid] = partial(_run_post_accumulate_hooks, t, list(hooks.values()))
     return found, observed
 
 
-def run_observed(session: Any, observed: dict, order: list) -> None:
-    """The observed tensors' hooks, on the gradients the step kept for them, in the order ``order`` (the
-    step's ``observed``: the order torch called the hooks in; a tensor the backward did not reach is not there)."""
+def run_observed(observed: dict, order: list) -> None:
+    """The observed hooks (``observed``: what runs them, by id), in the order ``order`` (the step's
+    ``observed``: the order torch called the hooks in, with the ids of what it kept; a tensor or node the
+    backward did not reach is not there)."""
     at = where()  # the backward's line (inside a hook, where() names the hook's own)
+    present = frozenset(order)
     for oid in order:
-        t, hooks, post_accumulate = observed[oid]
-        if post_accumulate:
-            for hook in hooks:
-                out = hook(t)
-                if out is not None and out is not t:  # torch's rule (the parameter itself passes) and words
-                    raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
-            continue
-        grad = RemoteTensor._new(session, oid, t._shape, t._dtype)
-        for hook in hooks:
-            out = hook(grad)
-            if out is not None and out is not grad:  # (returning the gradient it was given changes nothing)
-                name = getattr(hook, "__qualname__", type(hook).__name__)
-                raise RuntimeError(f"the hook {name} on a remote tensor reads the gradient's values and returns a "
-                                   "new gradient: a hook that changes the gradient runs inside the server's backward, "
-                                   f"where values cannot be read on the client ({at})")
+        run = observed.get(oid)
+        if run is not None:  # (not a gradient kept for a node's hooks)
+            run(present, at)
+
+
+def _run_tensor_hooks(session: Any, oid: str, t: RemoteTensor, hooks: list, present: frozenset, at: str) -> None:
+    grad = RemoteTensor._new(session, oid, t._shape, t._dtype)
+    for hook in hooks:
+        out = hook(grad)
+        if out is not None and out is not grad:  # (returning the gradient it was given changes nothing)
+            name = getattr(hook, "__qualname__", type(hook).__name__)
+            raise RuntimeError(f"the hook {name} on a remote tensor reads the gradient's values and returns a "
+                               "new gradient: a hook that changes the gradient runs inside the server's backward, "
+                               f"where values cannot be read on the client ({at})")
+
+
+def _run_post_accumulate_hooks(t: RemoteTensor, hooks: list, present: frozenset, at: str) -> None:
+    for hook in hooks:
+        out = hook(t)
+        if out is not None and out is not t:  # torch's rule (the parameter itself passes) and words
+            raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
 
 
 def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:

@@ -27,7 +27,7 @@ import contextlib
 from typing import Iterator
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.messages import TensorHook
+from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, TensorHook
 
 from ..sessions.custom_tensor import CustomTensor
 from .program_run import ProgramRun
@@ -37,25 +37,33 @@ from .values import check_new_ids
 
 
 @contextlib.contextmanager
-def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute, accumulates: bool = False
-               ) -> Iterator[dict | None]:
-    """The step's hooks on their tensors while it runs; yields the gradients observed so far, by ``observe``
-    id in the order their hooks ran (``None`` when no hook observes; ``None`` for a ``post_accumulate`` id).
-    ``accumulates``: the step is a ``backward`` (the only one with post-accumulate hooks)."""
-    if not hooks:
+def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute) -> Iterator[dict | None]:
+    """The step's hooks on their tensors and nodes while it runs; yields the gradients observed so far, by
+    ``observe`` or ``keep`` id in the order their hooks ran (``None`` when no hook observes; ``None`` for an
+    id that keeps nothing: a ``post_accumulate`` one, a node hook's ``observe``)."""
+    hooks, node_hooks = step.hooks, step.node_hooks
+    if not hooks and not node_hooks:
         yield None
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]
-    observed: dict | None = {} if observing else None
+    for h in node_hooks:
+        observing += [h.observe, *h.keep]
+    observed: _Observed | None = _Observed() if observing else None
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
+        for node_hook in node_hooks:
+            node = session.nodes.get(node_hook.node)
+            if node is None:  # no graph holds it any more: it runs no more (the client forgets its hooks)
+                observed.gone.append(node_hook.node)
+                continue
+            stack.callback(node.register_hook(_keeping(node_hook, observed)).remove)
         # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
         for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: give one of template and observe")
             if hook.post_accumulate:
-                value = _accumulated_leaf(session, hook, accumulates)
+                value = _accumulated_leaf(session, hook, step.kind == "backward")
 
                 def note(grad, oid=hook.observe):
                     observed.setdefault(oid, None)
@@ -95,6 +103,30 @@ def _hooked(session, tid: str):
     return value
 
 
+class _Observed(dict):
+    """The kept gradients by id, in the order their hooks ran; ``gone``: the nodes named that no graph holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone: list[str] = []
+
+
+def _keeping(hook: NodeHook, observed: dict):
+    """A hook for the node of ``hook``: it notes the node and keeps its gradients as it runs (torch passes a
+    node's hook the gradients it passes on and those it was given)."""
+    def keep(grad_inputs, grad_outputs):
+        grads = grad_inputs if hook.grads == "inputs" else grad_outputs
+        if len(grads) != len(hook.keep):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"node hook on {hook.node!r}: keep names {len(hook.keep)} "
+                                f"ids for the node's {len(grads)} grad {hook.grads}")
+        observed.setdefault(hook.observe, None)
+        for tid, g in zip(hook.keep, grads):
+            if g is not None:
+                observed.setdefault(tid, g.detach().clone())
+
+    return keep
+
+
 def _accumulated_leaf(session, hook: TensorHook, accumulates: bool):
     if not accumulates or hook.observe is None or hook.template is not None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: a post_accumulate hook names observe "
@@ -114,4 +146,9 @@ def observed_pairs(observed: dict | None) -> list[tuple[str, CustomTensor]]:
 
 def answer_observed(observed: dict | None, result: dict | None) -> dict | None:
     """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran)."""
-    return result if observed is None else {**(result or {}), "observed": list(observed)}
+    if observed is None:
+        return result
+    answer = {**(result or {}), "observed": list(observed)}
+    if observed.gone:
+        answer["gone"] = observed.gone
+    return answer

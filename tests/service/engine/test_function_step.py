@@ -157,3 +157,23 @@ def test_post_accumulate_ids_are_answered_where_torch_accumulates_and_keep_nothi
         r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
             {**step, "hooks": [{"id": hooked, "observe": "p2", "post_accumulate": True}]}]}))
         expect_error(r, status, None, words)
+
+
+def test_node_hooks_keep_the_named_nodes_gradients_and_answer_the_nodes_gone(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True),
+                  {**call_step("mul", ref("x"), 1, out=["y"]), "grad_enabled": False},
+                  {"kind": "function", "name": "Identity", "inputs": ["x"], "outputs": ["y"], "grads": [0],
+                   "node": "n1"},
+                  call_step("mul", ref("y"), 3, out=["z"]), call_step("sum", ref("z"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True, "node_hooks": [
+        {"node": "n1", "grads": "outputs", "observe": "e1", "keep": ["k1"]},
+        {"node": "n0", "grads": "inputs", "observe": "e0", "keep": ["k0"]}]}])
+    assert results[0]["observed"] == ["e1", "k1"] and results[0]["gone"] == ["n0"]
+    assert torch.equal(decode_tensor(decode(wire.get(f"/v1/sessions/{sid}/tensors/k1"))["value"]),
+                       torch.full((2,), 3.0, dtype=torch.float64))
+    r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+        {"kind": "backward", "tensors": ["s"], "retain_graph": True,
+         "node_hooks": [{"node": "n1", "grads": "inputs", "observe": "e2", "keep": ["k2", "k3"]}]}]}))
+    expect_error(r, 400, None, "keep names 2 ids")
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((2,), 3.0, dtype=torch.float64))  # committed once
