@@ -120,6 +120,20 @@ class NodeHook(_Model):
     keep: list[TensorId] = Field(max_length=4096)
 
 
+class ModuleHook(_Model):
+    """torch's backward hooks of one module call that return new gradients, recorded into template
+    ``template`` (its inputs: the gradients the node ``outputs_node`` is given, then those the node
+    ``inputs_node`` passes on; ``null``: no such node; ``template`` ``null``: one that computes nothing), run
+    inside a ``backward`` or ``grad`` step: each node passes on, in place of its gradients, ``outputs`` /
+    ``inputs`` (one per gradient: an index into the template's inputs, then its outputs; ``null``: none)."""
+
+    outputs_node: TensorId | None = None
+    inputs_node: TensorId | None = None
+    template: TemplateId | None = None
+    outputs: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+    inputs: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+
+
 class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
@@ -134,6 +148,7 @@ class BackwardStep(_Model):
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -151,6 +166,7 @@ class GradStep(_Model):
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):

@@ -205,6 +205,8 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
         layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
         for o in tensors:
             o.__dict__[HOOK_NODE] = (node, *layouts)
+            if o._rg:  # the node among the "leaves" its gradient flows to: a backward from a tensor reaches it
+                o._leaves = o._leaves | {node}
 
 
 def _own_tensors(returned: Any) -> Any:

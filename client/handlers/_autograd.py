@@ -135,28 +135,29 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
     queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
 
 
-def _with_hooks(session, step: dict) -> dict:
-    """The session's tensor hooks, recorded now, and its module backward hooks, named in ``step`` (``_hooks``,
-    ``_node_hooks``); what runs the observed ones, by id."""
+def _with_hooks(session, step: dict, roots: list) -> dict:
+    """The session's tensor hooks, recorded now, and the module backward hooks a backward from ``roots``
+    reaches, named in ``step`` (``_hooks``, ``_node_hooks``); what runs the observed ones, by id."""
     observed: dict = {}
     if session._hooked:
         hooks, observed = hook_steps(session, step["kind"] == "backward")
         if hooks:
             step["hooks"] = hooks
     if session._node_hooks:
-        step["node_hooks"], more = node_hook_steps(session)
+        reached = frozenset().union(*(t._leaves for t in roots if t._rg))
+        node_hooks, module_hooks, more = node_hook_steps(session, reached)
+        if node_hooks:
+            step["node_hooks"] = node_hooks
+        if module_hooks:
+            step["module_hooks"] = module_hooks
         observed.update(more)
     return observed
 
 
-def _run_observed(session, observed: dict, result: dict | None) -> None:
-    forget(session, (result or {}).get("gone"))
-    run_observed(observed, (result or {}).get("observed") or [])
-
-
 def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
-    """Queue ``step``; with observed hooks, wait for its answer and run them on what it kept (``_hooks``)."""
-    if not observed:
+    """Queue ``step``; with observed hooks or module hooks, wait for its answer, forget the nodes it answers
+    gone (``_node_hooks``) and run the observed hooks on what it kept (``_hooks``)."""
+    if not observed and "module_hooks" not in step:
         session.enqueue(step, origin, nbytes)
         return
     answer: dict = {}
@@ -165,12 +166,14 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
     def on_result(result) -> None:
         if correct is not None:
             correct(result)
+        forget(session, (result or {}).get("gone"))
         answer.update(result or {})
 
     origin.on_result = on_result
     session.enqueue(step, origin, nbytes)
+    # (module hooks may pass None on, where the prediction of which .grad is None did not look: its answer first)
     session.flush()
-    _run_observed(session, observed, answer)
+    run_observed(observed, answer.get("observed") or [])
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -192,7 +195,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
     session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step)
+    observed = _with_hooks(session, step, tensors)
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -243,7 +246,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
     session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step)
+    observed = _with_hooks(session, step, outputs)
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)
@@ -263,8 +266,9 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
         result = session.take_result(index)
         metas = meta_from_result(result)
+        forget(session, result.get("gone"))
         if observed:
-            _run_observed(session, observed, result)
+            run_observed(observed, result.get("observed") or [])
         grads = []
         for m, inp in zip(metas, inputs):
             if m is None:

@@ -30,6 +30,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, TensorHook
 
 from ..sessions.custom_tensor import CustomTensor
+from . import module_hooks
 from .program_run import ProgramRun
 from .templates import Execute, GradStandIn
 from .user_functions import run_bound
@@ -42,14 +43,14 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
     ``observe`` or ``keep`` id in the order their hooks ran (``None`` when no hook observes; ``None`` for an
     id that keeps nothing: a ``post_accumulate`` one, a node hook's ``observe``)."""
     hooks, node_hooks = step.hooks, step.node_hooks
-    if not hooks and not node_hooks:
+    if not hooks and not node_hooks and not step.module_hooks:
         yield None
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]
     for h in node_hooks:
         observing += [h.observe, *h.keep]
-    observed: _Observed | None = _Observed() if observing else None
+    observed: _Observed | None = _Observed() if observing or step.module_hooks else None
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
         for node_hook in node_hooks:
@@ -58,6 +59,8 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
                 observed.gone.append(node_hook.node)
                 continue
             stack.callback(node.register_hook(_keeping(node_hook, observed)).remove)
+        for module_hook in step.module_hooks:  # after: a node's gradients are kept as its hooks were given them
+            module_hooks.register(run, module_hook, execute, stack, observed.gone)
         # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
         for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):

@@ -112,13 +112,59 @@ def test_a_hook_that_stores_its_gradients_on_the_module_trains_as_on_the_cpu(ses
         torch.testing.assert_close(got.cpu(), want)
 
 
-@pytest.mark.parametrize("pre", [False, True], ids=["hook", "pre_hook"])
-def test_a_module_hook_that_returns_new_gradients_raises_at_the_backward(sess, pre):
+def _replacing(device):
+    """Hooks that return new gradients (run inside the server's backward): a pre-hook that clamps the
+    gradients a module is given, a full hook that scales the gradient of its input by a factor that changes
+    between steps, a global hook that passes on None (no gradient); and a lambda that keeps the gradients it
+    is given (they are the gradients after the step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    factor = {"k": 0.5}
+    kept = []
+    model[2].register_full_backward_pre_hook(lambda m, go: (go[0].clamp(-0.2, 0.2),))
+    model[2].register_full_backward_hook(lambda m, gi, go: (gi[0] * factor["k"],))
+    model[0].register_full_backward_hook(lambda m, gi, go: kept.append(go))
+    x = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(device)
+    found = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = model(x.clone().requires_grad_()).pow(2).sum()
+        loss.backward()
+        opt.step()
+        factor["k"] *= 3
+        found += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+    return [*found, *(go[0] for go in kept), *(p.detach() for p in model.parameters())]
+
+
+def test_module_hooks_that_return_new_gradients_change_them_as_torchs_do(sess):
+    for got, want in zip(_replacing(sess.device), _replacing("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def _input_grads_with_none(device):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 3).double().to(device)
+    handle = module_hooks.register_module_full_backward_hook(lambda m, gi, go: (None,))
+    try:
+        x = torch.ones(2, 3, dtype=torch.float64, device=device, requires_grad=True)
+        w = torch.ones(2, 3, dtype=torch.float64, device=device, requires_grad=True)
+        (model(x) * w).sum().backward()
+    finally:
+        handle.remove()
+    return x.grad, w.grad, model.weight.grad
+
+
+def test_a_global_hook_that_passes_no_gradient_on_leaves_it_none(sess):
+    got, want = _input_grads_with_none(sess.device), _input_grads_with_none("cpu")
+    assert got[0] is None and want[0] is None
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_a_module_hook_that_reads_values_and_returns_new_gradients_raises_at_the_backward(sess):
     model = nn.Linear(3, 3).double().to(sess.device)
-    if pre:
-        model.register_full_backward_pre_hook(lambda m, go: (go[0] * 2,))
-    else:
-        model.register_full_backward_hook(lambda m, gi, go: (gi[0] * 2,))
+    model.register_full_backward_hook(lambda m, gi, go: (gi[0] / gi[0].norm().item(),))
     loss = model(torch.ones(2, 3, dtype=torch.float64, device=sess.device, requires_grad=True)).sum()
     line = _line(2)
     with pytest.raises(RuntimeError, match="returned new gradients") as info:
