@@ -31,6 +31,7 @@ filled already (the SDK cannot tell such a read: see docs/known-differences.md).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -98,10 +99,14 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
         hooks = list(hooks.values())
         if not t.__dict__.get(_OBSERVED):
             try:
-                tid = _record_hooks(session, t, hooks)
+                tid, kept = _record_hooks(session, t, hooks)
             except _ReadsValues:
                 t.__dict__[_OBSERVED] = True
             else:
+                if kept is not None:  # the gradient kept as the hooks are given it: before they run there
+                    oid = session.new_id()
+                    found.append({"id": t._id, "observe": oid})
+                    observed[oid] = lambda present, at, ref=kept, oid=oid: rebind(session, ref, oid, present)
                 if tid is not None:
                     found.append({"id": t._id, "template": tid})
                 continue
@@ -147,7 +152,10 @@ def _run_post_accumulate_hooks(t: RemoteTensor, hooks: list, present: frozenset,
             raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
 
 
-def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:
+def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> tuple[str | None, weakref.ref | None]:
+    """The template of ``t``'s hooks recorded on a stand-in of its gradient (None: every hook returned None),
+    and that stand-in if a hook kept it (appended it to a list): to be made the gradient itself after the
+    step (``rebind``)."""
     name = f"a hook on a remote tensor ({', '.join(getattr(h, '__qualname__', type(h).__name__) for h in hooks)})"
     recorder = BackwardRecorder(session, name, f"{name} reads a remote tensor it is not given (a hook gets its "
                                 f"gradient only): compute it from the gradient, or after backward ({where()})")
@@ -170,8 +178,23 @@ def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> str | None:
         result = record(session, recorder, name, run_hooks)
     except Untranslatable:
         raise _ReadsValues() from None
-    if result is grad:  # every hook returned None: nothing to run there (its side effects happened here)
-        return None
-    template = recorder.template([grad], [result])
-    session.ensure_template(template["id"], template)
-    return template["id"]
+    tid = None
+    if result is not grad:  # (every hook returned None: nothing to run there; its side effects happened here)
+        template = recorder.template([grad], [result])
+        session.ensure_template(template["id"], template)
+        tid = template["id"]
+    ref = weakref.ref(grad)
+    del grad, result
+    return tid, ref if ref() is not None else None
+
+
+def rebind(session: Any, ref: weakref.ref, kid: str, present: frozenset) -> None:
+    """A stand-in a hook kept, made a handle of the gradient the server kept for it under ``kid`` (one the
+    backward did not reach stays a stand-in: reading it raises)."""
+    if kid not in present:
+        return
+    h = ref()
+    if h is None:  # (not kept after all: the server's copy goes)
+        session._free_later(kid)
+    else:
+        h._session, h._id = session, kid

@@ -33,6 +33,7 @@ from ..dispatch._user_functions import BackwardRecorder, record
 from ..session._callsite import where
 from ..session._recorder import Untranslatable
 from ..tensor._tensor import RemoteTensor
+from ._hooks import rebind
 
 # what each of torch's BackwardHook closures reads (torch.utils.hooks): the grads its node passes on, or those
 # it is given
@@ -226,16 +227,8 @@ def _picks(name: str, recorder: Any, returned: tuple | None, grads: list, bound:
 
 
 def _rebind(session: Any, refs: list, reads: str, kept: list, present: frozenset, at: str) -> None:
-    """The stand-ins a hook kept, made handles of the gradients the server kept for them (one for a gradient
-    the backward did not have stays a stand-in: reading it raises)."""
     for ref, (kid, _) in zip(refs, kept):
-        if kid not in present:
-            continue
-        h = ref()
-        if h is None:  # (not kept after all: the server's copy goes)
-            session._free_later(kid)
-        else:
-            h._session, h._id = session, kid
+        rebind(session, ref, kid, present)
 
 
 def forget(session: Any, gone: list | None) -> None:

@@ -202,3 +202,20 @@ def test_post_accumulate_grad_hooks_run_only_where_torch_accumulates(sess):
         w.register_post_accumulate_grad_hook(lambda p: p * 2)
         with pytest.raises(RuntimeError, match="should return None"):
             w.sum().backward()
+
+
+def _kept_by_hooks(device):
+    """Hooks that keep the gradient they are given (a list's append, the idiom for inspecting gradients),
+    one of them also changing it."""
+    w = torch.linspace(-1, 1, 4, dtype=torch.float64).to(device).requires_grad_()
+    kept = []
+    y = w * 3
+    y.register_hook(lambda grad: kept.append(grad))
+    w.register_hook(lambda grad: kept.append(grad) or grad * 2)
+    (y * y).sum().backward()
+    return [*kept, w.grad]
+
+
+def test_a_gradient_a_hook_keeps_is_the_gradient_after_the_backward(sess):
+    for got, want in zip(_kept_by_hooks(sess.device), _kept_by_hooks("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
