@@ -366,6 +366,7 @@ class StepResult(_Model):
     no_grad: list[str] | None = None
     observed: list[str] | None = None
     gone: list[str] | None = None
+    accumulated: list[str] | None = None
     tensor: TensorMessage | None = None
 
 

@@ -19,7 +19,7 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
-from ._hooks import hook_steps, run_observed
+from ._hooks import NOT_ACCUMULATED, hook_steps, run_observed
 from ._node_hooks import forget, node_hook_steps
 
 T = torch.Tensor
@@ -93,11 +93,24 @@ def _retains_grad(t):
 
 @_answers(T.grad.__get__, T._grad.__get__)
 def _grad_get(t):
+    _check_accumulated(t)
     return t._grad_handle() if t._has_grad else None
+
+
+def _check_accumulated(t) -> None:
+    """Inside a post-accumulate hook (run after the backward, ``_hooks``): the ``.grad`` of a leaf torch would
+    accumulate only later in that backward is refused (torch's hook would see it as it was before)."""
+    hooked = t.__dict__.get(NOT_ACCUMULATED)
+    if hooked is not None:
+        raise RuntimeError("a post accumulate grad hook on a remote tensor reads or sets the .grad of another leaf "
+                           "that torch's backward accumulates after the hooked one (so torch's hook would see its "
+                           "old .grad; the SDK runs these hooks after the whole backward, where it holds the new "
+                           f"one): read only the hooked tensor's own .grad there ({where()})")
 
 
 @_answers(T.grad.__set__, T._grad.__set__)
 def _grad_set(t, value):
+    _check_accumulated(t)
     if value is None:
         ref = None
     else:
@@ -173,7 +186,7 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
     session.enqueue(step, origin, nbytes)
     # (module hooks may pass None on, where the prediction of which .grad is None did not look: its answer first)
     session.flush()
-    run_observed(observed, answer.get("observed") or [])
+    run_observed(observed, answer)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -268,7 +281,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         metas = meta_from_result(result)
         forget(session, result.get("gone"))
         if observed:
-            run_observed(observed, result.get("observed") or [])
+            run_observed(observed, result)
         grads = []
         for m, inp in zip(metas, inputs):
             if m is None:

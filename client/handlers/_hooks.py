@@ -25,8 +25,9 @@ they run here after the backward step, on the leaf whose ``.grad`` the step accu
 torch would have called them: the step names a ``post_accumulate`` observe id per hooked leaf, the server
 answers it among the ``observed`` as the leaf's gradient is ready (when torch's accumulation would run:
 only in a ``backward``, only for a leaf it fills). So the hook sees the ``.grad`` it would have seen in
-torch, except that the whole backward has run: a hook that reads another leaf's ``.grad`` sees it
-filled already (the SDK cannot tell such a read: see docs/known-differences.md).
+torch, except that the whole backward has run: the step also answers the order it filled every leaf in
+(``accumulated``), and while a leaf's hooks run the ``.grad`` of the leaves filled after it is refused
+(``NOT_ACCUMULATED``: torch's hook would have seen their old one).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ HANDLERS = HandlerTable()
 _answers = HANDLERS.on
 _HOOKS = "_remote_hooks"  # a handle's own hooks (in its __dict__: only hooked handles carry them), by handle id
 _POST_HOOKS = "_remote_post_hooks"  # its post-accumulate grad hooks, likewise
+NOT_ACCUMULATED = "_remote_not_accumulated"  # while a post-accumulate hook runs: a leaf torch accumulates later
 _OBSERVED = "_remote_hooks_observed"  # set in a handle's __dict__ once its hooks read values: observed from then on
 
 
@@ -106,7 +108,7 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
                 if kept is not None:  # the gradient kept as the hooks are given it: before they run there
                     oid = session.new_id()
                     found.append({"id": t._id, "observe": oid})
-                    observed[oid] = lambda present, at, ref=kept, oid=oid: rebind(session, ref, oid, present)
+                    observed[oid] = lambda answer, at, ref=kept, oid=oid: rebind(session, ref, oid, answer.present)
                 if tid is not None:
                     found.append({"id": t._id, "template": tid})
                 continue
@@ -122,19 +124,29 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
     return found, observed
 
 
-def run_observed(observed: dict, order: list) -> None:
-    """The observed hooks (``observed``: what runs them, by id), in the order ``order`` (the step's
-    ``observed``: the order torch called the hooks in, with the ids of what it kept; a tensor or node the
+class Answer:
+    """What an observed hook reads of its step's answer: the ids kept or noted (``present``), and the order
+    the backward accumulated its leaves in (``accumulated``: with post-accumulate hooks)."""
+
+    def __init__(self, result: dict) -> None:
+        self.order = result.get("observed") or []
+        self.present = frozenset(self.order)
+        self.accumulated = result.get("accumulated") or []
+
+
+def run_observed(observed: dict, result: dict) -> None:
+    """The observed hooks (``observed``: what runs them, by id), in the order of the step's ``observed``
+    (``result``'s: the order torch called the hooks in, with the ids of what it kept; a tensor or node the
     backward did not reach is not there)."""
     at = where()  # the backward's line (inside a hook, where() names the hook's own)
-    present = frozenset(order)
-    for oid in order:
+    answer = Answer(result)
+    for oid in answer.order:
         run = observed.get(oid)
         if run is not None:  # (not a gradient kept for a node's hooks)
-            run(present, at)
+            run(answer, at)
 
 
-def _run_tensor_hooks(session: Any, oid: str, t: RemoteTensor, hooks: list, present: frozenset, at: str) -> None:
+def _run_tensor_hooks(session: Any, oid: str, t: RemoteTensor, hooks: list, answer: Answer, at: str) -> None:
     grad = RemoteTensor._new(session, oid, t._shape, t._dtype)
     for hook in hooks:
         out = hook(grad)
@@ -145,11 +157,21 @@ def _run_tensor_hooks(session: Any, oid: str, t: RemoteTensor, hooks: list, pres
                                f"where values cannot be read on the client ({at})")
 
 
-def _run_post_accumulate_hooks(t: RemoteTensor, hooks: list, present: frozenset, at: str) -> None:
-    for hook in hooks:
-        out = hook(t)
-        if out is not None and out is not t:  # torch's rule (the parameter itself passes) and words
-            raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
+def _run_post_accumulate_hooks(t: RemoteTensor, hooks: list, answer: Answer, at: str) -> None:
+    """``t``'s hooks, with the ``.grad`` of the leaves torch would accumulate after ``t`` unreadable (torch's
+    hook would see them as they were before this backward; these run after it)."""
+    later = answer.accumulated[answer.accumulated.index(t._id) + 1:] if t._id in answer.accumulated else []
+    pending = [leaf for leaf in (t._session._grad_tracked.get(i) for i in later) if leaf is not None]
+    for leaf in pending:
+        leaf.__dict__[NOT_ACCUMULATED] = t
+    try:
+        for hook in hooks:
+            out = hook(t)
+            if out is not None and out is not t:  # torch's rule (the parameter itself passes) and words
+                raise RuntimeError(f"Tensor post accumulate grad hooks should return None. ({at})")
+    finally:
+        for leaf in pending:
+            leaf.__dict__.pop(NOT_ACCUMULATED, None)
 
 
 def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> tuple[str | None, weakref.ref | None]:

@@ -33,7 +33,7 @@ from ..dispatch._user_functions import BackwardRecorder, record
 from ..session._callsite import where
 from ..session._recorder import Untranslatable
 from ..tensor._tensor import RemoteTensor
-from ._hooks import rebind
+from ._hooks import Answer, rebind
 
 # what each of torch's BackwardHook closures reads (torch.utils.hooks): the grads its node passes on, or those
 # it is given
@@ -226,9 +226,9 @@ def _picks(name: str, recorder: Any, returned: tuple | None, grads: list, bound:
     return picks
 
 
-def _rebind(session: Any, refs: list, reads: str, kept: list, present: frozenset, at: str) -> None:
+def _rebind(session: Any, refs: list, reads: str, kept: list, answer: Answer, at: str) -> None:
     for ref, (kid, _) in zip(refs, kept):
-        rebind(session, ref, kid, present)
+        rebind(session, ref, kid, answer.present)
 
 
 def forget(session: Any, gone: list | None) -> None:
@@ -237,10 +237,10 @@ def forget(session: Any, gone: list | None) -> None:
         session._node_hooks.pop(node, None)
 
 
-def _run(session: Any, fn, reads: str, kept: list, present: frozenset, at: str) -> None:
+def _run(session: Any, fn, reads: str, kept: list, answer: Answer, at: str) -> None:
     """torch's closure ``fn`` on the gradients kept for it, as torch's node calls it (``None`` for one the
     node did not have)."""
-    grads = tuple(RemoteTensor._new(session, kid, shape, dtype) if kid in present else None
+    grads = tuple(RemoteTensor._new(session, kid, shape, dtype) if kid in answer.present else None
                   for kid, (shape, dtype) in kept)
     out = fn(grads, None) if reads == "inputs" else fn(None, grads)
     if out is not None and (len(out) != len(grads) or any(o is not g for o, g in zip(out, grads))):

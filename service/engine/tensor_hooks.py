@@ -61,6 +61,8 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
             stack.callback(node.register_hook(_keeping(node_hook, observed)).remove)
         for module_hook in step.module_hooks:  # after: a node's gradients are kept as its hooks were given them
             module_hooks.register(run, module_hook, execute, stack, observed.gone)
+        if any(h.post_accumulate for h in hooks) and step.kind == "backward":
+            _note_accumulation(session, observed, stack)
         # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
         for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):
@@ -107,11 +109,27 @@ def _hooked(session, tid: str):
 
 
 class _Observed(dict):
-    """The kept gradients by id, in the order their hooks ran; ``gone``: the nodes named that no graph holds."""
+    """The kept gradients by id, in the order their hooks ran; ``gone``: the nodes named that no graph holds;
+    ``accumulated``: with post-accumulate hooks, the session's leaves in the order the backward filled them."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gone: list[str] = []
+        self.accumulated: list[str] | None = None
+
+
+def _note_accumulation(session, observed: _Observed, stack: contextlib.ExitStack) -> None:
+    """Every leaf of the session noted as its gradient is captured (where torch would accumulate it): the
+    client refuses a post-accumulate hook's read of a ``.grad`` torch would fill only later."""
+    observed.accumulated = []
+    for tid, ct in list(session.tensors.items()):
+        value = ct.value
+        if value.requires_grad and value._base is None and value.is_leaf:
+
+            def note(grad, tid=tid):
+                observed.accumulated.append(tid)
+
+            stack.callback(value.register_hook(note).remove)
 
 
 def _keeping(hook: NodeHook, observed: dict):
@@ -154,4 +172,6 @@ def answer_observed(observed: dict | None, result: dict | None) -> dict | None:
     answer = {**(result or {}), "observed": list(observed)}
     if observed.gone:
         answer["gone"] = observed.gone
+    if observed.accumulated is not None:
+        answer["accumulated"] = observed.accumulated
     return answer

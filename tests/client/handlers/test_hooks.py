@@ -219,3 +219,21 @@ def _kept_by_hooks(device):
 def test_a_gradient_a_hook_keeps_is_the_gradient_after_the_backward(sess):
     for got, want in zip(_kept_by_hooks(sess.device), _kept_by_hooks("cpu"), strict=True):
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_post_accumulate_hook_that_reads_a_grad_torch_fills_later_is_refused(sess):
+    """torch calls the bias's hook before the weight's gradient is accumulated (the hook would see the
+    weight's old .grad); the SDK runs the hooks after the backward, so that read raises. Its own .grad,
+    and that of a leaf accumulated before it, are read as torch's."""
+    model = nn.Linear(3, 1).double().to(sess.device)
+    order = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: order.append(("w", model.bias.grad.sum().item())))
+    model.bias.register_post_accumulate_grad_hook(lambda p: order.append(("b", p.grad.sum().item())))
+    x = torch.ones(2, 3, dtype=torch.float64, device=sess.device)
+    model(x).sum().backward()
+    assert order == [("b", 2.0), ("w", 2.0)]  # as on the CPU: the bias first
+    line = _line(1)  # the hook's own line names the read
+    model.bias.register_post_accumulate_grad_hook(lambda p: model.weight.grad)
+    with pytest.raises(RuntimeError, match="accumulates after the hooked one") as info:
+        model(x).sum().backward()
+    assert line in str(info.value)
