@@ -188,3 +188,24 @@ def test_a_module_hook_under_no_grad_is_not_set_up(sess):
     with torch.no_grad():  # torch sets no backward hook up without grad: the forward runs, as torch's
         model(torch.randn(2, 3, device=sess.device, requires_grad=True))
     assert calls == [] and not sess._node_hooks
+
+
+def _compiled(device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double().to(device)
+    seen = []
+
+    def keep(module, grad_input, grad_output):
+        seen.append(grad_output[0].detach())
+
+    model[0].register_full_backward_hook(lambda m, gi, go: (gi[0] * 0.5,))
+    model[2].register_full_backward_hook(keep)
+    x = torch.ones(2, 3, dtype=torch.float64).to(device).requires_grad_()
+    step = torch.compile(lambda x: model(x).pow(2).sum(), backend="remote" if device != "cpu" else "eager")
+    step(x).backward()
+    return [x.grad, model[0].weight.grad, *seen]
+
+
+def test_a_compiled_forward_meets_the_module_hooks_as_eager_code_does(sess, fresh_dynamo):
+    for got, want in zip(_compiled(sess.device), _compiled("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
