@@ -43,6 +43,7 @@ import httpx
 import torch
 
 from ._session import Session
+from .device import _autocast
 from .dispatch import _dispatch, _user_functions
 from .handlers import LOCAL_HANDLERS, _kernels
 from .session import _callsite
@@ -55,6 +56,7 @@ from .transport._transport import Transport
 
 _tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
 _kernels.register_kernels()
+_autocast.pass_other_ops_through()  # a compiled region under torch.autocast("remote")
 _callsite.ATTACH.append(_user_functions.attach)  # a user's Function on remote tensors: its backward on the server
 _callsite.BEFORE_FORWARD.append(_user_functions.before_forward)  # undone as apply returns
 _foreach.take_foreach_paths(RemoteTensor)  # torch's optimizers choose for sess.device what they choose for cuda

@@ -271,6 +271,16 @@ class RunTemplateStep(_Model):
     out: list[TensorId] = Field(default_factory=list, json_schema_extra={"default": []})
 
 
+class FunctionVariant(_Model):
+    """A ``function`` step's backward for one pattern of grads (``materialize_grads`` false): ``present[j]``
+    whether ``outputs[j]`` gets a grad; it binds the grads present, then ``saved`` and ``live``, as the
+    step's own ``backward`` and ``grads`` do."""
+
+    present: list[bool] = Field(min_length=1, max_length=4096)
+    backward: TemplateId | None = None
+    grads: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+
+
 class FunctionStep(_Model):
     """A user's ``torch.autograd.Function`` applied on the client (its forward's steps came before):
     ``outputs`` become the outputs of one autograd node whose inputs are ``inputs``. Its backward binds
@@ -282,8 +292,11 @@ class FunctionStep(_Model):
     (torch's reentrant checkpoint), refused under a ``grad`` step or a ``backward`` with ``inputs``.
     ``dirty``: indices of ``inputs`` the forward wrote in place (each is also an output: its history is
     rebased); ``non_differentiable``: indices of ``outputs``; ``once_differentiable``: a backward through
-    the backward raises, as torch's decorator makes it. ``name``: the Function's, for errors. ``node``: an
-    id the session knows the node by (weakly: while the graph holds it) for later steps' ``node_hooks``."""
+    the backward raises, as torch's decorator makes it. ``materialize_grads`` false
+    (``ctx.set_materialize_grads(False)``): an output no gradient reaches gets none (torch's None), and the
+    backward runs the ``variants`` entry of that pattern (``backward`` and ``grads`` are every grad's).
+    ``name``: the Function's, for errors. ``node``: an id the session knows the node by (weakly: while the
+    graph holds it) for later steps' ``node_hooks``."""
 
     kind: Literal["function"]
     name: str = Field(min_length=1, max_length=256)
@@ -299,6 +312,8 @@ class FunctionStep(_Model):
     live: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     once_differentiable: bool = False
     reentrant: bool = False
+    materialize_grads: bool = True
+    variants: list[FunctionVariant] = Field(default_factory=list, max_length=64, json_schema_extra={"default": []})
     node: TensorId | None = None
 
 
@@ -365,6 +380,7 @@ class StepResult(_Model):
     tuple: bool | None = None
     no_grad: list[str] | None = None
     observed: list[str] | None = None
+    hooked: list[str] | None = None
     gone: list[str] | None = None
     accumulated: list[str] | None = None
     tensor: TensorMessage | None = None

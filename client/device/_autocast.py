@@ -26,3 +26,20 @@ def server_dtype() -> torch.dtype | None:
     if torch.is_autocast_enabled(DEVICE_TYPE):
         return torch.get_autocast_dtype(DEVICE_TYPE)
     return None
+
+
+_PASS_THROUGH: torch.library.Library | None = None  # kept alive once registered: dropping it unregisters it
+
+
+def pass_other_ops_through() -> None:
+    """Let every op without an autocast rule pass ``AutocastPrivateUse1``, as torch registers for CUDA itself.
+
+    torch registers autocast's per-op rules for the PrivateUse1 key and leaves the other ops to the backend.
+    Eager remote ops never reach that key (``__torch_function__`` answers them), but dynamo tracing a compiled
+    region under ``torch.autocast("remote")`` runs fake tensors of the device through it, and stopped at the
+    first op without a rule ("could not find kernel for aten.reshape.default at dispatch key
+    AutocastPrivateUse1"). The package's wiring calls this once."""
+    global _PASS_THROUGH
+    if _PASS_THROUGH is None:
+        _PASS_THROUGH = torch.library.Library("_", "IMPL", "AutocastPrivateUse1")
+        _PASS_THROUGH.fallback(torch.library.fallthrough_kernel)

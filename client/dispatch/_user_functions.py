@@ -26,7 +26,9 @@ the same way (``handlers/_hooks``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import itertools
 import json
 import weakref
 from typing import Any
@@ -46,6 +48,18 @@ from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
 from . import _checkpoint
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
+
+
+def _set_materialize_grads(self, value: bool) -> None:
+    """torch's ``ctx.set_materialize_grads``, which also notes the value where Python can read it back (the
+    node's own flag has a setter only): ``attach`` records a backward for each pattern of grads when it is
+    off. Installed as the SDK's modules load, it changes nothing else of torch's."""
+    _SET_MATERIALIZE_GRADS(self, value)
+    self._remote_autograd_materialize_grads = bool(value)
+
+
+_SET_MATERIALIZE_GRADS = torch.autograd.function.FunctionCtx.set_materialize_grads
+torch.autograd.function.FunctionCtx.set_materialize_grads = _set_materialize_grads
 _ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
 # torch's Function for module backward hooks: its node is named to the server, and its outputs carry under
 # HOOK_NODE (in their __dict__) that id and the layouts of its inputs' and outputs' grads
@@ -176,18 +190,47 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
         saved.append(state)
         bindings.append(state._id)
     live = [] if extras is None else extras.live
+    backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
+    recorded = functools.partial(_record_backward, backward, ctx, session, name, args, outputs, saved, n_saved,
+                                 attributes, extras, state, live, at)
+    recorder, grads, handles, live_handles, grad_of = recorded(None)
+    step = _function_step(name, inputs, tensors, nodes, bindings, live,
+                          _backward_of(session, recorder, grads, handles, live_handles, grad_of),
+                          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None)
+    if getattr(ctx, "_remote_autograd_materialize_grads", True) is False:  # ctx.set_materialize_grads(False)
+        step["materialize_grads"] = False
+        step["variants"] = _variants(session, recorded, outputs, tensors)
+    node = session.new_id() if cls is _BACKWARD_HOOK else None
+    if node is not None:
+        step["node"] = node
+    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    _mark_outputs([*inputs, *live], tensors, nodes)
+    if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
+        layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
+        for o in tensors:
+            o.__dict__[HOOK_NODE] = (node, *layouts)
+            if o._rg:  # the node among the "leaves" its gradient flows to: a backward from a tensor reaches it
+                o._leaves = o._leaves | {node}
+
+
+def _record_backward(backward, ctx: Any, session: Any, name: str, args: tuple, outputs: tuple, saved: list,
+                     n_saved: int, attributes: dict, extras: Any, state: Any, live: list, at: str,
+                     present: tuple | None) -> tuple:
+    """``backward`` run once on a recording's handles: the recorder, the handles of the grads (None for
+    an output that is no tensor, or not in ``present``: torch's None where no grad flows, under
+    ``set_materialize_grads(False)``), of the saved and the live tensors, and the grads of the inputs."""
     recorder = BackwardRecorder(session, name, None if extras is None else _checkpoint.UNSAVED)
-    grads = [None if not isinstance(o, torch.Tensor) else stand_in(recorder, f"g{k}", o, False, contiguous=True)
-             for k, o in enumerate(outputs)]
+    tensor_k = itertools.count()
+    grads = [None if not isinstance(o, torch.Tensor) or (present is not None and not present[next(tensor_k)])
+             else stand_in(recorder, f"g{k}", o, False, contiguous=True) for k, o in enumerate(outputs)]
     handles = [None if s is None else s if not isinstance(s, RemoteTensor) else stand_in(recorder, f"s{k}", s, s._rg)
                for k, s in enumerate(saved)]
     live_handles = [stand_in(recorder, f"l{k}", t, t._rg) for k, t in enumerate(live)]
     proxy = _Ctx(ctx, tuple(handles[:n_saved]), {key: handles[k] for key, k in attributes.items()})
-    backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
     try:
         returned = record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
-                           None if extras is None else extras.recording(
-                               recorder, live_handles, None if state is None else handles[-1]))
+                          None if extras is None else extras.recording(
+                              recorder, live_handles, None if state is None else handles[-1]))
     except Untranslatable as why:
         raise RuntimeError(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
     except RuntimeError as err:
@@ -197,16 +240,30 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
                            f"it inside the server's backward): {err}{at}") from err
     returned = returned if isinstance(returned, tuple) else (returned,)
     grad_of = _grads_of_inputs(name, args, returned, recorder, grads, handles, at)
-    node = session.new_id() if cls is _BACKWARD_HOOK else None
-    _send(session, recorder, name, inputs, tensors, nodes, bindings, grads, handles, live, live_handles, grad_of,
-          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None, node=node)
-    _mark_outputs([*inputs, *live], tensors, nodes)
-    if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
-        layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
-        for o in tensors:
-            o.__dict__[HOOK_NODE] = (node, *layouts)
-            if o._rg:  # the node among the "leaves" its gradient flows to: a backward from a tensor reaches it
-                o._leaves = o._leaves | {node}
+    return recorder, grads, handles, live_handles, grad_of
+
+
+MAX_UNMATERIALIZED_OUTPUTS = 3  # set_materialize_grads(False): every pattern of grads recorded up to 2**3
+
+
+def _variants(session: Any, recorded: Any, outputs: tuple, tensors: list) -> list:
+    """Under ``ctx.set_materialize_grads(False)`` torch passes None for each output no gradient reaches,
+    which only the backward's walk knows: the backward recorded for every other pattern of grads (the
+    server picks the one its engine meets; a pattern not recorded, or whose recording raised, fails loudly
+    there)."""
+    if len(tensors) > MAX_UNMATERIALIZED_OUTPUTS:
+        return []
+    variants = []
+    for present in itertools.product((True, False), repeat=len(tensors)):
+        if all(present):
+            continue
+        try:
+            recorder, grads, handles, live_handles, grad_of = recorded(present)
+        except RuntimeError:  # it cannot take None there (torch would raise at that backward): the server says so
+            continue
+        backward, index = _backward_of(session, recorder, grads, handles, live_handles, grad_of)
+        variants.append({"present": list(present), "backward": backward, "grads": index})
+    return variants
 
 
 def _own_tensors(returned: Any) -> Any:
@@ -310,9 +367,11 @@ def _grads_of_inputs(name: str, args: tuple, returned: tuple, recorder: Backward
     return found
 
 
-def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: list, nodes: list, bindings: list,
-          grads: list, handles: list, live: list, live_handles: list, grad_of: list, once: bool, reentrant: bool,
-          node: str | None) -> None:
+def _backward_of(session: Any, recorder: Recorder, grads: list, handles: list, live_handles: list, grad_of: list
+                 ) -> tuple[str | None, list]:
+    """A recording as a ``function`` step names it: its template (sent once per session; None when it
+    computes nothing) and, per input, the index of its grad among the bound tensors then the template's
+    outputs."""
     bound = [g for g in grads if g is not None] + [h for h in handles if isinstance(h, RemoteTensor)] + live_handles
     bound_names = [h._id for h in bound]
     outs: list[str] = []
@@ -326,14 +385,23 @@ def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: li
             if r._id not in outs:
                 outs.append(r._id)
             index.append(len(bound) + outs.index(r._id))
+    if not recorder.steps:
+        return None, index
+    template = recorder.template(bound, outs)
+    session.ensure_template(template["id"], template)
+    return template["id"], index
+
+
+def _function_step(name: str, inputs: list, outputs: list, nodes: list,
+                   bindings: list, live: list, backward: tuple[str | None, list], once: bool, reentrant: bool
+                   ) -> dict[str, Any]:
+    template, index = backward
     step: dict[str, Any] = {"kind": "function", "name": name[:256], "inputs": [a._id for a in inputs],
                             "outputs": [o._id for o in outputs],
-                            "saved": [b for b, h in zip(bindings, handles) if isinstance(h, RemoteTensor)],
+                            "saved": [b for b in bindings if b is not None],  # the remote ones (a local one binds None)
                             "grads": index}
-    if recorder.steps:
-        template = recorder.template(bound, outs)
-        session.ensure_template(template["id"], template)
-        step["backward"] = template["id"]
+    if template is not None:
+        step["backward"] = template
     position = {id(a): i for i, a in enumerate(inputs)}
     dirty = [position[id(o)] for o in outputs if id(o) in position]
     if dirty:
@@ -347,9 +415,7 @@ def _send(session: Any, recorder: Recorder, name: str, inputs: list, outputs: li
         step["once_differentiable"] = True
     if reentrant:
         step["reentrant"] = True
-    if node is not None:
-        step["node"] = node
-    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in outputs]))
+    return step
 
 
 def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:

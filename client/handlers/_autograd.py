@@ -19,7 +19,7 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
-from ._hooks import NOT_ACCUMULATED, hook_steps, run_observed
+from ._hooks import NOT_ACCUMULATED, hook_steps, let_go, run_observed
 from ._node_hooks import forget, node_hook_steps
 
 T = torch.Tensor
@@ -168,25 +168,28 @@ def _with_hooks(session, step: dict, roots: list) -> dict:
 
 
 def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
-    """Queue ``step``; with observed hooks or module hooks, wait for its answer, forget the nodes it answers
-    gone (``_node_hooks``) and run the observed hooks on what it kept (``_hooks``)."""
-    if not observed and "module_hooks" not in step:
+    """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``) and forget
+    the nodes it answers gone (``_node_hooks``); with observed hooks or module hooks, wait for its answer and
+    run the observed ones on what it kept."""
+    if not observed and "hooks" not in step and "module_hooks" not in step:
         session.enqueue(step, origin, nbytes)
         return
     answer: dict = {}
     correct = origin.on_result
+    retained = step.get("create_graph", False) if step.get("retain_graph") is None else step["retain_graph"]
 
     def on_result(result) -> None:
         if correct is not None:
             correct(result)
+        let_go(session, result, retained)
         forget(session, (result or {}).get("gone"))
         answer.update(result or {})
 
     origin.on_result = on_result
     session.enqueue(step, origin, nbytes)
-    # (module hooks may pass None on, where the prediction of which .grad is None did not look: its answer first)
-    session.flush()
-    run_observed(observed, answer)
+    if observed or "module_hooks" in step:  # (module hooks may pass None on, where the prediction of which
+        session.flush()                      # .grad is None did not look: its answer first)
+        run_observed(observed, answer)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:

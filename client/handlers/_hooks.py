@@ -19,6 +19,12 @@ called them there (``run_observed``). Such hooks may only look: one that returns
 raises.
 Python a hook ran before its first read of a value ran once more as its recording was tried.
 
+torch keeps a non-leaf's hooks with its graph, not with the Python tensor: ``h.register_hook(f)`` then
+``h = h * 2`` still runs ``f`` in the backward. So a hooked non-leaf's handle is kept (``_hook_kept``, and
+its server tensor with it) until a backward or grad step that does not retain the graph has run its
+hooks (the step's answer names them, ``hooked``: after that torch could not run them again through that
+graph), or past ``MAX_KEPT`` of them, the oldest let go with a warning.
+
 ``Tensor.register_post_accumulate_grad_hook`` on a remote leaf: its hooks take the parameter itself
 (an optimizer step per parameter looks its optimizer up by it), which no template stand-in can be, so
 they run here after the backward step, on the leaf whose ``.grad`` the step accumulated, in the order
@@ -32,6 +38,7 @@ torch, except that the whole backward has run: the step also answers the order i
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import OrderedDict
 from functools import partial
@@ -79,12 +86,39 @@ def _register(t: RemoteTensor, key: str, hook, name: str) -> RemovableHandle:
         raise RuntimeError(f"{name} inside a recorded backward or compiled graph, on a remote tensor: "
                            f"not supported ({where()})")
     hooks = t.__dict__.get(key)
+    session = t._session
     if hooks is None:
         hooks = t.__dict__[key] = OrderedDict()
-        t._session._hooked[id(t)] = t
+        session._hooked[id(t)] = t
+    if not t._is_leaf:
+        _keep(session, t)
     handle = RemovableHandle(hooks)
     hooks[handle.id] = hook
     return handle
+
+
+MAX_KEPT = 1024  # hooked non-leaves kept past their last Python reference, per session
+
+
+def _keep(session: Any, t: RemoteTensor) -> None:
+    kept = session._hook_kept
+    kept[t._id] = t
+    if len(kept) > MAX_KEPT:
+        oldest = next(iter(kept))
+        del kept[oldest]
+        warnings.warn(f"remote-autograd keeps the hooks of at most {MAX_KEPT} tensors no backward has reached; the "
+                      f"oldest ({oldest}) is let go: if nothing refers to it, a later backward through it will not "
+                      "run its hooks", RuntimeWarning, stacklevel=4)
+
+
+def let_go(session: Any, result: dict | None, retained: bool) -> None:
+    """After a backward or grad step answered ``result``: the hooked non-leaves whose hooks it ran are no
+    longer kept for them, unless it retained the graph (another backward may run them again)."""
+    if retained:
+        return
+    kept = session._hook_kept
+    for tid in (result or {}).get("hooked") or ():
+        kept.pop(tid, None)
 
 
 def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
@@ -194,6 +228,8 @@ def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> tuple[str | Non
             if out._shape != t._shape:
                 raise RuntimeError(f"hook '{getattr(hook, '__name__', hook)}' has changed the size of value")
             current = out
+        if current is grad and recorder.steps:  # a hook changed its gradient in place and returned it: the
+            current = grad.view_as(grad)         # template's output (which may not be its input) is a view of it
         return current
 
     try:
@@ -201,7 +237,8 @@ def _record_hooks(session: Any, t: RemoteTensor, hooks: list) -> tuple[str | Non
     except Untranslatable:
         raise _ReadsValues() from None
     tid = None
-    if result is not grad:  # (every hook returned None: nothing to run there; its side effects happened here)
+    if result is not grad or recorder.steps:  # (else each hook returned None or its gradient, untouched: nothing
+        # to run there; their side effects happened here)
         template = recorder.template([grad], [result])
         session.ensure_template(template["id"], template)
         tid = template["id"]

@@ -82,6 +82,7 @@ class SessionCore:
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
         # handles with hooks (handlers/_hooks), by id(handle): recorded at each backward and grad call
         self._hooked: weakref.WeakValueDictionary[int, RemoteTensor] = weakref.WeakValueDictionary()
+        self._hook_kept: dict[str, RemoteTensor] = {}  # hooked non-leaves kept as torch keeps their hooks, by id
         # hooks on the server nodes of module backward hooks (handlers/_node_hooks), by node id, while they live
         self._node_hooks: dict[str, Any] = {}
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
@@ -172,7 +173,8 @@ class SessionCore:
         first call here: ``capture``)."""
         if tid not in self._templates:
             self._templates[tid] = step
-            self.enqueue(step, None)
+            # a program failing at or before it leaves the server without it: sent again at its next use
+            self.enqueue(step, _Origin("template", None, undo=lambda: self._templates.pop(tid, None)))
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""

@@ -76,13 +76,13 @@ def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict
     """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step, execute) as observed:
+    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step, execute) as hooks:
         if not step.detect_anomaly:
-            result = _backward(run, step, roots, observed)
+            result = _backward(run, step, roots, hooks)
         else:
             with anomaly.detecting(roots, step.check_nan):
-                result = _backward(run, step, roots, observed)
-    return tensor_hooks.answer_observed(observed, result)
+                result = _backward(run, step, roots, hooks)
+    return tensor_hooks.answer(hooks, result)
 
 
 @contextlib.contextmanager
@@ -99,9 +99,10 @@ def _running(run: ProgramRun, explicit: bool):
         session.autograd_run, session.autograd_explicit = outer
 
 
-def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor], observed: dict | None) -> dict | None:
-    """The backward itself; ``observed``: the gradients its observing hooks keep (``tensor_hooks``), kept
-    before any ``.grad`` is committed (a limit they meet leaves every ``.grad`` as it was)."""
+def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
+              hooks: tensor_hooks.StepHooks) -> dict | None:
+    """The backward itself; ``hooks``: what its hooks do (``tensor_hooks``): the gradients its observing
+    hooks keep are kept before any ``.grad`` is committed (a limit they meet leaves every ``.grad`` as it was)."""
     session, settings = run.session, run.settings
     grad_tensors = _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
@@ -111,15 +112,18 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor], ob
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
-        store_made(session, settings, tensor_hooks.observed_pairs(observed))
+        store_made(session, settings, tensor_hooks.observed_pairs(hooks))
         return _backward_result(run, [])
     # Room for the new grads first (a 413 leaves the graph intact for a retry), then
     # temporaries, then commit: a failing backward leaves every .grad untouched.
     targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
     try:
-        grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
-                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
-        store_made(session, settings, tensor_hooks.observed_pairs(observed))
+        with tensor_hooks.retained_after_hooks(session, step.hooks, targets) as after:
+            grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
+                                        retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
+        if after:
+            grads = tuple(after.get(k, g) for k, g in enumerate(grads))
+        store_made(session, settings, tensor_hooks.observed_pairs(hooks))
     except BaseException:
         session.release(reserved)
         raise
@@ -199,12 +203,12 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
-    with _running(run, True), tensor_hooks.registered(run, step, execute) as observed, anomalies:
+    with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:
         grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                     create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]
-               + tensor_hooks.observed_pairs(observed))
+               + tensor_hooks.observed_pairs(hooks))
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
-        return tensor_hooks.answer_observed(observed, None)
-    return tensor_hooks.answer_observed(observed, {"tensors": [None if g is None else meta_message(tid, g)
+        return tensor_hooks.answer(hooks, None)
+    return tensor_hooks.answer(hooks, {"tensors": [None if g is None else meta_message(tid, g)
                                                                for tid, g in zip(step.out, grads)]})

@@ -14,17 +14,31 @@ the client names an ``observe`` id instead, and the gradient the hook would have
 none, as it keeps no ``.grad``) and answers them in the order torch called the hooks (``observed``),
 for the client to call its hooks on them then.
 
+The step's answer also names the tensors whose hooks ran (``hooked``): a client keeps a hooked tensor it
+no longer refers to for as long as torch would keep the hook (with the graph: until a backward that does
+not retain it reaches the tensor), and learns so when to let it go.
+
+torch's ``retain_grad`` keeps a gradient after its tensor's hooks (its own hook runs last), but the
+backward step fills its targets with ``autograd.grad``, which captures a non-leaf's gradient before its
+hooks when the walk goes on past it. So a retained non-leaf that a hook of the step changes is
+captured by one more hook, registered after the step's (``retained_after_hooks``).
+
 A ``post_accumulate`` hook (``Tensor.register_post_accumulate_grad_hook``, run by the client) keeps no
 gradient: its ``observe`` id is noted in that order where torch would accumulate the leaf's ``.grad``. The
 step computes its grads with ``autograd.grad`` and accumulates them itself, so torch's own
 post-accumulate hooks never fire here; a hook on the leaf fires as its gradient is captured, which is
 where torch's engine would run its ``AccumulateGrad`` node (the same ready queue), so the order is torch's.
+
+A ``node_hooks`` entry keeps the gradients of a node a ``function`` step named (torch's module backward
+hooks, observed: ``_keeping``); ``module_hooks`` run recorded ones (``module_hooks``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
+
+import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, TensorHook
@@ -37,32 +51,50 @@ from .user_functions import run_bound
 from .values import check_new_ids
 
 
+class StepHooks:
+    """What a step's hooks did while it ran: the gradients observed, by ``observe`` or ``keep`` id in the order
+    their hooks ran (``None`` when no hook observes; ``None`` for an id that keeps nothing: a
+    ``post_accumulate`` one, a node hook's ``observe``), the ids of the tensors whose hooks ran, the nodes
+    named that no graph holds (``gone``), and with post-accumulate hooks the session's leaves in the order the
+    backward filled them (``accumulated``)."""
+
+    __slots__ = ("observed", "fired", "gone", "accumulated")
+
+    def __init__(self, observed: dict | None) -> None:
+        self.observed = observed
+        self.fired: dict[str, None] = {}  # (ordered, once each)
+        self.gone: list[str] = []
+        self.accumulated: list[str] | None = None
+
+
+_NONE = StepHooks(None)
+
+
 @contextlib.contextmanager
-def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute) -> Iterator[dict | None]:
-    """The step's hooks on their tensors and nodes while it runs; yields the gradients observed so far, by
-    ``observe`` or ``keep`` id in the order their hooks ran (``None`` when no hook observes; ``None`` for an
-    id that keeps nothing: a ``post_accumulate`` one, a node hook's ``observe``)."""
+def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute) -> Iterator[StepHooks]:
+    """The step's hooks on their tensors and nodes while it runs; yields what they did (``StepHooks``)."""
     hooks, node_hooks = step.hooks, step.node_hooks
     if not hooks and not node_hooks and not step.module_hooks:
-        yield None
+        yield _NONE
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]
     for h in node_hooks:
         observing += [h.observe, *h.keep]
-    observed: _Observed | None = _Observed() if observing or step.module_hooks else None
+    step_hooks = StepHooks({} if observing else None)
+    observed, fired = step_hooks.observed, step_hooks.fired
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
         for node_hook in node_hooks:
             node = session.nodes.get(node_hook.node)
             if node is None:  # no graph holds it any more: it runs no more (the client forgets its hooks)
-                observed.gone.append(node_hook.node)
+                step_hooks.gone.append(node_hook.node)
                 continue
             stack.callback(node.register_hook(_keeping(node_hook, observed)).remove)
         for module_hook in step.module_hooks:  # after: a node's gradients are kept as its hooks were given them
-            module_hooks.register(run, module_hook, execute, stack, observed.gone)
+            module_hooks.register(run, module_hook, execute, stack, step_hooks.gone)
         if any(h.post_accumulate for h in hooks) and step.kind == "backward":
-            _note_accumulation(session, observed, stack)
+            _note_accumulation(session, step_hooks, stack)
         # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
         for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):
@@ -78,8 +110,9 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
             if hook.observe is not None:
                 value = _hooked(session, hook.id)
 
-                def keep(grad, oid=hook.observe):
+                def keep(grad, oid=hook.observe, tid=hook.id):
                     observed.setdefault(oid, grad.detach().clone())  # what torch's hook would be given
+                    fired[tid] = None
 
                 stack.callback(value.register_hook(keep).remove)
                 continue
@@ -93,43 +126,12 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
             value = _hooked(session, hook.id)
             what = f"a hook on tensor {hook.id!r}"
 
-            def run_hook(grad, template=template, what=what):
+            def run_hook(grad, template=template, what=what, tid=hook.id):
+                fired[tid] = None
                 return run_bound(run, template, [GradStandIn(grad)], execute, what)[0]
 
             stack.callback(value.register_hook(run_hook).remove)
-        yield observed
-
-
-def _hooked(session, tid: str):
-    value = session.tensor(tid).value
-    if not value.requires_grad:
-        raise ProtocolError(ErrorCode.OP_ERROR, f"hook on {tid!r}: cannot register a hook on a tensor that doesn't "
-                            "require gradient")
-    return value
-
-
-class _Observed(dict):
-    """The kept gradients by id, in the order their hooks ran; ``gone``: the nodes named that no graph holds;
-    ``accumulated``: with post-accumulate hooks, the session's leaves in the order the backward filled them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gone: list[str] = []
-        self.accumulated: list[str] | None = None
-
-
-def _note_accumulation(session, observed: _Observed, stack: contextlib.ExitStack) -> None:
-    """Every leaf of the session noted as its gradient is captured (where torch would accumulate it): the
-    client refuses a post-accumulate hook's read of a ``.grad`` torch would fill only later."""
-    observed.accumulated = []
-    for tid, ct in list(session.tensors.items()):
-        value = ct.value
-        if value.requires_grad and value._base is None and value.is_leaf:
-
-            def note(grad, tid=tid):
-                observed.accumulated.append(tid)
-
-            stack.callback(value.register_hook(note).remove)
+        yield step_hooks
 
 
 def _keeping(hook: NodeHook, observed: dict):
@@ -148,6 +150,49 @@ def _keeping(hook: NodeHook, observed: dict):
     return keep
 
 
+def _note_accumulation(session, step_hooks: StepHooks, stack: contextlib.ExitStack) -> None:
+    """Every leaf of the session noted as its gradient is captured (where torch would accumulate it): the
+    client refuses a post-accumulate hook's read of a ``.grad`` torch would fill only later."""
+    accumulated: list[str] = []
+    step_hooks.accumulated = accumulated
+    for tid, ct in list(session.tensors.items()):
+        value = ct.value
+        if value.requires_grad and value._base is None and value.is_leaf:
+
+            def note(grad, tid=tid):
+                accumulated.append(tid)
+
+            stack.callback(value.register_hook(note).remove)
+
+
+@contextlib.contextmanager
+def retained_after_hooks(session, hooks: list[TensorHook], targets: list[CustomTensor]) -> Iterator[dict]:
+    """Around a backward step's ``autograd.grad``: yields, by position in ``targets``, the gradient each
+    retained non-leaf with a hook of the step has after its hooks (see the module's docstring)."""
+    after: dict[int, torch.Tensor] = {}
+    hooked = {id(session.tensor(h.id)) for h in hooks if h.template is not None}
+    handles = []
+    for k, ct in enumerate(targets):
+        if ct.retains_grad and id(ct) in hooked and not ct.value.is_leaf:
+            def keep(grad, k=k) -> None:
+                after[k] = grad
+
+            handles.append(ct.value.register_hook(keep))
+    try:
+        yield after
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hooked(session, tid: str):
+    value = session.tensor(tid).value
+    if not value.requires_grad:
+        raise ProtocolError(ErrorCode.OP_ERROR, f"hook on {tid!r}: cannot register a hook on a tensor that doesn't "
+                            "require gradient")
+    return value
+
+
 def _accumulated_leaf(session, hook: TensorHook, accumulates: bool):
     if not accumulates or hook.observe is None or hook.template is not None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: a post_accumulate hook names observe "
@@ -159,19 +204,23 @@ def _accumulated_leaf(session, hook: TensorHook, accumulates: bool):
     return value
 
 
-def observed_pairs(observed: dict | None) -> list[tuple[str, CustomTensor]]:
+def observed_pairs(hooks: StepHooks) -> list[tuple[str, CustomTensor]]:
     """The observed gradients as new tensors of the session, to keep once the step succeeded (a failing step
     keeps none, as it keeps no ``.grad``)."""
+    observed = hooks.observed
     return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items() if g is not None]
 
 
-def answer_observed(observed: dict | None, result: dict | None) -> dict | None:
-    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran)."""
-    if observed is None:
-        return result
-    answer = {**(result or {}), "observed": list(observed)}
-    if observed.gone:
-        answer["gone"] = observed.gone
-    if observed.accumulated is not None:
-        answer["accumulated"] = observed.accumulated
-    return answer
+def answer(hooks: StepHooks, result: dict | None) -> dict | None:
+    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran), the
+    tensors whose hooks ran, the nodes gone and the leaves' accumulation order (``StepHooks``)."""
+    extra: dict = {}
+    if hooks.observed is not None:
+        extra["observed"] = list(hooks.observed)
+    if hooks.fired:
+        extra["hooked"] = list(hooks.fired)
+    if hooks.gone:
+        extra["gone"] = hooks.gone
+    if hooks.accumulated is not None:
+        extra["accumulated"] = hooks.accumulated
+    return {**(result or {}), **extra} if extra else result

@@ -18,6 +18,7 @@ why ``run_bound`` sets the op context and the saved-tensor hooks again around th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 
@@ -38,11 +39,13 @@ class _Spec:
     """What a node of ``_UserFunction`` keeps besides its saved tensors (no tensor: those are saved)."""
 
     __slots__ = ("name", "template", "session", "execute", "grads", "outputs", "dirty", "non_differentiable", "saved",
-                 "once", "live", "reentrant")
+                 "once", "live", "reentrant", "materialize", "variants")
 
-    def __init__(self, step: FunctionStep, template: Template | None, session, execute: Execute, outputs: list
-                 ) -> None:
+    def __init__(self, step: FunctionStep, template: Template | None, session, execute: Execute, outputs: list,
+                 variants: dict) -> None:
         self.name, self.template, self.execute = step.name, template, execute
+        self.materialize = step.materialize_grads
+        self.variants = variants  # materialize_grads false: {present pattern: (template, grads)}
         self.session = weakref.ref(session)  # the session holds the graph: no cycle through C++
         self.grads = step.grads
         self.outputs = outputs  # forward's only: dropped once it returns
@@ -60,6 +63,8 @@ class _UserFunction(torch.autograd.Function):
             ctx.mark_dirty(*(inputs[i] for i in spec.dirty))
         if spec.non_differentiable:
             ctx.mark_non_differentiable(*(outputs[j] for j in spec.non_differentiable))
+        if not spec.materialize:
+            ctx.set_materialize_grads(False)
         saved = [inputs[k] if kind == "input" else outputs[k] if kind == "output" else k for kind, k in spec.saved]
         spec.saved = None
         ctx.save_for_backward(*saved)
@@ -75,13 +80,30 @@ class _UserFunction(torch.autograd.Function):
         return (None, *grads_of_inputs)
 
 
+@functools.lru_cache(maxsize=1024)
+def _named(name: str) -> type:
+    """``_UserFunction`` under the user's Function's name, so that its node is ``{name}Backward`` as torch's
+    would be, in torch's own errors about it (a gradient of the wrong shape) and in ``grad_fn``'s name."""
+    return type(name, (_UserFunction,), {"__module__": __name__})
+
+
 def _run_backward(ctx, *grads: torch.Tensor) -> tuple:
     """The grads of the node's inputs: its template run on its grads, saved tensors and live tensors."""
     spec: _Spec = ctx.spec
+    template, index = spec.template, spec.grads
+    if any(g is None for g in grads):  # materialize_grads false: torch's None where no gradient flows
+        present = tuple(g is not None for g in grads)
+        if present not in spec.variants:
+            absent = [j for j, p in enumerate(present) if not p]
+            raise RuntimeError(f"{spec.name}.backward: ctx.set_materialize_grads(False), and no gradient reaches "
+                               f"output(s) {absent}, a pattern of grads its backward was not recorded for (at apply: "
+                               "the SDK records each pattern for up to 3 outputs, and skips one where the backward "
+                               "raises on its None grads)")
+        template, index = spec.variants[present]
+        grads = tuple(g for g in grads if g is not None)
     bound = [GradStandIn(t) for t in (*grads, *ctx.saved_tensors)]
-    template = spec.template
     if template is None:
-        return tuple(None if k is None else bound[k].value for k in spec.grads)
+        return tuple(None if k is None else bound[k].value for k in index)
     session = spec.session()
     run = None if session is None else session.autograd_run
     if run is None:
@@ -93,7 +115,7 @@ def _run_backward(ctx, *grads: torch.Tensor) -> tuple:
     bound += [session.tensor(tid) for tid in spec.live]  # the session's own: what the template writes stays
     made = run_bound(run, template, bound, spec.execute, f"{spec.name}.backward")
     values = [ct.value for ct in bound] + made
-    return tuple(None if k is None else values[k] for k in spec.grads)
+    return tuple(None if k is None else values[k] for k in index)
 
 
 def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute, what: str) -> list[torch.Tensor]:
@@ -147,11 +169,13 @@ _TWICE = b"trying to differentiate twice a function that was marked with @once_d
 def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> None:
     """The ``function`` step (see the module's docstring)."""
     session = run.session
-    template = None if step.backward is None else session.templates.get(step.backward)
-    if template is None and step.backward is not None:
-        raise ProtocolError(ErrorCode.UNKNOWN_TEMPLATE, f"unknown template {step.backward!r} in this session: "
-                            "send its template step first (a restart of the server keeps none)")
-    _check(step, template)
+    template = _held(session, step.backward)
+    _check(step, template, [True] * len(step.outputs), step.backward, step.grads)
+    variants = {}
+    for variant in step.variants:
+        held = _held(session, variant.backward)
+        _check(step, held, variant.present, variant.backward, variant.grads)
+        variants[tuple(variant.present)] = (held, variant.grads)
     for tid in step.live:  # (bound when the backward runs: an unknown one is said now)
         session.tensor(tid)
     inputs = [session.tensor(t).value for t in step.inputs]
@@ -160,13 +184,13 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
     for tid in step.outputs:
         i = position.get(tid)
         outputs.append(("input", i, None) if i is not None else ("value", None, session.tensor(tid).value))
-    spec = _Spec(step, template, session, execute, outputs)
+    spec = _Spec(step, template, session, execute, outputs, variants)
     out_position = {tid: j for j, tid in enumerate(step.outputs)}
     for tid in step.saved:  # an output saved is saved as torch saves one: with this node as its history
         j = out_position.get(tid)
         spec.saved.append(("output", j) if j is not None else
                           ("input", position[tid]) if tid in position else ("value", session.tensor(tid).value))
-    results = _UserFunction.apply(spec, *inputs)
+    results = _named(step.name).apply(spec, *inputs)
     if step.node is not None:  # (for node_hooks: service.engine.tensor_hooks)
         node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
         if node is not None:
@@ -178,19 +202,33 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
     return None
 
 
-def _check(step: FunctionStep, template: Template | None) -> None:
-    """The step against its template and itself: 400 naming what does not fit."""
+def _held(session, template_id: str | None) -> Template | None:
+    template = None if template_id is None else session.templates.get(template_id)
+    if template is None and template_id is not None:
+        raise ProtocolError(ErrorCode.UNKNOWN_TEMPLATE, f"unknown template {template_id!r} in this session: "
+                            "send its template step first (a restart of the server keeps none)")
+    return template
+
+
+def _check(step: FunctionStep, template: Template | None, present: list[bool], template_id: str | None,
+           grads: list) -> None:
+    """The step against a backward of it (its own, or a variant's: the grads ``present``) and itself: 400
+    naming what does not fit."""
     def bad(message: str) -> ProtocolError:
         return ProtocolError(ErrorCode.BAD_REQUEST, f"function step ({step.name}): {message}")
 
-    bound = len(step.outputs) + len(step.saved) + len(step.live)
+    if len(present) != len(step.outputs):
+        raise bad(f"a variant's present has {len(present)} entries for {len(step.outputs)} outputs")
+    if step.variants and step.materialize_grads:
+        raise bad("variants are for materialize_grads false")
+    bound = sum(present) + len(step.saved) + len(step.live)
     if template is not None and len(template.step.inputs) != bound:
-        raise bad(f"template {step.backward!r} takes {len(template.step.inputs)} inputs, the step binds "
-                  f"{len(step.outputs)} grads, {len(step.saved)} saved and {len(step.live)} live tensors")
-    if len(step.grads) != len(step.inputs):
-        raise bad(f"grads has {len(step.grads)} entries for {len(step.inputs)} inputs")
+        raise bad(f"template {template_id!r} takes {len(template.step.inputs)} inputs, the step binds "
+                  f"{sum(present)} grads, {len(step.saved)} saved and {len(step.live)} live tensors")
+    if len(grads) != len(step.inputs):
+        raise bad(f"grads has {len(grads)} entries for {len(step.inputs)} inputs")
     known = bound + (0 if template is None else len(template.outputs))
-    for k in step.grads:
+    for k in grads:
         if k is not None and k >= known:
             raise bad(f"grad {k} is out of range: the backward has {known} tensors (bound, then the template's "
                       "outputs)")

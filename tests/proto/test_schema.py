@@ -26,7 +26,8 @@ SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
 # Shown inside another message's example instead of on their own.
 EMBEDDED = {"Step": "Program", "Limits": "SessionCreated", "OpInfo": "OpList", "ModelFile": "ModelList",
-            "ModelTensor": "ModelInfo", "TemplateInput": "TemplateStep", "TemplateScalar": "TemplateStep"}
+            "ModelTensor": "ModelInfo", "TemplateInput": "TemplateStep", "TemplateScalar": "TemplateStep",
+            "FunctionVariant": "FunctionStep"}
 
 
 def test_schema_file_is_current():

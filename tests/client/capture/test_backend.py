@@ -88,6 +88,52 @@ def test_a_compiled_module_with_its_backward_in_the_graph(sess):
         assert r.grad is not None and torch.equal(r.grad.cpu(), l.grad)
 
 
+
+def test_backward_in_the_graph_after_a_break_is_what_local_torch_makes_of_it(sess):
+    """torch 2.13's ``trace_autograd_ops`` drops a backward that follows a graph break (``zero_grad``
+    between the loss and its backward): the grads stay None locally, and so they do remotely
+    (docs/compile.md says so, and where to put ``zero_grad``)."""
+    grads = []
+    for device in ("cpu", sess.device):
+        model = _mlp().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            return loss.detach()
+
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            torch.compile(step, backend="remote" if device != "cpu" else "eager")(X.to(device), Y.to(device))
+        grads.append([p.grad is None for p in model.parameters()])
+    assert grads[0] == grads[1]
+
+
+def test_a_compiled_step_under_autocast_trains_as_eager_local_torch(sess):
+    """``torch.autocast("remote")`` inside the compiled step (dynamo traced it to a stop before: no autocast
+    kernel of the device for ops without an autocast rule)."""
+    results = []
+    for device in ("cpu", sess.device):
+        model = _mlp().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y, device_type=torch.device(device).type):
+            with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        torch._dynamo.reset()
+        run = step if device == "cpu" else torch.compile(step, backend="remote")
+        losses = [run(X.to(device), Y.to(device)).cpu() for _ in range(3)]
+        results.append(losses + [p.detach().cpu() for p in model.parameters()])
+    for want, got in zip(*results, strict=True):
+        assert torch.equal(got, want)
+
 def test_torch_compile_of_a_module_trains_and_evaluates_as_local_torch(sess):
     model, twin = _mlp(), _mlp()
     compiled = torch.compile(twin.to(sess.device), backend="remote")

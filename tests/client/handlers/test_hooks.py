@@ -237,3 +237,57 @@ def test_a_post_accumulate_hook_that_reads_a_grad_torch_fills_later_is_refused(s
     with pytest.raises(RuntimeError, match="accumulates after the hooked one") as info:
         model(x).sum().backward()
     assert line in str(info.value)
+
+
+def _hooked_activation(device, variant: str):
+    """A hook on an activation used as people write it: the name rebound after, ``retain_grad`` around it,
+    a gradient changed in place."""
+    x = torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(2, 3).to(device).requires_grad_()
+    h = x.sin() * 2
+    if variant == "retain_first":
+        h.retain_grad()
+    h.register_hook((lambda g: g.mul_(3)) if variant == "in_place" else (lambda g: g * 3))
+    if variant == "retain_after":
+        h.retain_grad()
+    kept = h
+    if variant == "rebound":
+        h = h * h  # the hooked tensor is no longer named: torch keeps its hook with the graph
+        kept = None
+    (h * h).sum().backward()
+    return [x.grad] + ([kept.grad] if variant.startswith("retain") else [])
+
+
+@pytest.mark.parametrize("variant", ["rebound", "retain_first", "retain_after", "in_place"])
+def test_a_hooked_activation_gives_torchs_gradients(sess, variant):
+    # each failed before: the hook dropped with its name, retain_grad keeping the gradient before the hook
+    # (torch's runs last), a hook that changes its gradient in place and returns it taken as no change
+    for got, want in zip(_hooked_activation(sess.device, variant), _hooked_activation("cpu", variant), strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_hooked_tensor_no_longer_named_is_let_go_once_a_backward_ran_its_hooks(sess):
+    x = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True)
+    h = x * 2
+    h.register_hook(lambda g: g * 3)
+    h = h.sum()
+    h.backward(retain_graph=True)  # the graph kept: a second backward runs the hook again
+    assert len(sess._hook_kept) == 1
+    h.backward()
+    assert torch.equal(x.grad.cpu(), torch.full((3,), 12.0, dtype=torch.float64))
+    assert not sess._hook_kept
+
+
+def test_a_template_whose_program_failed_is_sent_again(sess):
+    x = torch.ones(3, dtype=torch.float64, device=sess.device, requires_grad=True)
+    for attempt in range(2):
+        h = x * 2
+        h.register_hook(lambda g: g * 5)  # the same template both times
+        if attempt == 0:
+            bad = x[torch.tensor([7])]  # fails on the server, in the program that defines the template
+            with pytest.raises(RuntimeError, match="index 7 is out of bounds"):
+                h.sum().backward()
+                x.grad.cpu()
+            del bad
+        else:
+            h.sum().backward()
+    assert torch.equal(x.grad.cpu(), torch.full((3,), 10.0, dtype=torch.float64))

@@ -7,6 +7,7 @@ the user's line, naming the Function."""
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 
 import pytest
@@ -429,3 +430,76 @@ def test_a_refused_inner_function_leaves_the_outer_inputs_as_they_were(sess):
     assert out.requires_grad
     out.sum().backward()
     torch.testing.assert_close(out.detach().cpu(), torch.full((3,), 4.0, dtype=torch.float64))
+
+
+class TwoOutputs(torch.autograd.Function):
+    """torch's own example of ``set_materialize_grads(False)``: the backward adds the grads that came (torch
+    passes None for an output no gradient reaches) and marks which came in its result."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        (x,) = ctx.saved_tensors
+        grad = torch.zeros_like(x)
+        if g1 is not None:
+            grad = grad + 2 * g1
+        if g2 is not None:
+            grad = grad + 3 * g2 + 100  # a None read as zeros would add it silently
+        return grad
+
+
+class FirstOnly(torch.autograd.Function):
+    """A backward that cannot take its second grad as None: torch raises at the backward that passes None."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 * 2 + (0 if g2 is None else g2 * 3)
+
+
+def _unmaterialized(function, device, use):
+    x = torch.arange(3.0, dtype=torch.float64).to(device).requires_grad_()
+    a, b = function.apply(x)
+    sum(o.sum() for o, used in zip((a, b), use) if used).backward()
+    return (x.grad,)
+
+
+@pytest.mark.parametrize("use", [(True, False), (False, True), (True, True)])
+def test_set_materialize_grads_false_gives_none_where_torch_does(sess, use):
+    _assert_same(_unmaterialized(TwoOutputs, sess.device, use), _unmaterialized(TwoOutputs, "cpu", use))
+
+
+def test_a_pattern_of_none_grads_the_backward_cannot_take_raises_at_the_backward(sess):
+    _assert_same(_unmaterialized(FirstOnly, sess.device, (True, False)), _unmaterialized(FirstOnly, "cpu", (True, False)))
+    with pytest.raises(TypeError):
+        _unmaterialized(FirstOnly, "cpu", (False, True))
+    with pytest.raises(RuntimeError, match=r"set_materialize_grads\(False\), and no gradient reaches output\(s\) \[0\]"):
+        _unmaterialized(FirstOnly, sess.device, (False, True))[0].cpu()  # (the backward answers at the sync)
+
+
+class WrongShape(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.sum(0, keepdim=True)
+
+
+def test_a_gradient_of_the_wrong_shape_raises_torchs_error_naming_the_function(sess):
+    words = "Function WrongShapeBackward returned an invalid gradient at index 0 - got [1, 3] but expected shape"
+    for device in ("cpu", sess.device):
+        x = torch.ones(2, 3).to(device).requires_grad_()
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            WrongShape.apply(x).sum().backward()
+            x.grad.cpu()  # (remotely, the backward answers at the sync)

@@ -61,6 +61,13 @@ def test_a_function_step_that_does_not_fit_is_refused_naming_the_field(wire: Wir
         ({"dirty": [0]}, 400, "bad_request", "dirty input 0"),
         ({"non_differentiable": [1]}, 400, "bad_request", "non_differentiable output 1"),
         ({"backward": "nope"}, 404, "unknown_template", "nope"),
+        ({"variants": [{"present": [False], "grads": [None]}]}, 400, "bad_request", "for materialize_grads false"),
+        ({"materialize_grads": False, "variants": [{"present": [False, True], "grads": [None]}]}, 400,
+         "bad_request", "present has 2 entries for 1 outputs"),
+        ({"materialize_grads": False, "variants": [{"present": [False], "backward": "cube-bw", "grads": [0]}]}, 400,
+         "bad_request", "the step binds 0 grads, 1 saved"),
+        ({"materialize_grads": False, "variants": [{"present": [False], "backward": "gone", "grads": [0]}]}, 404,
+         "unknown_template", "gone"),
     ]
     for k, (changes, status, code, words) in enumerate(cases):
         r = wire.post_raw(f"/v1/sessions/{sid}/programs",
