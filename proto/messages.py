@@ -96,11 +96,42 @@ class TensorHook(_Model):
     """A hook on a session tensor for one ``backward`` or ``grad`` step (``Tensor.register_hook``): when the
     gradient with respect to tensor ``id`` is computed, template ``template`` (one input, the gradient;
     one output, what replaces it) runs on it; or, with ``observe`` instead, the gradient is kept under that
-    new id for the client to run its hooks on after the step (hooks that read values)."""
+    new id for the client to run its hooks on after the step (hooks that read values). With
+    ``post_accumulate`` (and ``observe``; a ``backward`` step only): nothing is kept, ``observe`` is answered
+    among the ``observed`` when torch would accumulate the leaf's ``.grad``, for the client to run its
+    ``register_post_accumulate_grad_hook`` hooks then."""
 
     id: TensorRef
     template: TensorId | None = None
     observe: TensorId | None = None
+    post_accumulate: bool = False
+
+
+class NodeHook(_Model):
+    """A hook on the node a ``function`` step named ``node`` (torch's module backward hooks, which torch puts on
+    its ``BackwardHookFunction``'s node), for one ``backward`` or ``grad`` step: when that node runs, the
+    gradients it reads, the node's ``grads`` (``"inputs"``: those it passes on; ``"outputs"``: those it is
+    given), are kept, each under its id in ``keep`` (one per gradient; one that is ``None`` is not kept),
+    and ``observe`` is answered among the ``observed`` then, for the client to run the hook after the step."""
+
+    node: TensorId
+    grads: Literal["inputs", "outputs"]
+    observe: TensorId
+    keep: list[TensorId] = Field(max_length=4096)
+
+
+class ModuleHook(_Model):
+    """torch's backward hooks of one module call that return new gradients, recorded into template
+    ``template`` (its inputs: the gradients the node ``outputs_node`` is given, then those the node
+    ``inputs_node`` passes on; ``null``: no such node; ``template`` ``null``: one that computes nothing), run
+    inside a ``backward`` or ``grad`` step: each node passes on, in place of its gradients, ``outputs`` /
+    ``inputs`` (one per gradient: an index into the template's inputs, then its outputs; ``null``: none)."""
+
+    outputs_node: TensorId | None = None
+    inputs_node: TensorId | None = None
+    template: TemplateId | None = None
+    outputs: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
+    inputs: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
 
 
 class BackwardStep(_Model):
@@ -116,6 +147,8 @@ class BackwardStep(_Model):
     detect_anomaly: bool = False
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -132,6 +165,8 @@ class GradStep(_Model):
     detect_anomaly: bool = False
     check_nan: bool = True
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):
@@ -260,7 +295,8 @@ class FunctionStep(_Model):
     the backward raises, as torch's decorator makes it. ``materialize_grads`` false
     (``ctx.set_materialize_grads(False)``): an output no gradient reaches gets none (torch's None), and the
     backward runs the ``variants`` entry of that pattern (``backward`` and ``grads`` are every grad's).
-    ``name``: the Function's, for errors."""
+    ``name``: the Function's, for errors. ``node``: an id the session knows the node by (weakly: while the
+    graph holds it) for later steps' ``node_hooks``."""
 
     kind: Literal["function"]
     name: str = Field(min_length=1, max_length=256)
@@ -278,6 +314,7 @@ class FunctionStep(_Model):
     reentrant: bool = False
     materialize_grads: bool = True
     variants: list[FunctionVariant] = Field(default_factory=list, max_length=64, json_schema_extra={"default": []})
+    node: TensorId | None = None
 
 
 Step = Annotated[
@@ -344,6 +381,8 @@ class StepResult(_Model):
     no_grad: list[str] | None = None
     observed: list[str] | None = None
     hooked: list[str] | None = None
+    gone: list[str] | None = None
+    accumulated: list[str] | None = None
     tensor: TensorMessage | None = None
 
 

@@ -61,6 +61,10 @@ def _set_materialize_grads(self, value: bool) -> None:
 _SET_MATERIALIZE_GRADS = torch.autograd.function.FunctionCtx.set_materialize_grads
 torch.autograd.function.FunctionCtx.set_materialize_grads = _set_materialize_grads
 _ONCE_DIFFERENTIABLE = torch.autograd.function.once_differentiable(lambda ctx: None).__code__  # its wrapper's
+# torch's Function for module backward hooks: its node is named to the server, and its outputs carry under
+# HOOK_NODE (in their __dict__) that id and the layouts of its inputs' and outputs' grads
+_BACKWARD_HOOK = torch.nn.modules._functions.BackwardHookFunction
+HOOK_NODE = "_remote_hook_node"
 
 
 class BackwardRecorder(Recorder):
@@ -70,6 +74,7 @@ class BackwardRecorder(Recorder):
     # the session's hooks are registered on the server for the backward or grad step that runs this one's
     # template: a backward inside it (a checkpoint's) meets them there, as torch's would
     _hooked: dict = {}
+    _node_hooks: dict = {}
 
     def __init__(self, session: Any, name: str, unsaved: str | None = None) -> None:
         super().__init__(session)
@@ -195,8 +200,17 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
     if getattr(ctx, "_remote_autograd_materialize_grads", True) is False:  # ctx.set_materialize_grads(False)
         step["materialize_grads"] = False
         step["variants"] = _variants(session, recorded, outputs, tensors)
+    node = session.new_id() if cls is _BACKWARD_HOOK else None
+    if node is not None:
+        step["node"] = node
     session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
     _mark_outputs([*inputs, *live], tensors, nodes)
+    if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
+        layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
+        for o in tensors:
+            o.__dict__[HOOK_NODE] = (node, *layouts)
+            if o._rg:  # the node among the "leaves" its gradient flows to: a backward from a tensor reaches it
+                o._leaves = o._leaves | {node}
 
 
 def _record_backward(backward, ctx: Any, session: Any, name: str, args: tuple, outputs: tuple, saved: list,

@@ -19,7 +19,8 @@ from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from ._handler_table import HandlerTable
-from ._hooks import hook_steps, let_go, run_observed
+from ._hooks import NOT_ACCUMULATED, hook_steps, let_go, run_observed
+from ._node_hooks import forget, node_hook_steps
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -92,11 +93,24 @@ def _retains_grad(t):
 
 @_answers(T.grad.__get__, T._grad.__get__)
 def _grad_get(t):
+    _check_accumulated(t)
     return t._grad_handle() if t._has_grad else None
+
+
+def _check_accumulated(t) -> None:
+    """Inside a post-accumulate hook (run after the backward, ``_hooks``): the ``.grad`` of a leaf torch would
+    accumulate only later in that backward is refused (torch's hook would see it as it was before)."""
+    hooked = t.__dict__.get(NOT_ACCUMULATED)
+    if hooked is not None:
+        raise RuntimeError("a post accumulate grad hook on a remote tensor reads or sets the .grad of another leaf "
+                           "that torch's backward accumulates after the hooked one (so torch's hook would see its "
+                           "old .grad; the SDK runs these hooks after the whole backward, where it holds the new "
+                           f"one): read only the hooked tensor's own .grad there ({where()})")
 
 
 @_answers(T.grad.__set__, T._grad.__set__)
 def _grad_set(t, value):
+    _check_accumulated(t)
     if value is None:
         ref = None
     else:
@@ -134,23 +148,33 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
     queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
 
 
-def _with_hooks(session, step: dict) -> dict:
-    """The session's tensor hooks, recorded now, named in ``step`` (``_hooks``); the observed ones."""
-    if not session._hooked:
-        return {}
-    hooks, observed = hook_steps(session)
-    if hooks:
-        step["hooks"] = hooks
+def _with_hooks(session, step: dict, roots: list) -> dict:
+    """The session's tensor hooks, recorded now, and the module backward hooks a backward from ``roots``
+    reaches, named in ``step`` (``_hooks``, ``_node_hooks``); what runs the observed ones, by id."""
+    observed: dict = {}
+    if session._hooked:
+        hooks, observed = hook_steps(session, step["kind"] == "backward")
+        if hooks:
+            step["hooks"] = hooks
+    if session._node_hooks:
+        reached = frozenset().union(*(t._leaves for t in roots if t._rg))
+        node_hooks, module_hooks, more = node_hook_steps(session, reached)
+        if node_hooks:
+            step["node_hooks"] = node_hooks
+        if module_hooks:
+            step["module_hooks"] = module_hooks
+        observed.update(more)
     return observed
 
 
 def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
-    """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``); with
-    observed hooks, wait for its answer and run them on what it kept."""
-    if "hooks" not in step:
+    """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``) and forget
+    the nodes it answers gone (``_node_hooks``); with observed hooks or module hooks, wait for its answer and
+    run the observed ones on what it kept."""
+    if not observed and "hooks" not in step and "module_hooks" not in step:
         session.enqueue(step, origin, nbytes)
         return
-    order: list = []
+    answer: dict = {}
     correct = origin.on_result
     retained = step.get("create_graph", False) if step.get("retain_graph") is None else step["retain_graph"]
 
@@ -158,13 +182,14 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
         if correct is not None:
             correct(result)
         let_go(session, result, retained)
-        order.extend((result or {}).get("observed") or ())
+        forget(session, (result or {}).get("gone"))
+        answer.update(result or {})
 
     origin.on_result = on_result
     session.enqueue(step, origin, nbytes)
-    if observed:
-        session.flush()
-        run_observed(session, observed, order)
+    if observed or "module_hooks" in step:  # (module hooks may pass None on, where the prediction of which
+        session.flush()                      # .grad is None did not look: its answer first)
+        run_observed(observed, answer)
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -186,7 +211,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         enc.value(t)
     step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
     session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step)
+    observed = _with_hooks(session, step, tensors)
     if any(g is not None for g in grads):
         step["grad_tensors"] = _gradients(enc, grads)
     if retain_graph is not None:
@@ -242,7 +267,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         enc.value(t)
     step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
     session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step)
+    observed = _with_hooks(session, step, outputs)
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
         step["grad_outputs"] = _gradients(enc, grad_outputs)
@@ -262,8 +287,9 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
         result = session.take_result(index)
         metas = meta_from_result(result)
+        forget(session, result.get("gone"))
         if observed:
-            run_observed(session, observed, result.get("observed") or [])
+            run_observed(observed, result)
         grads = []
         for m, inp in zip(metas, inputs):
             if m is None:

@@ -13,9 +13,11 @@ import torch
 from torch import _tensor_str
 
 from ..device._device import DEVICE_TYPE
+from ..dispatch._user_functions import HOOK_NODE
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
 from ._handler_table import HandlerTable
+from ._node_hooks import HookNode
 
 T = torch.Tensor
 HANDLERS = HandlerTable()
@@ -84,7 +86,10 @@ def _iter(t):
 
 @_answers(T.grad_fn.__get__)
 def _grad_fn(t):
-    return None if (t._is_leaf or not t._rg) else _RemoteNode(t)
+    if t._is_leaf or not t._rg:
+        return None
+    node = t.__dict__.get(HOOK_NODE)  # an output of torch's module-hook Function: its node takes torch's hooks
+    return _RemoteNode(t) if node is None else HookNode(t, node)
 
 
 class _RemoteNode:

@@ -136,7 +136,7 @@ def _watch_apply(apply_frame) -> None:
     by_keyword = any(isinstance(a, torch.Tensor) for a in (apply_locals.get("kwargs") or {}).values())
     error = _recorded_error(cls, line, _BY_KEYWORD if by_keyword and not local_needs else _LOCAL)
     args = tuple(apply_locals.get("args", ()))
-    attachable = ATTACH and not local_needs and not by_keyword and not _special(cls)
+    attachable = ATTACH and not local_needs and not by_keyword
     prepared = None
 
     def check(output) -> None:  # output None: the forward raised (or made nothing)
@@ -166,12 +166,6 @@ def _watch_apply(apply_frame) -> None:
         prepared = BEFORE_FORWARD[0](cls, args)
 
 
-def _special(cls) -> bool:
-    """torch's own Functions whose backward the SDK cannot record (a module's backward hooks): refused."""
-    return getattr(cls, "__module__", "").startswith("torch.") and getattr(cls, "__name__", "") in (
-        "BackwardHookFunction",)
-
-
 def _on_the_device(t: torch.Tensor) -> bool:
     return t.device.type == DEVICE_TYPE
 
@@ -186,12 +180,6 @@ def _recorded_error(cls, line: str | None, why: str = _LOCAL) -> RuntimeError:
     name = getattr(cls, "__name__", "a torch.autograd.Function")
     module = getattr(cls, "__module__", "")
     at = f" ({line})" if line else ""
-    if name == "BackwardHookFunction" and module.startswith("torch."):  # torch's own, for full backward hooks
-        return RuntimeError(
-            "a module backward hook (register_full_backward_hook / register_full_backward_pre_hook) is set on a "
-            "module run on remote tensors with grad on: the hook would have to run inside the server's backward, "
-            f"so it would never be called. Remove the hook, or read `.grad` after backward{at}"
-        )
     if name == "CheckpointFunction" and module == "torch.utils.checkpoint":
         return RuntimeError(
             f"torch.utils.checkpoint(..., use_reentrant=True) on remote tensors, with grad on: {why}. Pass "

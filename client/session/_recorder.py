@@ -46,6 +46,7 @@ class Recorder:
         self.steps: list[dict] = []
         self.node: Any = None  # the FX node being recorded: its example value answers take_result
         self._session_hooked = getattr(session, "_hooked", None)
+        self._session_node_hooks = getattr(session, "_node_hooks", None)
 
     @property
     def _hooked(self) -> dict:
@@ -54,6 +55,14 @@ class Recorder:
         if self._session_hooked:
             raise Untranslatable("a tensor of the session has hooks (register_hook), which a template's backward "
                                  "would not run")
+        return {}
+
+    @property
+    def _node_hooks(self) -> dict:
+        """Likewise for module backward hooks (``handlers/_node_hooks``)."""
+        if self._session_node_hooks:
+            raise Untranslatable("a module of the session has backward hooks (register_full_backward_hook), which "
+                                 "a template's backward would not run")
         return {}
 
     def new_id(self) -> str:

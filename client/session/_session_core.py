@@ -83,6 +83,8 @@ class SessionCore:
         # handles with hooks (handlers/_hooks), by id(handle): recorded at each backward and grad call
         self._hooked: weakref.WeakValueDictionary[int, RemoteTensor] = weakref.WeakValueDictionary()
         self._hook_kept: dict[str, RemoteTensor] = {}  # hooked non-leaves kept as torch keeps their hooks, by id
+        # hooks on the server nodes of module backward hooks (handlers/_node_hooks), by node id, while they live
+        self._node_hooks: dict[str, Any] = {}
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step

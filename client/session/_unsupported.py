@@ -29,8 +29,6 @@ _USER_NAMES = {
 
 # Calls that cannot be honoured through a proxy whose values live elsewhere.
 _WHY_NOT = {
-    "Tensor.register_post_accumulate_grad_hook": "hooks run inside the server's backward; act on `.grad` "
-                                                 "after backward instead",
     "Tensor.share_memory_": "the values live on the server",
     "Tensor.pin_memory": "the values live on the server",
 }

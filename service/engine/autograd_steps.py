@@ -76,7 +76,7 @@ def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict
     """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
     roots = [run.session.tensor(t).value for t in step.tensors]
     _check_graph_kept(run.session, roots)
-    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step.hooks, execute) as hooks:
+    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step, execute) as hooks:
         if not step.detect_anomaly:
             result = _backward(run, step, roots, hooks)
         else:
@@ -203,7 +203,7 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
-    with _running(run, True), tensor_hooks.registered(run, step.hooks, execute) as hooks, anomalies:
+    with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:
         grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
                                     create_graph=step.create_graph, allow_unused=step.allow_unused)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]

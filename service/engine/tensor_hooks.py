@@ -22,6 +22,15 @@ torch's ``retain_grad`` keeps a gradient after its tensor's hooks (its own hook 
 backward step fills its targets with ``autograd.grad``, which captures a non-leaf's gradient before its
 hooks when the walk goes on past it. So a retained non-leaf that a hook of the step changes is
 captured by one more hook, registered after the step's (``retained_after_hooks``).
+
+A ``post_accumulate`` hook (``Tensor.register_post_accumulate_grad_hook``, run by the client) keeps no
+gradient: its ``observe`` id is noted in that order where torch would accumulate the leaf's ``.grad``. The
+step computes its grads with ``autograd.grad`` and accumulates them itself, so torch's own
+post-accumulate hooks never fire here; a hook on the leaf fires as its gradient is captured, which is
+where torch's engine would run its ``AccumulateGrad`` node (the same ready queue), so the order is torch's.
+
+A ``node_hooks`` entry keeps the gradients of a node a ``function`` step named (torch's module backward
+hooks, observed: ``_keeping``); ``module_hooks`` run recorded ones (``module_hooks``).
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ from typing import Iterator
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.messages import TensorHook
+from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, TensorHook
 
 from ..sessions.custom_tensor import CustomTensor
+from . import module_hooks
 from .program_run import ProgramRun
 from .templates import Execute, GradStandIn
 from .user_functions import run_bound
@@ -42,34 +52,61 @@ from .values import check_new_ids
 
 
 class StepHooks:
-    """What a step's hooks did while it ran: the gradients observed, by ``observe`` id in the order their
-    hooks ran (``None`` when no hook observes), and the ids of the tensors whose hooks ran."""
+    """What a step's hooks did while it ran: the gradients observed, by ``observe`` or ``keep`` id in the order
+    their hooks ran (``None`` when no hook observes; ``None`` for an id that keeps nothing: a
+    ``post_accumulate`` one, a node hook's ``observe``), the ids of the tensors whose hooks ran, the nodes
+    named that no graph holds (``gone``), and with post-accumulate hooks the session's leaves in the order the
+    backward filled them (``accumulated``)."""
 
-    __slots__ = ("observed", "fired")
+    __slots__ = ("observed", "fired", "gone", "accumulated")
 
     def __init__(self, observed: dict | None) -> None:
         self.observed = observed
         self.fired: dict[str, None] = {}  # (ordered, once each)
+        self.gone: list[str] = []
+        self.accumulated: list[str] | None = None
 
 
 _NONE = StepHooks(None)
 
 
 @contextlib.contextmanager
-def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> Iterator[StepHooks]:
-    """The step's hooks on their tensors while it runs; yields what they did (``StepHooks``)."""
-    if not hooks:
+def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute) -> Iterator[StepHooks]:
+    """The step's hooks on their tensors and nodes while it runs; yields what they did (``StepHooks``)."""
+    hooks, node_hooks = step.hooks, step.node_hooks
+    if not hooks and not node_hooks and not step.module_hooks:
         yield _NONE
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]
+    for h in node_hooks:
+        observing += [h.observe, *h.keep]
     step_hooks = StepHooks({} if observing else None)
     observed, fired = step_hooks.observed, step_hooks.fired
     check_new_ids(session, observing)
     with contextlib.ExitStack() as stack:
-        for hook in hooks:
+        for node_hook in node_hooks:
+            node = session.nodes.get(node_hook.node)
+            if node is None:  # no graph holds it any more: it runs no more (the client forgets its hooks)
+                step_hooks.gone.append(node_hook.node)
+                continue
+            stack.callback(node.register_hook(_keeping(node_hook, observed)).remove)
+        for module_hook in step.module_hooks:  # after: a node's gradients are kept as its hooks were given them
+            module_hooks.register(run, module_hook, execute, stack, step_hooks.gone)
+        if any(h.post_accumulate for h in hooks) and step.kind == "backward":
+            _note_accumulation(session, step_hooks, stack)
+        # a leaf's post-accumulate notes after its own hooks, whatever the order given: torch calls them so
+        for hook in sorted(hooks, key=lambda h: h.post_accumulate):
             if (hook.template is None) == (hook.observe is None):
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: give one of template and observe")
+            if hook.post_accumulate:
+                value = _accumulated_leaf(session, hook, step.kind == "backward")
+
+                def note(grad, oid=hook.observe):
+                    observed.setdefault(oid, None)
+
+                stack.callback(value.register_hook(note).remove)
+                continue
             if hook.observe is not None:
                 value = _hooked(session, hook.id)
 
@@ -95,6 +132,37 @@ def registered(run: ProgramRun, hooks: list[TensorHook], execute: Execute) -> It
 
             stack.callback(value.register_hook(run_hook).remove)
         yield step_hooks
+
+
+def _keeping(hook: NodeHook, observed: dict):
+    """A hook for the node of ``hook``: it notes the node and keeps its gradients as it runs (torch passes a
+    node's hook the gradients it passes on and those it was given)."""
+    def keep(grad_inputs, grad_outputs):
+        grads = grad_inputs if hook.grads == "inputs" else grad_outputs
+        if len(grads) != len(hook.keep):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"node hook on {hook.node!r}: keep names {len(hook.keep)} "
+                                f"ids for the node's {len(grads)} grad {hook.grads}")
+        observed.setdefault(hook.observe, None)
+        for tid, g in zip(hook.keep, grads):
+            if g is not None:
+                observed.setdefault(tid, g.detach().clone())
+
+    return keep
+
+
+def _note_accumulation(session, step_hooks: StepHooks, stack: contextlib.ExitStack) -> None:
+    """Every leaf of the session noted as its gradient is captured (where torch would accumulate it): the
+    client refuses a post-accumulate hook's read of a ``.grad`` torch would fill only later."""
+    accumulated: list[str] = []
+    step_hooks.accumulated = accumulated
+    for tid, ct in list(session.tensors.items()):
+        value = ct.value
+        if value.requires_grad and value._base is None and value.is_leaf:
+
+            def note(grad, tid=tid):
+                accumulated.append(tid)
+
+            stack.callback(value.register_hook(note).remove)
 
 
 @contextlib.contextmanager
@@ -125,19 +193,34 @@ def _hooked(session, tid: str):
     return value
 
 
+def _accumulated_leaf(session, hook: TensorHook, accumulates: bool):
+    if not accumulates or hook.observe is None or hook.template is not None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"hook on {hook.id!r}: a post_accumulate hook names observe "
+                            "alone, in a backward step")
+    value = _hooked(session, hook.id)
+    if value.grad_fn is not None:  # torch's words
+        raise ProtocolError(ErrorCode.OP_ERROR, f"hook on {hook.id!r}: post accumulate grad hooks cannot be "
+                            "registered on non-leaf tensors")
+    return value
+
+
 def observed_pairs(hooks: StepHooks) -> list[tuple[str, CustomTensor]]:
     """The observed gradients as new tensors of the session, to keep once the step succeeded (a failing step
     keeps none, as it keeps no ``.grad``)."""
     observed = hooks.observed
-    return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items()]
+    return [] if observed is None else [(oid, CustomTensor(g)) for oid, g in observed.items() if g is not None]
 
 
 def answer(hooks: StepHooks, result: dict | None) -> dict | None:
-    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran) and
-    the tensors whose hooks ran."""
+    """``result`` naming the observed gradients in the order their hooks ran (every one, or none, ran), the
+    tensors whose hooks ran, the nodes gone and the leaves' accumulation order (``StepHooks``)."""
     extra: dict = {}
     if hooks.observed is not None:
         extra["observed"] = list(hooks.observed)
     if hooks.fired:
         extra["hooked"] = list(hooks.fired)
+    if hooks.gone:
+        extra["gone"] = hooks.gone
+    if hooks.accumulated is not None:
+        extra["accumulated"] = hooks.accumulated
     return {**(result or {}), **extra} if extra else result

@@ -191,6 +191,10 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
         spec.saved.append(("output", j) if j is not None else
                           ("input", position[tid]) if tid in position else ("value", session.tensor(tid).value))
     results = _named(step.name).apply(spec, *inputs)
+    if step.node is not None:  # (for node_hooks: service.engine.tensor_hooks)
+        node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
+        if node is not None:
+            session.nodes[step.node] = node
     tensors = session.tensors
     for tid, value in zip(step.outputs, results):
         if tid not in position:

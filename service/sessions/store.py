@@ -89,6 +89,8 @@ class Session:
     # backward template with it (service.engine.user_functions), maybe on autograd's own thread
     autograd_run: Any = None
     autograd_explicit: bool = False  # that step names its inputs (a grad, a backward with inputs)
+    # the autograd nodes function steps named, by that id, while a graph holds them (service.engine.tensor_hooks)
+    nodes: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:

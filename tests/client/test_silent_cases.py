@@ -107,32 +107,6 @@ def test_data_is_a_detached_alias_sharing_the_server_storage(sess):
         p.data = torch.zeros(2, 3, dtype=torch.float64)
 
 
-def test_hooks_the_sdk_cannot_honour_are_refused(sess):
-    """(``Tensor.register_hook`` runs inside the server's backward: ``handlers/test_hooks.py``.)"""
-    w = torch.randn(3, device=sess.device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported") as info:
-        w.register_post_accumulate_grad_hook(lambda p: None)
-    assert "custom op" not in str(info.value)
-    with pytest.raises(RuntimeError, match="Tensor.register_post_accumulate_grad_hook is not supported"):
-        w.register_post_accumulate_grad_hook(lambda p: None)
-
-
-@pytest.mark.parametrize("register", [nn.Module.register_full_backward_hook,
-                                      nn.Module.register_full_backward_pre_hook])
-def test_module_backward_hooks_are_refused_where_torch_would_call_them(sess, register):
-    calls = []
-    model = nn.Linear(3, 3).to(sess.device)
-    register(model, lambda *args: calls.append(args))
-    for x in (torch.randn(2, 3, device=sess.device, requires_grad=True), torch.randn(2, 3, device=sess.device)):
-        line = _here(2)
-        with pytest.raises(RuntimeError, match="module backward hook") as info:
-            model(x)  # at the forward, where torch sets the hook up, never at a backward that skips it
-        assert line in str(info.value)
-    with torch.no_grad():  # torch sets no backward hook up without grad: the forward runs, as torch's
-        model(torch.randn(2, 3, device=sess.device))
-    assert calls == []
-
-
 def test_a_module_backward_hook_of_the_old_kind_is_refused(sess):
     model = nn.Linear(3, 3).to(sess.device)
     model.register_backward_hook(lambda *args: None)

@@ -146,6 +146,99 @@ def test_a_compiled_step_meets_the_hooks_as_eager_code_does(sess):
             torch.testing.assert_close(g.cpu(), w)
 
 
+def _optimizer_in_backward(device):
+    """torch's "optimizer step in backward" idiom: one optimizer per parameter, looked up by the parameter
+    its post-accumulate hook is given, which clamps its ``.grad``, steps and frees it; the order torch calls
+    the hooks in, and the ``.grad`` each sees, noted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)).double().to(device)
+    optimizers = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9) for p in model.parameters()}
+    names = {p: name for name, p in model.named_parameters()}
+    seen = []
+
+    def step(p):
+        seen.append((names[p], p.grad.clone()))
+        p.grad.clamp_(-0.05, 0.05)
+        optimizers[p].step()
+        optimizers[p].zero_grad()  # (set_to_none: the .grad freed inside backward)
+
+    handles = [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for k in range(3):
+        if k == 2:
+            handles[0].remove()  # 0.weight: accumulated as before, no longer stepped
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())
+    return seen, [*losses, *(p.detach() for p in model.parameters()), model[0].weight.grad]
+
+
+def test_post_accumulate_grad_hooks_step_each_parameter_in_backward_as_on_the_cpu(sess):
+    (seen, got), (want_seen, want) = _optimizer_in_backward(sess.device), _optimizer_in_backward("cpu")
+    assert [name for name, _ in seen] == [name for name, _ in want_seen] and len(seen) == 11
+    for (_, g), (_, w) in zip(seen, want_seen):
+        torch.testing.assert_close(g.cpu(), w)
+    assert got[-1] is not None  # the unhooked weight's .grad, kept as torch keeps it
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_post_accumulate_grad_hooks_run_only_where_torch_accumulates(sess):
+    """Not in autograd.grad, not for a leaf a backward's ``inputs`` leave out; on a non-leaf: torch's error."""
+    for device in ("cpu", sess.device):
+        calls = []
+        w = torch.ones(3, dtype=torch.float64, device=device, requires_grad=True)
+        v = torch.ones(3, dtype=torch.float64, device=device, requires_grad=True)
+        for t in (w, v):
+            t.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.sum().item()))
+        torch.autograd.grad((w * v * 2).sum(), [w, v])
+        (w * v * 3).sum().backward(inputs=[v])
+        assert calls == [9.0], device
+        with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot be registered on non-leaf"):
+            (w * 2).register_post_accumulate_grad_hook(lambda p: None)
+        w.register_post_accumulate_grad_hook(lambda p: p)  # the parameter itself passes torch's check
+        w.sum().backward()
+        w.register_post_accumulate_grad_hook(lambda p: p * 2)
+        with pytest.raises(RuntimeError, match="should return None"):
+            w.sum().backward()
+
+
+def _kept_by_hooks(device):
+    """Hooks that keep the gradient they are given (a list's append, the idiom for inspecting gradients),
+    one of them also changing it."""
+    w = torch.linspace(-1, 1, 4, dtype=torch.float64).to(device).requires_grad_()
+    kept = []
+    y = w * 3
+    y.register_hook(lambda grad: kept.append(grad))
+    w.register_hook(lambda grad: kept.append(grad) or grad * 2)
+    (y * y).sum().backward()
+    return [*kept, w.grad]
+
+
+def test_a_gradient_a_hook_keeps_is_the_gradient_after_the_backward(sess):
+    for got, want in zip(_kept_by_hooks(sess.device), _kept_by_hooks("cpu"), strict=True):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_post_accumulate_hook_that_reads_a_grad_torch_fills_later_is_refused(sess):
+    """torch calls the bias's hook before the weight's gradient is accumulated (the hook would see the
+    weight's old .grad); the SDK runs the hooks after the backward, so that read raises. Its own .grad,
+    and that of a leaf accumulated before it, are read as torch's."""
+    model = nn.Linear(3, 1).double().to(sess.device)
+    order = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: order.append(("w", model.bias.grad.sum().item())))
+    model.bias.register_post_accumulate_grad_hook(lambda p: order.append(("b", p.grad.sum().item())))
+    x = torch.ones(2, 3, dtype=torch.float64, device=sess.device)
+    model(x).sum().backward()
+    assert order == [("b", 2.0), ("w", 2.0)]  # as on the CPU: the bias first
+    line = _line(1)  # the hook's own line names the read
+    model.bias.register_post_accumulate_grad_hook(lambda p: model.weight.grad)
+    with pytest.raises(RuntimeError, match="accumulates after the hooked one") as info:
+        model(x).sum().backward()
+    assert line in str(info.value)
+
+
 def _hooked_activation(device, variant: str):
     """A hook on an activation used as people write it: the name rebound after, ``retain_grad`` around it,
     a gradient changed in place."""

@@ -145,3 +145,68 @@ def test_a_limit_met_inside_a_nodes_backward_keeps_its_status(wire: Wire, sid: s
     r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
         {"kind": "backward", "tensors": ["s"]}]}))
     expect_error(r, 413, None, "Huge.backward", "max_tensor_elements")
+
+
+def test_post_accumulate_ids_are_answered_where_torch_accumulates_and_keep_nothing(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True), put_step("w", wire.tensor(x), True),
+                  call_step("mul", ref("x"), ref("w"), out=["y"]), call_step("sum", ref("y"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True, "inputs": ["x"],
+                             "hooks": [{"id": "x", "observe": "px", "post_accumulate": True},
+                                       {"id": "w", "observe": "pw", "post_accumulate": True},
+                                       {"id": "x", "observe": "ox"}]}])
+    assert results[0]["observed"] == ["ox", "px"]  # w is not filled; x's own hook first
+    assert wire.get(f"/v1/sessions/{sid}/tensors/px").status_code == 404  # nothing kept under it
+    for step, status, words in (({"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["gx"], "retain_graph": True},
+                                 400, "in a backward step"),
+                                ({"kind": "backward", "tensors": ["s"], "retain_graph": True}, 422, "non-leaf")):
+        hooked = "y" if status == 422 else "x"
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            {**step, "hooks": [{"id": hooked, "observe": "p2", "post_accumulate": True}]}]}))
+        expect_error(r, status, None, words)
+
+
+def test_node_hooks_keep_the_named_nodes_gradients_and_answer_the_nodes_gone(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True),
+                  {**call_step("mul", ref("x"), 1, out=["y"]), "grad_enabled": False},
+                  {"kind": "function", "name": "Identity", "inputs": ["x"], "outputs": ["y"], "grads": [0],
+                   "node": "n1"},
+                  call_step("mul", ref("y"), 3, out=["z"]), call_step("sum", ref("z"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True, "node_hooks": [
+        {"node": "n1", "grads": "outputs", "observe": "e1", "keep": ["k1"]},
+        {"node": "n0", "grads": "inputs", "observe": "e0", "keep": ["k0"]}]}])
+    assert results[0]["observed"] == ["e1", "k1"] and results[0]["gone"] == ["n0"]
+    assert torch.equal(decode_tensor(decode(wire.get(f"/v1/sessions/{sid}/tensors/k1"))["value"]),
+                       torch.full((2,), 3.0, dtype=torch.float64))
+    r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+        {"kind": "backward", "tensors": ["s"], "retain_graph": True,
+         "node_hooks": [{"node": "n1", "grads": "inputs", "observe": "e2", "keep": ["k2", "k3"]}]}]}))
+    expect_error(r, 400, None, "keep names 2 ids")
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((2,), 3.0, dtype=torch.float64))  # committed once
+
+
+def test_module_hooks_replace_the_gradients_their_nodes_pass_on(wire: Wire, sid: str):
+    """A module call's identity nodes (inputs: x to y; outputs: z to w) and a template that scales the
+    gradient the inputs' node passes on by 3."""
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    layout = {"dtype": "float64", "shape": [2]}
+    wire.ok(sid, [
+        put_step("x", wire.tensor(x), True),
+        {**call_step("mul", ref("x"), 1, out=["y"]), "grad_enabled": False},
+        {"kind": "function", "name": "In", "inputs": ["x"], "outputs": ["y"], "grads": [0], "node": "ni"},
+        call_step("mul", ref("y"), 2, out=["z"]),
+        {**call_step("mul", ref("z"), 1, out=["w"]), "grad_enabled": False},
+        {"kind": "function", "name": "Out", "inputs": ["z"], "outputs": ["w"], "grads": [0], "node": "no"},
+        call_step("sum", ref("w"), out=["s"]),
+        {"kind": "template", "id": "thrice", "inputs": [{"id": "go", **layout}, {"id": "gi", **layout}],
+         "steps": [call_step("mul", ref("gi"), 3, out=["m"])], "outputs": ["m"]}])
+    hook = {"outputs_node": "no", "inputs_node": "ni", "template": "thrice", "outputs": [0], "inputs": [2]}
+    wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True, "module_hooks": [hook]}])
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((2,), 6.0, dtype=torch.float64))
+    for bad, status, words in (({"inputs": [3]}, 400, "must name one of its 3 tensors"),
+                               ({"template": "nope"}, 404, "nope")):
+        r = wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": [
+            {"kind": "backward", "tensors": ["s"], "retain_graph": True, "module_hooks": [{**hook, **bad}]}]}))
+        expect_error(r, status, None, words)
+    assert torch.equal(_grad(wire, sid, "x"), torch.full((2,), 6.0, dtype=torch.float64))  # nothing ran
