@@ -48,14 +48,20 @@ notebook-kernel: $(VENV)/.installed
 notebook: notebook-kernel
 	$(VENV)/bin/jupyter lab examples/quickstart.ipynb
 
+# The suite on WORKERS pytest-xdist processes: part of it waits (servers starting, timeouts), so
+# more workers than the 2 cores it is sized for. tests/workers.py keeps on one worker what must
+# be (every Ray test; a module's own servers); `make test WORKERS=0` runs it in this one process.
+WORKERS ?= 3
+XDIST = $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS))
+
 test: $(VENV)/.installed-test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: proto, client, ops and service on the shared servers, without the cases generated
 # from the op table, the end-to-end, load, real-model and Ray tests, the modules that start
 # servers of their own (tests/conftest.py marks them) and inductor's compiles; `make test` runs all.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not optable and not e2e and not load and not real_model and not ray and not servers and not inductor and not tooling" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not optable and not e2e and not load and not real_model and not ray and not servers and not inductor and not tooling" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

@@ -85,6 +85,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(name)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``make test``'s workers (pytest-xdist, ``-n``) share the tests out as ``workers.Grouped`` says."""
+    if config.getvalue("dist") in ("load", "loadgroup"):
+        from .workers import Grouped
+
+        return Grouped(config, log)
+    return None
+
+
 def _in_process(request: pytest.FixtureRequest) -> bool:
     """Whether this test's SDK session goes to the app in this process (see the module's docstring)."""
     rel = request.node.path.resolve().relative_to(TESTS)

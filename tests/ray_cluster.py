@@ -25,6 +25,29 @@ class RayUnavailable(RuntimeError):
     """Ray is not installed, or cannot start a cluster on this machine (the reason says which)."""
 
 
+# A Ray node waits a fixed 30 s for its raylet to register (ray/_private/node.py), which a machine
+# busy with the rest of the suite can exceed: that one failure is tried again, twice.
+_STARTS, _SLOW_START = 3, "timed out during startup"
+_FAILED: list[str] = []  # why Ray could not start, once it could not
+
+
+def _descendants() -> set[int]:
+    """The ids of this process's children, theirs, and so on (from ``/proc``)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry.name}/stat") as stat:  # "pid (comm) state ppid ..."
+                    parents[int(entry.name)] = int(stat.read().rpartition(")")[2].split()[1])
+    found, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        kids = [kid for kid, parent in parents.items() if parent == pid]
+        found.update(kids)
+        todo += kids
+    return found
+
+
 @contextlib.contextmanager
 def cluster_or_skip(*nodes: dict) -> Iterator[tuple[object, list]]:
     """``local_cluster`` in a test: skipped (with Ray's own reason) only when Ray cannot start here, never on CI."""
@@ -48,14 +71,24 @@ def local_cluster(*nodes: dict) -> Iterator[tuple[object, list]]:
         from ray.cluster_utils import Cluster
     except ImportError as exc:
         raise RayUnavailable(f"the Ray backend needs ray (pip install -e '.[ray]'): {exc}") from None
+    if _FAILED:  # once per process: each try of a cluster that cannot start here takes a minute
+        raise RayUnavailable(_FAILED[0])
     handler = signal.getsignal(signal.SIGTERM)  # a Ray node installs its own in the process that starts it
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={**NODE, **nodes[0]})
-        started = [cluster.head_node] + [cluster.add_node(**NODE, **extra) for extra in nodes[1:]]
-    except Exception as exc:  # noqa: BLE001  (whatever keeps Ray from starting on this machine)
-        raise RayUnavailable(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}") from exc
-    finally:
-        signal.signal(signal.SIGTERM, handler)
+    for attempt in range(1, _STARTS + 1):
+        before = _descendants()
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={**NODE, **nodes[0]})
+            started = [cluster.head_node] + [cluster.add_node(**NODE, **extra) for extra in nodes[1:]]
+            break
+        except Exception as exc:  # noqa: BLE001  (whatever keeps Ray from starting on this machine)
+            for pid in _descendants() - before:  # the half-started nodes' processes, none of them ours
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if attempt == _STARTS or _SLOW_START not in str(exc):
+                _FAILED.append(f"Ray cannot start a local cluster here: {type(exc).__name__}: {exc}")
+                raise RayUnavailable(_FAILED[0]) from exc
+        finally:
+            signal.signal(signal.SIGTERM, handler)
     try:
         yield cluster, started
     finally:

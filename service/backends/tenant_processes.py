@@ -229,7 +229,9 @@ class TenantProcesses:
             await dead.ended()
             raise _lost(sid, dead)
         worker = tenant.worker
-        if worker is None and tenant.has_saved_state():  # sessions saved by the last run: restore them first
+        # sessions saved by the last run: restore them first. A worker already starting may have restored
+        # them (and removed the directory) before its hello's answer names them: wait for that answer too
+        if worker is None and (tenant.starting is not None or tenant.has_saved_state()):
             worker = await self._worker(tenant)
         if worker is None or prefix not in worker.prefixes:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
