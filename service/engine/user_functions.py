@@ -170,11 +170,12 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
     """The ``function`` step (see the module's docstring)."""
     session = run.session
     template = _held(session, step.backward)
-    _check(step, template, [True] * len(step.outputs), step.backward, step.grads)
+    _check_backward(step, template, [True] * len(step.outputs), step.backward, step.grads)
+    _check_step(step)
     variants = {}
     for variant in step.variants:
         held = _held(session, variant.backward)
-        _check(step, held, variant.present, variant.backward, variant.grads)
+        _check_backward(step, held, variant.present, variant.backward, variant.grads)
         variants[tuple(variant.present)] = (held, variant.grads)
     for tid in step.live:  # (bound when the backward runs: an unknown one is said now)
         session.tensor(tid)
@@ -210,38 +211,43 @@ def _held(session, template_id: str | None) -> Template | None:
     return template
 
 
-def _check(step: FunctionStep, template: Template | None, present: list[bool], template_id: str | None,
-           grads: list) -> None:
-    """The step against a backward of it (its own, or a variant's: the grads ``present``) and itself: 400
-    naming what does not fit."""
-    def bad(message: str) -> ProtocolError:
-        return ProtocolError(ErrorCode.BAD_REQUEST, f"function step ({step.name}): {message}")
+def _bad(step: FunctionStep, message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_REQUEST, f"function step ({step.name}): {message}")
 
+
+def _check_backward(step: FunctionStep, template: Template | None, present: list[bool], template_id: str | None,
+                    grads: list) -> None:
+    """A backward of the step (its own, or a variant's: the grads ``present``) against what the step binds:
+    400 naming what does not fit."""
     if len(present) != len(step.outputs):
-        raise bad(f"a variant's present has {len(present)} entries for {len(step.outputs)} outputs")
-    if step.variants and step.materialize_grads:
-        raise bad("variants are for materialize_grads false")
+        raise _bad(step, f"a variant's present has {len(present)} entries for {len(step.outputs)} outputs")
     bound = sum(present) + len(step.saved) + len(step.live)
     if template is not None and len(template.step.inputs) != bound:
-        raise bad(f"template {template_id!r} takes {len(template.step.inputs)} inputs, the step binds "
-                  f"{sum(present)} grads, {len(step.saved)} saved and {len(step.live)} live tensors")
+        raise _bad(step, f"template {template_id!r} takes {len(template.step.inputs)} inputs, the step binds "
+                   f"{sum(present)} grads, {len(step.saved)} saved and {len(step.live)} live tensors")
     if len(grads) != len(step.inputs):
-        raise bad(f"grads has {len(grads)} entries for {len(step.inputs)} inputs")
+        raise _bad(step, f"grads has {len(grads)} entries for {len(step.inputs)} inputs")
     known = bound + (0 if template is None else len(template.outputs))
     for k in grads:
         if k is not None and k >= known:
-            raise bad(f"grad {k} is out of range: the backward has {known} tensors (bound, then the template's "
-                      "outputs)")
+            raise _bad(step, f"grad {k} is out of range: the backward has {known} tensors (bound, then the "
+                       "template's outputs)")
+
+
+def _check_step(step: FunctionStep) -> None:
+    """The step against itself (once, whatever its variants): 400 naming what does not fit."""
+    if step.variants and step.materialize_grads:
+        raise _bad(step, "variants are for materialize_grads false")
     if len(set(step.outputs)) != len(step.outputs):  # (an input may repeat: F.apply(x, x), as in torch)
-        raise bad("outputs name each tensor once")
+        raise _bad(step, "outputs name each tensor once")
     dirty = set()
     for i in step.dirty:
         if i >= len(step.inputs) or step.inputs[i] not in step.outputs:
-            raise bad(f"dirty input {i} is not an input that is also an output")
+            raise _bad(step, f"dirty input {i} is not an input that is also an output")
         dirty.add(step.inputs[i])
     for tid in step.outputs:
         if tid in step.inputs and tid not in dirty:
-            raise bad(f"output {tid!r} is an input the forward did not mark dirty")
+            raise _bad(step, f"output {tid!r} is an input the forward did not mark dirty")
     for j in step.non_differentiable:
         if j >= len(step.outputs):
-            raise bad(f"non_differentiable output {j} is out of range")
+            raise _bad(step, f"non_differentiable output {j} is out of range")
