@@ -131,6 +131,7 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
     for t in hooked:
         hooks = t.__dict__.get(_HOOKS)
         if not hooks:
+            session._hook_kept.pop(t._id, None)  # its hooks removed: nothing to keep it for
             continue
         hooks = list(hooks.values())
         if not t.__dict__.get(_OBSERVED):
@@ -145,6 +146,8 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
                     observed[oid] = lambda answer, at, ref=kept, oid=oid: rebind(session, ref, oid, answer.present)
                 if tid is not None:
                     found.append({"id": t._id, "template": tid})
+                elif kept is None:  # hooks that leave the gradient alone: nothing runs there, none to keep it for
+                    session._hook_kept.pop(t._id, None)
                 continue
         oid = session.new_id()
         found.append({"id": t._id, "observe": oid})

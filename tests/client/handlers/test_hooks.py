@@ -275,6 +275,15 @@ def test_a_hooked_tensor_no_longer_named_is_let_go_once_a_backward_ran_its_hooks
     h.backward()
     assert torch.equal(x.grad.cpu(), torch.full((3,), 12.0, dtype=torch.float64))
     assert not sess._hook_kept
+    for case in ("leaves the gradient alone", "removed"):
+        h = x * 2
+        handle = h.register_hook((lambda g: None) if case.startswith("leaves") else (lambda g: g * 3))
+        del h
+        assert len(sess._hook_kept) == 1
+        if case == "removed":
+            handle.remove()
+        (x * 1).sum().backward()  # a backward that does not reach it
+        assert not sess._hook_kept, case  # nothing runs its hooks there: nothing to keep it for
 
 
 def test_a_template_whose_program_failed_is_sent_again(sess):
