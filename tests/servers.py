@@ -108,13 +108,13 @@ def running(port: int | None = None, *, nofile: int | None = None, **env: str) -
         server.close()
 
 
-def api(url: str, token: str | None = None, **kw) -> httpx.Client:
+def api(url: str, token: str | None = None, timeout: float = 30, **kw) -> httpx.Client:
     """A raw JSON client with the protocol header (and the token when given); every answer it reads is
     held to proto/schema.json (``answer_schema``)."""
     headers = {"Remote-Autograd-Protocol": "1"}
     if token:
         headers[AUTH] = f"Bearer {token}"
-    return httpx.Client(base_url=url, headers=headers, timeout=30, event_hooks={"response": [response_hook]}, **kw)
+    return httpx.Client(base_url=url, headers=headers, timeout=timeout, event_hooks={"response": [response_hook]}, **kw)
 
 
 def program(c: httpx.Client, sid: str, steps: list, pid: str | None = None) -> httpx.Response:

@@ -7,6 +7,7 @@ through both fronts with the SDK and raw HTTP. The test that removes a node runs
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -22,13 +23,18 @@ from remote_autograd import client
 
 from ..conftest import start_server
 from ..ray_cluster import RAY_ENV, cluster_or_skip, front_env, ready_workers
-from ..servers import api, call, error_of, program, put, ref
+from ..servers import api as _api
+from ..servers import call, error_of, program, put, ref
 from .test_training import _data, _mlp, _train
 
 TOKENS = ("alice", "bob")
 PER_TOKEN = {"REMOTE_AUTOGRAD_MAX_SESSIONS_PER_TOKEN": "3", "REMOTE_AUTOGRAD_MAX_BYTES_PER_TOKEN": "400000"}
 FRONT = {"REMOTE_AUTOGRAD_TOKENS": ",".join(TOKENS), "REMOTE_AUTOGRAD_TEST_OPS": "1", **PER_TOKEN}
 GPU_NODE = {"num_cpus": 1, "num_gpus": 1}
+# A token's first session on a node starts its worker actor, which imports torch before it answers: the
+# server waits up to 120 s for that (ray_sessions._FIRST_ANSWER_SECONDS), and so does every raw call here.
+# Abandoning a create at 30 s on a loaded machine left a session the next tests' placement counted.
+api = functools.partial(_api, timeout=150)
 
 
 @pytest.fixture(scope="module")
