@@ -169,6 +169,8 @@ _TWICE = b"trying to differentiate twice a function that was marked with @once_d
 def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> None:
     """The ``function`` step (see the module's docstring)."""
     session = run.session
+    if step.client_backward:
+        return _cut(session, step, execute)
     template = _held(session, step.backward)
     _check_backward(step, template, [True] * len(step.outputs), step.backward, step.grads)
     _check_step(step)
@@ -201,6 +203,29 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
         if tid not in position:
             tensors[tid].value = value  # the same tensor with its history set, or a view torch made
     return None
+
+
+def _cut(session, step: FunctionStep, execute: Execute) -> None:
+    """A ``client_backward`` node: the forward's outputs take a node whose only input is a leaf of its own
+    (an anchor no step can name), so they require grad, no backward walks through them to anything (the
+    engine never runs the node: nothing it leads to is asked for), and a ``backward`` step's ``capture``
+    keeps the gradient that reaches them for the client, which runs the Function's backward itself."""
+    if step.inputs or step.grads or step.backward or step.saved or step.live or step.dirty or step.variants \
+            or step.reentrant or step.node is None:
+        raise _bad(step, "a client_backward node names its outputs and node only (no inputs, grads, backward, "
+                   "saved, live, dirty, variants or reentrant)")
+    _check_step(step)
+    spec = _Spec(step, None, session, execute, [("value", None, session.tensor(tid).value) for tid in step.outputs],
+                 {})
+    spec.grads = [None]  # the anchor's
+    anchor = torch.zeros((), requires_grad=True)
+    results = _named(step.name).apply(spec, anchor)
+    node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
+    if node is not None:  # (for a backward step's capture)
+        session.nodes[step.node] = node
+    tensors = session.tensors
+    for tid, value in zip(step.outputs, results):
+        tensors[tid].value = value
 
 
 def _held(session, template_id: str | None) -> Template | None:

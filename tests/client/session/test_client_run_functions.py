@@ -1,0 +1,153 @@
+"""A user's ``torch.autograd.Function`` whose backward reads values on the client: it runs there, staged
+between the server's backwards (``dispatch/_client_run``, ``handlers/_staged``). Each case runs the same code
+on CPU tensors and on the device, in float64, and compares gradients; the forms not supported raise at the
+call, naming the Function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .test_function_backward import CustomAdd, _assert_same
+
+
+class Branchy(torch.autograd.Function):
+    """A backward that branches on a value of its incoming gradient (a recorded backward cannot)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if g.abs().max().item() > 1:  # a clipped gradient, only where it is large
+            return g.clamp(-1, 1) * ctx.scale + x * 0, None
+        return g * ctx.scale, None
+
+
+class Twice(torch.autograd.Function):
+    """Two outputs, one saved; its backward reads whether any gradient reaches the first."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y, x * 3
+
+    @staticmethod
+    def backward(ctx, g_exp, g_three):
+        (y,) = ctx.saved_tensors
+        if bool((g_exp == 0).all()):  # a value read: only the second output's gradient flows
+            return g_three * 3
+        return g_exp * y + g_three * 3
+
+
+def _leaves(device, n=2):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(4, generator=g, dtype=torch.float64).to(device).requires_grad_() for _ in range(n)]
+
+
+def _one(device, scale):
+    w, _ = _leaves(device)
+    loss = Branchy.apply(w * 2, scale).pow(2).sum()
+    loss.backward()
+    return [w.grad]
+
+
+@pytest.mark.parametrize("scale", [0.1, 5.0], ids=["small", "clipped"])
+def test_a_backward_that_branches_on_a_value_gives_torchs_gradients(sess, scale):
+    _assert_same(_one(sess.device, scale), _one("cpu", scale))
+
+
+def test_gradcheck_through_a_client_run_backward(sess):
+    x = torch.randn(5, dtype=torch.float64).to(sess.device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: Twice.apply(t)[0] + 0, (x,), fast_mode=True, check_undefined_grad=False)
+
+
+def _chained(device):
+    w, v = _leaves(device)
+    a, b = Twice.apply(w)
+    c = Branchy.apply(a * v, 4.0)  # a later node fed by the first, and the first's other output around it
+    loss = c.sum() + (b * v).sum()
+    loss.backward()
+    return [w.grad, v.grad]
+
+
+def test_two_client_run_nodes_chained(sess):
+    _assert_same(_chained(sess.device), _chained("cpu"))
+
+
+def _mixed(device):
+    w, v = _leaves(device)
+    h = CustomAdd.apply(w, v, 2.0)  # recorded: runs inside the server's backward
+    y = Branchy.apply(h.sin(), 3.0)
+    loss = (y * w).sum() + w.pow(2).sum()  # w reached through the client-run node and around it
+    loss.backward()
+    grads = [w.grad.clone(), v.grad.clone()]
+    loss2 = Branchy.apply(v, 0.5).sum()
+    grads += torch.autograd.grad(loss2, [v, w], allow_unused=True)
+    return grads
+
+
+def test_mixed_with_a_recorded_function_and_a_leaf_reached_through_and_around(sess):
+    _assert_same(_mixed(sess.device), _mixed("cpu"))
+
+
+def _retained(device):
+    w, _ = _leaves(device)
+    loss = Twice.apply(w)[0].sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    return [w.grad]
+
+
+def test_retain_graph_lets_a_second_backward_run_and_a_freed_graph_raises_as_torch(sess):
+    _assert_same(_retained(sess.device), _retained("cpu"))
+    w, _ = _leaves(sess.device)
+    loss = Twice.apply(w)[0].sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match=r"Trying to backward through the graph a second time.*through Twice"):
+        loss.backward()
+
+
+def test_create_graph_through_a_client_run_backward_raises_naming_the_function(sess):
+    w, _ = _leaves(sess.device)
+    loss = Branchy.apply(w, 2.0).sum()
+    with pytest.raises(RuntimeError, match=r"create_graph=True through Branchy, whose backward runs on the client"):
+        loss.backward(create_graph=True)
+
+
+SEEN: list = []
+
+
+class Unmaterialized(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g2, g3):
+        seen = [g is None for g in (g2, g3)]
+        out = torch.zeros_like(g2 if g2 is not None else g3)
+        if g2 is not None and g2.sum().item() != 0:
+            out = out + g2 * 2
+        if g3 is not None:
+            out = out + g3 * 3
+        SEEN.append(seen)
+        return out
+
+
+def _unmaterialized(device):
+    w, _ = _leaves(device)
+    a, _b = Unmaterialized.apply(w)
+    SEEN.clear()
+    a.sum().backward()
+    return [w.grad, torch.tensor(SEEN)]
+
+
+def test_set_materialize_grads_false_passes_none_where_torch_does(sess):
+    _assert_same(_unmaterialized(sess.device), _unmaterialized("cpu"))
