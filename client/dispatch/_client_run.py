@@ -28,6 +28,7 @@ from ..session._session_core import _Origin
 from ..tensor._tensor import RemoteTensor
 
 _ORDER = itertools.count()  # creation order, a topological order of the client-run nodes
+MADE: weakref.WeakSet = weakref.WeakSet()  # the sessions that made one (a backward in the others looks for none)
 
 # torch's own words for a backward through a graph whose saved tensors a backward freed
 FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -125,6 +126,7 @@ def make(cls: type, backward: Any, ctx: Any, args: tuple, outputs: tuple, tensor
     if non_differentiable:
         step["non_differentiable"] = non_differentiable
     session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    MADE.add(session)
     leaves = frozenset({record})
     for o, n in zip(tensors, nodes):
         if n is not None:

@@ -10,9 +10,10 @@ are those inputs, capturing again at the earlier nodes it reaches), and so on. L
 at each stage that reaches them: by linearity the sum is torch's, up to the order of the additions where a
 leaf gets gradients from more than one stage (``docs/known-differences.md``).
 
-Every stage but the last retains the graph (a later one may walk the same nodes again, with another
-gradient); a backward that does not retain it marks its client-run nodes freed, so a second backward through
-them raises torch's error. Where a form cannot be staged faithfully the call raises, naming the Function:
+A stage retains the graph where a later stage may walk the same nodes again, with another gradient (what
+the two walk down to, their handles' ``_leaves``, meet: a leaf reached both through a client-run node and
+around it), else as the user asked; a backward that does not retain it marks its client-run nodes freed, so
+a second backward through them raises torch's error. Where a form cannot be staged faithfully the call raises, naming the Function:
 ``create_graph`` through such a node, ``torch.autograd.grad`` across one, and hooks on the session's tensors
 or modules (a hook would run once per stage, on part of its gradient).
 """
@@ -23,18 +24,40 @@ from typing import Any, Callable
 
 import torch
 
-from ..dispatch._client_run import FREED, ClientRun
+from ..dispatch._client_run import FREED, MADE, ClientRun
 from ..session._callsite import where
 from ..tensor._tensor import RemoteTensor
+from ._hooks import any_hooks
 
 
 def reached(tensors: list) -> list[ClientRun]:
-    """The client-run nodes a backward from ``tensors`` reaches, earliest first (cheap where none was made)."""
+    """The client-run nodes a backward from ``tensors`` reaches directly (not behind another), earliest first
+    (nothing to look for in a session that never made one)."""
+    if not any(isinstance(t, RemoteTensor) and t._session in MADE for t in tensors):
+        return []
     found: set = set()
     for t in tensors:
         if isinstance(t, RemoteTensor) and t._rg:
             found.update(k for k in t._leaves if type(k) is ClientRun)
     return sorted(found, key=lambda r: r.order)
+
+
+def _upstream(runs: list[ClientRun]) -> list[ClientRun]:
+    """``runs`` and every client-run node behind them, latest first."""
+    seen: set = set()
+    todo = list(runs)
+    while todo:
+        r = todo.pop()
+        if r not in seen:
+            seen.add(r)
+            todo += reached(list(r.args))
+    return sorted(seen, key=lambda r: -r.order)
+
+
+def _depends(tensors: list) -> frozenset:
+    """What a backward from ``tensors`` walks down to on the server: the leaves (and client-run nodes, where it
+    stops) their ``_leaves`` name."""
+    return frozenset().union(*(t._leaves for t in tensors if isinstance(t, RemoteTensor) and t._rg))
 
 
 def refuse(runs: list[ClientRun], what: str) -> RuntimeError:
@@ -46,7 +69,7 @@ def refuse(runs: list[ClientRun], what: str) -> RuntimeError:
 def _check(session: Any, runs: list[ClientRun], create_graph: bool) -> None:
     if create_graph:
         raise refuse(runs, "a backward with create_graph=True")
-    if session._hooked or session._node_hooks:
+    if any_hooks(session) or session._node_hooks:
         raise refuse(runs, "a backward with hooks on the session's tensors or modules")
     _check_kept(runs)
 
@@ -97,11 +120,15 @@ def _add(a: RemoteTensor, b: RemoteTensor) -> RemoteTensor:
 
 def _stages(session: Any, runs: list[ClientRun], tensors: list, grads: list, retain: bool,
             queue: Callable[..., tuple[int, Callable | None]]) -> None:
-    """The stages themselves (see the module's docstring)."""
+    """The stages themselves (see the module's docstring). A stage retains the graph where the user's call
+    does, unless a later stage may walk a part of it again: where what it walks down to (``_depends``) meets
+    what a client-run node not yet run walks down to from its inputs."""
+    upstream = _upstream(runs)
+    below = {r: _depends(list(r.args)) for r in upstream}
     captured: dict[ClientRun, list] = {}
     done: set = set()
 
-    def stage(roots: list, given: list, reach: list[ClientRun], last: bool) -> None:
+    def stage(roots: list, given: list, reach: list[ClientRun], before: int | None) -> None:
         entries, slots = [], []
         for r in reach:
             if r in done:
@@ -110,7 +137,9 @@ def _stages(session: Any, runs: list[ClientRun], tensors: list, grads: list, ret
                 if meta[2]:
                     entries.append({"node": r.node, "output": j, "out": session.new_id()})
                     slots.append((r, j, meta))
-        index, take = queue(roots, given, retain if last else True, entries)
+        walks = _depends(roots)  # (a node the stage stops at is named there too: a later stage walks on from it)
+        later = [r for r in upstream if r not in done and (before is None or r.order < before)]
+        index, take = queue(roots, given, retain or any(not walks.isdisjoint(below[r]) for r in later), entries)
         if not entries and take is None:
             return
         answer = session.take_result(index) or {}
@@ -122,7 +151,7 @@ def _stages(session: Any, runs: list[ClientRun], tensors: list, grads: list, ret
                 sums = captured.setdefault(r, [None] * sum(m is not None for m in r.outputs))
                 sums[j] = g if sums[j] is None else _add(sums[j], g)
 
-    stage(tensors, grads, runs, False)
+    stage(tensors, grads, runs, None)
     while captured:
         r = max(captured, key=lambda n: n.order)
         done.add(r)
@@ -133,4 +162,4 @@ def _stages(session: Any, runs: list[ClientRun], tensors: list, grads: list, ret
         if roots:
             nxt = [n for n in reached([a for a, _ in roots]) if n not in done]
             _check_kept(nxt)
-            stage([a for a, _ in roots], [g for _, g in roots], nxt, not captured and not nxt)
+            stage([a for a, _ in roots], [g for _, g in roots], nxt, r.order)

@@ -96,6 +96,33 @@ def test_mixed_with_a_recorded_function_and_a_leaf_reached_through_and_around(se
     _assert_same(_mixed(sess.device), _mixed("cpu"))
 
 
+def _shared(device):
+    w, v = _leaves(device)
+    h = w.exp()  # saves its result: walked by the first stage (around the node) and by the node's own
+    loss = Branchy.apply(h, 3.0).sum() + (h * v).sum()
+    loss.backward()
+    return [w.grad, v.grad]
+
+
+def test_a_part_of_the_graph_walked_through_and_around_a_client_run_node(sess):
+    _assert_same(_shared(sess.device), _shared("cpu"))
+
+
+def _freed_around(device):
+    w, v = _leaves(device)
+    e = v.exp()
+    loss = Branchy.apply(w, 2.0).sum() + e.sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        e.sum().backward()  # the part around the node was freed, as torch frees it
+        v.grad.sum().item()  # (on the device, the error comes with the answer)
+    return [w.grad, v.grad]
+
+
+def test_a_backward_frees_the_graph_around_a_client_run_node_as_torch(sess):
+    _assert_same(_freed_around(sess.device), _freed_around("cpu"))
+
+
 def _retained(device):
     w, _ = _leaves(device)
     loss = Twice.apply(w)[0].sum()
@@ -121,6 +148,17 @@ def test_create_graph_through_a_client_run_backward_raises_naming_the_function(s
 
 
 SEEN: list = []
+
+
+def test_hooks_in_a_staged_backward_raise_naming_the_function(sess):
+    w, v = _leaves(sess.device)
+    loss = Branchy.apply(w, 2.0).sum() + v.sum()
+    handle = v.register_hook(lambda g: g * 2)  # it would run once per stage, on part of its gradient
+    with pytest.raises(RuntimeError, match=r"with hooks on the session's tensors or modules through Branchy"):
+        loss.backward(retain_graph=True)
+    handle.remove()
+    loss.backward()
+    assert w.grad is not None and v.grad is not None
 
 
 class Unmaterialized(torch.autograd.Function):
