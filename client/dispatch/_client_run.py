@@ -22,6 +22,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from ..session import _callsite
 from ..session._session_core import _Origin
@@ -65,8 +66,12 @@ class ClientRun:
             if g is None and meta is not None and self.materialize:  # torch's zeros where no gradient flows
                 g = torch.zeros(meta[0], dtype=meta[1], device=self.session.device)
             given.append(g)
-        with torch.no_grad():  # torch runs a backward with grad mode as create_graph (refused before: off)
-            returned = self.backward(self.ctx, *given)
+        compiling = _set_eval_frame(None)  # inside torch.compile's call, dynamo would compile the user's code here
+        try:
+            with torch.no_grad():  # torch runs a backward with grad mode as create_graph (refused before: off)
+                returned = self.backward(self.ctx, *given)
+        finally:
+            _set_eval_frame(compiling)
         return self._checked(returned if isinstance(returned, tuple) else (returned,))
 
     def _checked(self, returned: tuple) -> list:

@@ -156,8 +156,8 @@ def _stages(session: Any, runs: list[ClientRun], tensors: list, grads: list, ret
         r = max(captured, key=lambda n: n.order)
         done.add(r)
         passed = r.run(captured.pop(r))
-        if not retain:
-            r.freed = True
+        if not retain:  # torch frees its saved tensors: ours go with the ctx
+            r.freed, r.ctx = True, None
         roots = [(a, g) for a, g in zip(r.args, passed) if g is not None]
         if roots:
             nxt = [n for n in reached([a for a, _ in roots]) if n not in done]

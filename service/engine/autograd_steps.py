@@ -21,6 +21,7 @@ from ..settings import Settings
 from . import anomaly, grad_ownership, tensor_hooks
 from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
 from .program_run import ProgramRun
+from .user_functions import is_client_run
 from .templates import Execute
 from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
@@ -111,7 +112,7 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     implicit = step.inputs is None
     targets = _candidates(session) if implicit else [session.tensor(t) for t in step.inputs]
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    captures = _captures(session, step)
+    captures = _captures(session, step, roots)
     if not targets and not captures:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
         store_made(session, settings, tensor_hooks.observed_pairs(hooks))
@@ -147,9 +148,11 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     return {**(result or {}), "captured": [g is not None for g in captured]} if captures else result
 
 
-def _captures(session: Session, step: BackwardStep | GradStep) -> list[GradientEdge]:
+def _captures(session: Session, step: BackwardStep | GradStep, roots: list[torch.Tensor]) -> list[GradientEdge]:
     """Where ``step`` keeps the gradient that reaches a client-run node (``capture``), the new ids checked: a
-    node no graph holds any more is ``404``, an output it does not have ``400``."""
+    node no graph holds any more is ``404``, an output it does not have ``400``. A client-run node the walk
+    from ``roots`` meets and ``step`` does not capture fails it (``422``): its gradient would stop there
+    without a word (a template's backward step, which the client cannot stage)."""
     check_new_ids(session, [c.out for c in step.capture])
     edges = []
     for c in step.capture:
@@ -159,6 +162,14 @@ def _captures(session: Session, step: BackwardStep | GradStep) -> list[GradientE
         if c.output >= len(node._input_metadata):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"capture: node {c.node!r} has no output {c.output}")
         edges.append(GradientEdge(node, c.output))
+    if any(is_client_run(n) for n in list(session.nodes.values())):  # (a walk only while such a node lives)
+        captured = {id(e.node) for e in edges}
+        for node in graph_nodes(roots):
+            if is_client_run(node) and id(node) not in captured:
+                raise ProtocolError(ErrorCode.OP_ERROR, f"{node.spec.name}.backward runs on the client (it reads "
+                                    "values), and this backward reaches it without capturing its gradient (a "
+                                    "compiled step's or a template's backward cannot stage it): call backward "
+                                    "outside torch.compile")
     return edges
 
 
@@ -233,7 +244,7 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
-    captures = _captures(session, step)
+    captures = _captures(session, step, outputs)
     if captures and not step.allow_unused:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "capture: a grad step that captures allows unused inputs")
     with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:

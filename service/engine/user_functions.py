@@ -39,7 +39,7 @@ class _Spec:
     """What a node of ``_UserFunction`` keeps besides its saved tensors (no tensor: those are saved)."""
 
     __slots__ = ("name", "template", "session", "execute", "grads", "outputs", "dirty", "non_differentiable", "saved",
-                 "once", "live", "reentrant", "materialize", "variants")
+                 "once", "live", "reentrant", "materialize", "variants", "client")
 
     def __init__(self, step: FunctionStep, template: Template | None, session, execute: Execute, outputs: list,
                  variants: dict) -> None:
@@ -52,6 +52,7 @@ class _Spec:
         self.dirty, self.non_differentiable, self.once = step.dirty, step.non_differentiable, step.once_differentiable
         self.live, self.reentrant = step.live, step.reentrant
         self.saved: list = []  # (kind, k): ("input", i), ("output", j) or ("value", tensor), until forward saves them
+        self.client = False  # a client_backward node's (_cut)
 
 
 class _UserFunction(torch.autograd.Function):
@@ -217,7 +218,7 @@ def _cut(session, step: FunctionStep, execute: Execute) -> None:
     _check_step(step)
     spec = _Spec(step, None, session, execute, [("value", None, session.tensor(tid).value) for tid in step.outputs],
                  {})
-    spec.grads = [None]  # the anchor's
+    spec.grads, spec.client = [None], True  # the anchor's grad (none)
     anchor = torch.zeros((), requires_grad=True)
     results = _named(step.name).apply(spec, anchor)
     node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
@@ -226,6 +227,12 @@ def _cut(session, step: FunctionStep, execute: Execute) -> None:
     tensors = session.tensors
     for tid, value in zip(step.outputs, results):
         tensors[tid].value = value
+
+
+def is_client_run(node) -> bool:
+    """Whether ``node`` is a ``client_backward`` one (``_cut``)."""
+    spec = getattr(node, "spec", None)
+    return isinstance(spec, _Spec) and spec.client
 
 
 def _held(session, template_id: str | None) -> Template | None:

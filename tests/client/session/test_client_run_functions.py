@@ -189,3 +189,15 @@ def _unmaterialized(device):
 
 def test_set_materialize_grads_false_passes_none_where_torch_does(sess):
     _assert_same(_unmaterialized(sess.device), _unmaterialized("cpu"))
+
+
+def _compiled_loss(device):
+    w, _ = _leaves(device)
+    loss_of = torch.compile(lambda y: (y * y).sum(), backend="remote") if device != "cpu" else (lambda y: (y * y).sum())
+    for scale in (0.3, 3.0):
+        loss_of(Branchy.apply(w * 1.5, scale)).backward()  # the compiled output depends on the node: staged
+    return [w.grad]
+
+
+def test_a_compiled_loss_of_a_client_run_output_backwards_through_it(sess):
+    _assert_same(_compiled_loss(sess.device), _compiled_loss("cpu"))

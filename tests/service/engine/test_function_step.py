@@ -238,6 +238,8 @@ def test_a_client_backward_node_cuts_the_graph_and_a_capture_keeps_its_gradient(
            "capture": [{"node": "c1", "output": 1, "out": "g3"}]}], 400, "bad_request", "has no output 1"),
         ([{"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["g4"], "retain_graph": True,
            "capture": [{"node": "c1", "output": 0, "out": "g3"}]}], 400, "bad_request", "allows unused inputs"),
+        ([{"kind": "backward", "tensors": ["s"], "retain_graph": True}], 422, "op_error",
+         "ReadsValues.backward runs on the client"),  # its gradient would stop there without a word
     ]
     wire.ok(sid, [{**call_step("mul", ref("x"), 1, out=["y2"]), "grad_enabled": False}])
     for steps, status, code, words in cases:
