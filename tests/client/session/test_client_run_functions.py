@@ -92,8 +92,8 @@ def _mixed(device):
     return grads
 
 
-def test_mixed_with_a_recorded_function_and_a_leaf_reached_through_and_around(sess):
-    _assert_same(_mixed(sess.device), _mixed("cpu"))
+def test_mixed_with_a_recorded_function_and_a_leaf_reached_through_and_around(any_sess):
+    _assert_same(_mixed(any_sess.device), _mixed("cpu"))
 
 
 def _shared(device):
@@ -121,6 +121,17 @@ def _freed_around(device):
 
 def test_a_backward_frees_the_graph_around_a_client_run_node_as_torch(sess):
     _assert_same(_freed_around(sess.device), _freed_around("cpu"))
+
+
+def _with_inputs(device):
+    w, v = _leaves(device)
+    loss = Branchy.apply(w * v, 3.0).sum() + v.sum()
+    loss.backward(inputs=[w])  # only w's .grad, through the node
+    return [w.grad, v.grad]
+
+
+def test_backward_with_inputs_through_a_client_run_node(sess):
+    _assert_same(_with_inputs(sess.device), _with_inputs("cpu"))
 
 
 def _retained(device):
