@@ -216,10 +216,10 @@ def _cut(session, step: FunctionStep, execute: Execute) -> None:
         raise _bad(step, "a client_backward node names its outputs and node only (no inputs, grads, backward, "
                    "saved, live, dirty, variants or reentrant)")
     _check_step(step)
-    spec = _Spec(step, None, session, execute, [("value", None, session.tensor(tid).value) for tid in step.outputs],
-                 {})
+    values = [session.tensor(tid).value for tid in step.outputs]
+    spec = _Spec(step, None, session, execute, [("value", None, v) for v in values], {})
     spec.grads, spec.client = [None], True  # the anchor's grad (none)
-    anchor = torch.zeros((), requires_grad=True)
+    anchor = torch.zeros((), device=values[0].device, requires_grad=True)  # (on the outputs' device: one stream)
     results = _named(step.name).apply(spec, anchor)
     node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
     if node is not None:  # (for a backward step's capture)
