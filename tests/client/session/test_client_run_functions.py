@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.autograd.function import once_differentiable
 
 from .test_function_backward import CustomAdd, _assert_same
 
@@ -156,6 +157,39 @@ def test_create_graph_through_a_client_run_backward_raises_naming_the_function(s
     loss = Branchy.apply(w, 2.0).sum()
     with pytest.raises(RuntimeError, match=r"create_graph=True through Branchy, whose backward runs on the client"):
         loss.backward(create_graph=True)
+
+
+class Needs(torch.autograd.Function):
+    """``needs_input_grad`` and ``once_differentiable``, a non-tensor argument, a backward that reads a value."""
+
+    @staticmethod
+    def forward(ctx, x, w, power):
+        ctx.save_for_backward(x, w)
+        ctx.power = power
+        return x * w ** power
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        assert not torch.is_grad_enabled()
+        gx = g * w ** ctx.power if ctx.needs_input_grad[0] else None
+        gw = g * x * ctx.power * w ** (ctx.power - 1) if ctx.needs_input_grad[1] else None
+        if float(g.sum()) < 0:  # a value read, where the sign of the sum makes no difference
+            return gx, gw, None
+        return gx, gw, None
+
+
+def _needs(device):
+    w, v = _leaves(device)
+    frozen = v.detach()
+    out = Needs.apply(frozen, w, 2) + Needs.apply(w, frozen, 3)
+    out.sum().backward()
+    return [w.grad]
+
+
+def test_needs_input_grad_and_once_differentiable_as_torch(sess):
+    _assert_same(_needs(sess.device), _needs("cpu"))
 
 
 SEEN: list = []
