@@ -13,8 +13,9 @@ template named by a hash of its content, so the same Function on the same layout
 per session. While it records, the real session refuses every step: a backward that reads a remote
 tensor it neither saved nor put on ``ctx`` fails loudly, never sending a step. A backward that reads
 values on the client (``.item()``, a bool of a tensor) cannot be a template (``ReadsValues``): it runs on
-the client instead, staged, at each backward that reaches it (``_client_run``). It records with grad on (torch runs a backward under ``create_graph``
-so), so double backward works where torch's does; ``once_differentiable`` turns it off itself.
+the client instead, staged, at each backward that reaches it (``_client_run``). It records with grad on
+(torch runs a backward under ``create_graph`` so), so double backward works where torch's does;
+``once_differentiable`` turns it off itself.
 
 Then one ``function`` step (``service/engine/user_functions.py``) makes the forward's outputs the
 outputs of a server node whose backward runs that template, and the outputs' handles become

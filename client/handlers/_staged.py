@@ -13,9 +13,10 @@ leaf gets gradients from more than one stage (``docs/known-differences.md``).
 A stage retains the graph where a later stage may walk the same nodes again, with another gradient (what
 the two walk down to, their handles' ``_leaves``, meet: a leaf reached both through a client-run node and
 around it), else as the user asked; a backward that does not retain it marks its client-run nodes freed, so
-a second backward through them raises torch's error. Where a form cannot be staged faithfully the call raises, naming the Function:
-``create_graph`` through such a node, ``torch.autograd.grad`` across one, and hooks on the session's tensors
-or modules (a hook would run once per stage, on part of its gradient).
+a second backward through them raises torch's error. ``torch.autograd.grad`` runs so too, a ``grad`` step per
+stage, each input's gradient summed over them. Where a form cannot be staged faithfully the call raises,
+naming the Function: ``create_graph`` through such a node, and hooks on the session's tensors or modules (a
+hook would run once per stage, on part of its gradient).
 """
 
 from __future__ import annotations
