@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Awaitable, Callable
 
 import httpx
+import torch._dynamo
 
 from ._embedded import service_app
 
@@ -71,8 +72,6 @@ def _run_compiled_calls_while_the_server_traces() -> None:
     off, dynamo runs such a call as plain Python instead (torch's own alternative): the same values,
     uncompiled for that call. Set in the caller's context (torch's config is context-local), as a user
     sets it, for the calls made where the transport is made."""
-    import torch._dynamo  # the SDK has imported it already (the remote backend)
-
     torch._dynamo.config.error_on_nested_fx_trace = False
 
 
