@@ -89,7 +89,7 @@ class Template:
         if len(scalars) != len(step.scalars):
             raise _bad(tid, None, f"scalar names repeat: {[s.id for s in step.scalars]}")
         known, made = set(names), []
-        renamed = []
+        own = []
         for index, inner in enumerate(step.steps):
             reads, writes = _names(inner, index, tid)
             for name in reads:
@@ -103,7 +103,7 @@ class Template:
                     raise _bad(tid, index, f"{name!r} is made twice (or is an input): a template names a tensor once")
                 known.add(name)
                 made.append(name)
-            renamed.append(_renamed(inner, prefix))
+            own.append(renamed(inner, prefix))
         outputs = list(step.outputs)
         if len(set(outputs)) != len(outputs):
             raise _bad(tid, None, f"outputs repeat: {outputs}")
@@ -111,7 +111,7 @@ class Template:
             if name not in made:
                 raise _bad(tid, None, f"output {name!r} is not made by a step of the template (an input is "
                            "returned by the client itself)")
-        return cls(step, renamed, [prefix + n for n in names], [prefix + n for n in made],
+        return cls(step, own, [prefix + n for n in names], [prefix + n for n in made],
                    [prefix + n for n in outputs])
 
 
@@ -173,7 +173,7 @@ def _scalars_in(values: list, found: list, depth: int) -> None:
             _scalars_in(value, found, depth + 1)
 
 
-def _renamed(step, prefix: str):
+def renamed(step, prefix: str):
     """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation)."""
     kind = type(step)
     if kind is CallStep:

@@ -1,0 +1,255 @@
+"""The regions of ``torch.utils.checkpoint(fn, *args, use_reentrant=False)``: what their ops save is dropped
+and recomputed at the backward, on the server, as torch does it (``proto/SPEC.md`` §4, "checkpoint").
+
+On the client no autograd node ever packs a tensor (the server does the autograd), so torch's own hooks
+there save nothing. The SDK tells the server where ``fn`` begins and ends instead: a ``checkpoint`` step
+opens a region, a ``checkpoint_end`` step closes it, and the steps between (in one program or several)
+are ``fn``'s. The server runs them under torch's own machinery: a ``_CheckpointFrame`` whose inputs are
+the checkpoint's tensor arguments (saved with ``_make_saved_tensor`` under the hooks below, as torch's
+``save_inputs`` saves them: the session's ``counting_saved``, or an enclosing region's), and torch's
+``_checkpoint_hook`` pushed while the region's steps run, so every tensor their ops save becomes a
+holder. At the first unpack, torch calls the frame's ``recompute_fn``: ``_recompute`` runs the region's
+recorded steps again, under torch's ``_recomputation_hook``, on the frame's inputs and on the other
+tensors the steps read (kept as ``fn``'s closure keeps them: read as they are then, counted while the
+region lives), with the session's generator as it was at the open (``preserve_rng_state``) and put back
+after, as ``fork_rng`` does. Its names live in the session's table under a prefix no client id can have
+(``~ck<n>/``) for the recomputation only, and are dropped there; the recomputed tensors torch keeps until
+they are unpacked. torch's rules hold as they are: nested regions (one opened inside another's steps is
+opened again while the outer one is recomputed), a second backward (another graph task recomputes
+again), the determinism check, early stop (here after the step that recomputed the last saved tensor).
+
+A region's steps are calls and ``set_requires_grad`` (run again), puts (their tensor kept), and steps
+that compute nothing (fetch, free, retain_grad, set_grad, template definitions: not run again); a
+backward, grad, load, function or run_template step inside one is refused. A region lives as long as the
+graph keeps its holders (the frame, its recomputation and what it keeps are reached only from them).
+
+Between programs the session keeps its open regions; ``resumed`` pushes their hooks again around each
+program's steps (torch's hooks are per thread and the program's own ``counting_saved`` is below them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import (GraphExecGroup, _allowed_determinism_checks_to_fns, _checkpoint_hook,
+                                    _CheckpointFrame)
+
+from remote_autograd.proto import ErrorCode, ProtocolError
+from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
+                                            GradStep, LoadStep, PutStep, RunTemplateStep, SetRequiresGradStep)
+
+from ..ops._context import RunContext, reset, set_current
+from ..sessions.custom_tensor import CustomTensor
+from .program_run import ProgramRun
+from .saved_tensors import pinned
+from .templates import Execute, GradStandIn, renamed
+from .values import step_refs
+
+_RUNS = itertools.count()
+_REFUSED = (BackwardStep, GradStep, LoadStep, FunctionStep, RunTemplateStep)
+_REFUSED_NAMES = {BackwardStep: "a backward", GradStep: "torch.autograd.grad", LoadStep: "a load",
+                  FunctionStep: "a user autograd.Function", RunTemplateStep: "a compiled graph (run_template)"}
+
+
+class Region:
+    """One open (or closed, still needed) region: its steps, what they read from outside, its generator state.
+    It holds no tensor of its own steps' making, and its frame only weakly: the frame holds it (``_recompute``)."""
+
+    __slots__ = ("id", "session", "execute", "inputs", "known", "closure", "steps", "rng", "early_stop", "frame",
+                 "hook", "__weakref__")
+
+    def __init__(self, step: CheckpointStep, session, execute: Execute, rng: tuple | None) -> None:
+        self.id = step.region
+        self.session = weakref.ref(session)
+        self.execute = execute
+        self.inputs = list(step.inputs)  # bound to the frame's saved inputs at a recomputation
+        self.known = set(step.inputs)  # names a recomputation can read: inputs, what the steps made, the closure
+        self.closure: dict[str, tuple[CustomTensor, Any]] = {}  # other names read: (the tensor, its pin)
+        self.steps: list = []
+        self.rng = rng  # (the generator's state at the open, its pin), or None
+        self.early_stop = step.early_stop
+        self.frame: weakref.ref | None = None
+        self.hook: _checkpoint_hook | None = None  # while open
+
+    def record(self, step, session, limit: int) -> None:
+        """``step`` ran inside the region: kept to run again (a put: its tensor kept), what it reads from
+        outside kept as ``fn``'s closure."""
+        kind = type(step)
+        if kind is PutStep:
+            self._keep(step.id, session, limit)
+            return
+        if kind is CallStep:
+            for tid in _reads(step):
+                if tid not in self.known:
+                    self._keep(tid, session, limit)
+            self.known.update(_made(step, session))
+        elif kind is SetRequiresGradStep or kind is CheckpointStep:
+            for tid in ([step.id] if kind is SetRequiresGradStep else step.inputs):
+                if tid not in self.known:
+                    self._keep(tid, session, limit)
+        elif kind is not CheckpointEndStep:
+            return  # computes nothing a later step reads: fetch, free, retain_grad, set_grad, a template defined
+        self.steps.append(step)
+
+    def _keep(self, tid: str, session, limit: int) -> None:
+        ct = session.tensor(tid)
+        self.known.add(tid)
+        self.closure[tid] = (ct, pinned(session, ct.value, limit))
+
+
+def _reads(step: CallStep) -> set[str]:
+    found = step_refs(step.args, set())
+    return step_refs(step.kwargs.values(), found) if step.kwargs else found
+
+
+def _made(step: CallStep, session) -> list[str]:
+    if not step.out_many:
+        return step.out
+    tensors, prefix, made = session.tensors, step.out[0], []
+    while f"{prefix}.{len(made)}" in tensors:
+        made.append(f"{prefix}.{len(made)}")
+    return made
+
+
+# -- the steps ---------------------------------------------------------------------------------------
+
+
+def admit(step) -> None:
+    """A step about to run inside an open region: refused when the region could not run it again."""
+    if type(step) in _REFUSED:
+        raise ProtocolError(ErrorCode.OP_ERROR, f"{_REFUSED_NAMES[type(step)]} inside the function of "
+                            "torch.utils.checkpoint(..., use_reentrant=False) is not supported on remote tensors: "
+                            "call it outside the checkpointed function")
+
+
+def record(regions: list, step, session, limit: int) -> None:
+    """``step`` ran with ``regions`` open: each keeps it (an outer region runs an inner one's steps again too)."""
+    if type(step) is not CheckpointStep and type(step) is not CheckpointEndStep:
+        for region in regions:
+            region.record(step, session, limit)
+
+
+def open_region(regions: list, run: ProgramRun, step: CheckpointStep, execute: Execute) -> None:
+    """The ``checkpoint`` step: the frame made, its inputs saved under the hooks below, its hook pushed."""
+    session = run.session
+    if any(r.id == step.region for r in regions):
+        raise ProtocolError(ErrorCode.CONFLICT, f"checkpoint region {step.region!r} is open already")
+    limit = run.settings.max_session_bytes
+    inputs = [session.tensor(tid).value for tid in step.inputs]
+    for region in regions:  # the enclosing regions see the open as a step of theirs (its inputs read)
+        region.record(step, session, limit)
+    rng = None
+    if step.preserve_rng_state:
+        state = session.generator.get_state()
+        rng = (state, pinned(session, state, limit))
+    region = Region(step, session, execute, rng)
+    frame = _CheckpointFrame(functools.partial(_recompute, region), False, None,
+                             _allowed_determinism_checks_to_fns[step.determinism_check])
+    region.frame = weakref.ref(frame)
+    frame.save_inputs(*inputs)  # as torch's save_inputs: before the region's own hook
+    region.hook = _checkpoint_hook(frame)
+    region.hook.__enter__()
+    regions.append(region)
+
+
+def close_region(regions: list, run: ProgramRun, step: CheckpointEndStep) -> None:
+    """The ``checkpoint_end`` step: the region and those opened inside it closed (their forward complete)."""
+    depth = next((k for k, r in enumerate(regions) if r.id == step.region), None)
+    if depth is None:
+        return None  # its checkpoint step never ran (its program failed before it)
+    while len(regions) > depth:
+        region = regions.pop()
+        region.hook.__exit__(None, None, None)
+        region.hook = None
+        frame = region.frame()
+        if frame is not None:
+            frame.forward_completed = True
+    for region in regions:
+        region.record(step, run.session, run.settings.max_session_bytes)
+    return None
+
+
+@contextlib.contextmanager
+def resumed(regions: list):
+    """The open regions' hooks pushed again around a program's steps (above its ``counting_saved``), and
+    those still open at its end popped: torch's hooks are a stack per thread."""
+    for region in regions:
+        region.hook.__enter__()
+    try:
+        yield
+    finally:
+        for region in reversed(regions):
+            region.hook.__exit__(None, None, None)
+
+
+# -- the recomputation --------------------------------------------------------------------------------
+
+
+def _recompute(region: Region, *inputs: torch.Tensor) -> None:
+    """torch's ``recompute_fn``: the region's steps run again on its inputs and closure (see the docstring)."""
+    session = region.session()
+    run = None if session is None else session.autograd_run
+    if run is None:
+        raise RuntimeError("torch.utils.checkpoint(use_reentrant=False): a saved tensor of a checkpointed region is "
+                           "recomputed only inside a backward or grad step of its session")
+    frame = region.frame()
+    gid = GraphExecGroup._get_current_group() or torch._C._current_graph_task_id()  # as torch's unpack hook
+    prefix = f"~ck{next(_RUNS)}/"
+    tensors = session.tensors
+    bound = {prefix + tid: GradStandIn(t) for tid, t in zip(region.inputs, inputs)}
+    bound.update({prefix + tid: GradStandIn(ct.value, ct.grad) for tid, (ct, _) in region.closure.items()})
+    tensors.update(bound)
+    names: list[str] = []
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, torch_state=run.torch_state,
+                       watch=run.watch, untimed=run.untimed)
+    nested: list[Region] = []
+    generator, before = session.generator, None
+    # what the runner sets around a program, set again: on a CUDA device autograd unpacks on a thread of its own
+    token = set_current(RunContext(generator, session.device, run.settings.max_tensor_elements))
+    try:
+        if region.rng is not None:
+            before = generator.get_state()
+            generator.set_state(region.rng[0])
+        with torch.enable_grad():
+            for index, step in enumerate(region.steps):
+                _run_again(nested, inner, _renamed(step, prefix), index, region, names)
+                if region.early_stop and frame is not None and gid != -1 and \
+                        frame.recomp_counter[gid] >= len(frame.weak_holders):
+                    break  # every tensor the backward needs is recomputed (torch's early stop)
+    except ProtocolError as err:
+        raise ProtocolError(err.code, f"recomputing a torch.utils.checkpoint region: {err.message}") from None
+    finally:
+        for open_inner in reversed(nested):
+            open_inner.hook.__exit__(None, None, None)
+        if before is not None:
+            generator.set_state(before)
+        reset(token)
+        gone = [ct for ct in (tensors.pop(name, None) for name in (*bound, *names)) if ct is not None]
+        session.storages.drop(session, gone)
+
+
+def _run_again(nested: list, inner: ProgramRun, step, index: int, region: Region, names: list) -> None:
+    kind = type(step)
+    if kind is CheckpointStep:
+        open_region(nested, inner, step, region.execute)
+    elif kind is CheckpointEndStep:
+        close_region(nested, inner, step)
+    else:
+        region.execute(inner, step, index)
+        if nested:
+            record(nested, step, inner.session, inner.settings.max_session_bytes)
+        if kind is CallStep:
+            names.extend(_made(step, inner.session))
+
+
+def _renamed(step, prefix: str):
+    if type(step) is CheckpointStep:
+        return step.model_copy(update={"inputs": [prefix + tid for tid in step.inputs]})
+    if type(step) is CheckpointEndStep:
+        return step
+    return renamed(step, prefix)

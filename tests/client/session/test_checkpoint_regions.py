@@ -1,0 +1,203 @@
+"""``torch.utils.checkpoint(..., use_reentrant=False)`` on remote tensors: the server drops what the checkpointed
+function's ops save and recomputes it at the backward (``service/engine/checkpoint_regions.py``), so the session
+holds less after the forward, and the gradients are local torch's bit for bit (the same steps run again).
+
+Each form runs the same code on CPU tensors and on the device: nested checkpoints, ``checkpoint_sequential``, a
+function that reads a value (its region spans two programs), BatchNorm (torch's recomputation updates the running
+statistics again), ``autograd.grad`` then a second backward through a retained graph; dropout redraws the forward's
+numbers; torch's own error for an input changed in place; what is refused, loudly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from remote_autograd.client import RemoteError
+
+
+def _x(device, *shape):
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+
+
+def _mlp(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)).double().to(device)
+
+
+def _module(device):
+    model = _mlp(device)
+    x = _x(device, 5, 4).requires_grad_()
+    return model, x, checkpoint(model, x, use_reentrant=False)
+
+
+def _nested(device):
+    model = _mlp(device)
+    x = _x(device, 5, 4).requires_grad_()
+
+    def outer(h):
+        h = model[0](h).sin()
+        return checkpoint(lambda t: model[2](model[1](t)), h, use_reentrant=False).cos() + h[:, :4]
+
+    return model, x, checkpoint(outer, x, use_reentrant=False)
+
+
+def _nested_first(device):
+    """The outer function's first op is the inner checkpoint's."""
+    model = _mlp(device)
+    x = _x(device, 5, 4).requires_grad_()
+    return model, x, checkpoint(lambda h: checkpoint(model, h, use_reentrant=False) * h, x, use_reentrant=False)
+
+
+def _sequential(device):
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(4)), nn.Tanh()).double().to(device)
+    x = _x(device, 5, 4).requires_grad_()
+    return model, x, checkpoint_sequential(model, 2, x, use_reentrant=False)
+
+
+def _reads_a_value(device):
+    """``.item()`` inside the function sends the queue: its region spans two programs."""
+    model = _mlp(device)
+    x = _x(device, 5, 4).requires_grad_()
+
+    def f(h):
+        h = model[0](h)
+        return model[2](model[1](h) * (2.0 if h.sum().item() > 0 else -2.0))
+
+    return model, x, checkpoint(f, x, use_reentrant=False)
+
+
+def _batch_norm(device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Tanh()).double().to(device)
+    x = _x(device, 5, 4).requires_grad_()
+    return model, x, checkpoint(model, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("form", [_module, _nested, _nested_first, _sequential, _reads_a_value, _batch_norm],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_gradients_are_local_torchs_bit_for_bit(sess, form):
+    def run(device):
+        model, x, out = form(device)
+        loss = out.pow(2).sum()
+        loss.backward()
+        return [t.detach().cpu() for t in (loss, x.grad, *model.parameters(), *(p.grad for p in model.parameters()),
+                                           *model.buffers())]
+
+    for got, want in zip(run(sess.device), run("cpu"), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_autograd_grad_then_a_second_backward_recompute_each_time(any_sess):
+    def run(device):
+        model, x, out = _module(device)
+        loss = out.pow(2).sum()
+        (gx,) = torch.autograd.grad(loss, x, retain_graph=True)
+        loss.backward()
+        return [t.cpu() for t in (gx, x.grad, *(p.grad for p in model.parameters()))]
+
+    for got, want in zip(run(any_sess.device), run("cpu"), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.norm, self.drop = nn.Linear(6, 6), nn.LayerNorm(6), nn.Dropout(0.5)
+
+    def forward(self, h):
+        return h + self.drop(self.fc(self.norm(h)).tanh())
+
+
+def _blocks_run(sess, checkpointed: bool):
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([_Block(), _Block()]).double().to(sess.device)
+    sess.manual_seed(7)
+    h = x = _x(sess.device, 4, 6).requires_grad_()
+    for block in blocks:
+        h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
+    loss = h.pow(2).mean()
+    loss.backward()
+    after = torch.rand(3, dtype=torch.float64, device=sess.device)  # the generator as the backward left it
+    return [t.cpu() for t in (loss.detach(), x.grad, *(p.grad for p in blocks.parameters()), after)]
+
+
+def test_dropout_draws_the_forwards_numbers_again(sess):
+    """The region's generator state is kept at its open and set for the recomputation, then put back (torch's
+    ``preserve_rng_state``): the same masks as without checkpointing, and the same numbers drawn after."""
+    for got, want in zip(_blocks_run(sess, True), _blocks_run(sess, False), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _held_after_forward(sess, checkpointed: bool) -> tuple[int, list]:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)) for _ in range(3)])
+    blocks = blocks.to(sess.device)
+    h = x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)).to(sess.device).requires_grad_()
+    before = sess.stats()["bytes"]
+    for block in blocks:
+        h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
+    held = sess.stats()["bytes"] - before
+    h.pow(2).mean().backward()
+    return held, [t.cpu() for t in (x.grad, *(p.grad for p in blocks.parameters()))]
+
+
+def test_the_session_holds_less_after_a_checkpointed_forward(sess):
+    """What a block's ops save (its input, GELU's input and output: 64x32 + 2 x 64x128 floats) is dropped; each
+    block's input is kept, as torch keeps it, and the generator's state at its start (the test server's device is
+    the CPU: an mt19937 state). Measured by the server's count of the session's bytes."""
+    plain, plain_grads = _held_after_forward(sess, False)
+    kept, grads = _held_after_forward(sess, True)
+    assert plain == 3 * (64 * 32 + 2 * 64 * 128) * 4
+    assert kept == 3 * (64 * 32 * 4 + torch.Generator().get_state().numel())
+    for got, want in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_an_input_changed_in_place_after_the_forward_raises_torchs_error(sess):
+    for device, error in (("cpu", RuntimeError), (sess.device, RemoteError)):
+        x = _x(device, 3, 4).requires_grad_()
+        h = x * 2
+        y = checkpoint(torch.sin, h, use_reentrant=False)
+        h.add_(1)
+        with pytest.raises(error, match="modified by an inplace operation"):
+            y.sum().backward()
+            x.grad.cpu()
+
+
+def test_context_fn_and_debug_are_refused_at_the_functions_first_op(sess):
+    x = _x(sess.device, 3, 4).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"context_fn \(selective checkpointing\) or debug=True is not supported"):
+        checkpoint(torch.sin, x, use_reentrant=False, debug=True)
+    assert torch.equal(checkpoint(torch.sin, x, use_reentrant=False).cpu(), x.detach().cpu().sin())
+
+
+def test_a_backward_inside_the_function_is_refused_and_the_session_goes_on(any_sess):
+    x = _x(any_sess.device, 3, 4).requires_grad_()
+
+    def f(t):
+        (g,) = torch.autograd.grad(t.sin().sum(), t, create_graph=True)
+        return g * t
+
+    with pytest.raises(RemoteError, match=r"torch.autograd.grad inside the function of torch.utils.checkpoint"):
+        checkpoint(f, x, use_reentrant=False).sum().backward()
+        x.grad.cpu()
+    (x * 2).sum().backward()  # the region was closed: a backward runs again
+    assert torch.equal(x.grad.cpu(), torch.full((3, 4), 2.0, dtype=torch.float64))
+
+
+def test_a_program_failing_inside_the_function_leaves_no_region_open(sess):
+    """The step that closes the region was queued after the failing one, so it never ran: it is sent again."""
+    x = _x(sess.device, 3, 4).requires_grad_()
+    bad = torch.tensor([7])  # out of range: only the server's value check knows
+
+    def f(t):
+        return t.sin()[bad]
+
+    y = checkpoint(f, x, use_reentrant=False)
+    with pytest.raises(RemoteError, match="out of bounds|out of range"):
+        y.sum().item()
+    (x * 3).sum().backward()  # a backward inside a region still open would be refused
+    assert torch.equal(x.grad.cpu(), torch.full((3, 4), 3.0, dtype=torch.float64))
