@@ -61,7 +61,7 @@ class Region:
     It holds no tensor of its own steps' making, and its frame only weakly: the frame holds it (``_recompute``)."""
 
     __slots__ = ("id", "session", "execute", "inputs", "known", "closure", "steps", "rng", "early_stop", "frame",
-                 "hook", "__weakref__")
+                 "hook", "deaths", "__weakref__")
 
     def __init__(self, step: CheckpointStep, session, execute: Execute, rng: tuple | None) -> None:
         self.id = step.region
@@ -75,6 +75,7 @@ class Region:
         self.early_stop = step.early_stop
         self.frame: weakref.ref | None = None
         self.hook: _checkpoint_hook | None = None  # while open
+        self.deaths: dict[int, list[str]] | None = None  # (_deaths) once recomputed
 
     def record(self, step, session, limit: int) -> None:
         """``step`` ran inside the region: kept to run again (a put: its tensor kept), what it reads from
@@ -105,6 +106,24 @@ class Region:
 def _reads(step: CallStep) -> set[str]:
     found = step_refs(step.args, set())
     return step_refs(step.kwargs.values(), found) if step.kwargs else found
+
+
+def _deaths(steps: list) -> dict[int, list[str]]:
+    """After which step each name a call of ``steps`` makes is read no more: a recomputation lets it go there,
+    as torch's would once ``fn``'s Python drops it (what a node saved stays with torch until unpacked)."""
+    made, last = {}, {}
+    for index, step in enumerate(steps):
+        kind = type(step)
+        reads = _reads(step) if kind is CallStep else [step.id] if kind is SetRequiresGradStep else \
+            step.inputs if kind is CheckpointStep else ()
+        for tid in reads:
+            last[tid] = index
+        if kind is CallStep and not step.out_many:  # (out_many's names go at the end)
+            made.update((tid, index) for tid in step.out)
+    deaths: dict[int, list[str]] = {}
+    for tid, index in made.items():
+        deaths.setdefault(max(index, last.get(tid, index)), []).append(tid)
+    return deaths
 
 
 def _made(step: CallStep, session) -> list[str]:
@@ -208,6 +227,8 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
     inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, torch_state=run.torch_state,
                        watch=run.watch, untimed=run.untimed)
     nested: list[Region] = []
+    if region.deaths is None:
+        region.deaths = _deaths(region.steps)
     generator, before = session.generator, None
     # what the runner sets around a program, set again: on a CUDA device autograd unpacks on a thread of its own
     token = set_current(RunContext(generator, session.device, run.settings.max_tensor_elements))
@@ -218,6 +239,10 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
         with torch.enable_grad():
             for index, step in enumerate(region.steps):
                 _run_again(nested, inner, _renamed(step, prefix), index, region, names)
+                dead = region.deaths.get(index)
+                if dead:
+                    gone = [tensors.pop(prefix + tid, None) for tid in dead]
+                    session.storages.drop(session, [ct for ct in gone if ct is not None])
                 if region.early_stop and frame is not None and gid != -1 and \
                         frame.recomp_counter[gid] >= len(frame.weak_holders):
                     break  # every tensor the backward needs is recomputed (torch's early stop)
