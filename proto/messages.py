@@ -324,7 +324,7 @@ class CheckpointStep(_Model):
     tensor arguments, saved here as torch saves them; any other tensor they read is kept as ``fn``'s closure
     keeps it), with the session's generator as it was here when ``preserve_rng_state``. ``determinism_check``
     and ``early_stop`` as torch's arguments. A region opened inside an open one nests, as torch's do; a
-    backward, grad, load, function or run_template step inside one is refused."""
+    backward, grad or load step inside one is refused."""
 
     kind: Literal["checkpoint"]
     region: TensorId

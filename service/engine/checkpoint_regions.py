@@ -18,9 +18,11 @@ they are unpacked. torch's rules hold as they are: nested regions (one opened in
 opened again while the outer one is recomputed), a second backward (another graph task recomputes
 again), the determinism check, early stop (here after the step that recomputed the last saved tensor).
 
-A region's steps are calls and ``set_requires_grad`` (run again), puts (their tensor kept), and steps
-that compute nothing (fetch, free, retain_grad, set_grad, template definitions: not run again); a
-backward, grad, load, function or run_template step inside one is refused. A region lives as long as the
+A region's steps are calls, ``set_requires_grad``, user Functions (``function``: the node the session
+knows stays the forward's) and compiled graphs (``run_template``), run again; puts (their tensor kept);
+and steps that compute nothing (fetch, free, retain_grad, set_grad, template definitions: not run
+again). A backward, grad or load step inside one is refused (torch's recomputation of a backward inside
+the function, its rule 6, is not followed). A region lives as long as the
 graph keeps its holders (the frame, its recomputation and what it keeps are reached only from them).
 
 Between programs the session keeps its open regions; ``resumed`` pushes their hooks again around each
@@ -51,9 +53,8 @@ from .templates import Execute, GradStandIn, renamed
 from .values import step_refs
 
 _RUNS = itertools.count()
-_REFUSED = (BackwardStep, GradStep, LoadStep, FunctionStep, RunTemplateStep)
-_REFUSED_NAMES = {BackwardStep: "a backward", GradStep: "torch.autograd.grad", LoadStep: "a load",
-                  FunctionStep: "a user autograd.Function", RunTemplateStep: "a compiled graph (run_template)"}
+_REFUSED = (BackwardStep, GradStep, LoadStep)
+_REFUSED_NAMES = {BackwardStep: "a backward", GradStep: "torch.autograd.grad", LoadStep: "a load"}
 
 
 class Region:
@@ -84,17 +85,12 @@ class Region:
         if kind is PutStep:
             self._keep(step.id, session, limit)
             return
-        if kind is CallStep:
-            for tid in _reads(step):
-                if tid not in self.known:
-                    self._keep(tid, session, limit)
-            self.known.update(_made(step, session))
-        elif kind is SetRequiresGradStep or kind is CheckpointStep:
-            for tid in ([step.id] if kind is SetRequiresGradStep else step.inputs):
-                if tid not in self.known:
-                    self._keep(tid, session, limit)
-        elif kind is not CheckpointEndStep:
+        if kind not in _RUN_AGAIN:
             return  # computes nothing a later step reads: fetch, free, retain_grad, set_grad, a template defined
+        for tid in _reads(step):
+            if tid not in self.known:
+                self._keep(tid, session, limit)
+        self.known.update(_made(step, session))
         self.steps.append(step)
 
     def _keep(self, tid: str, session, limit: int) -> None:
@@ -103,9 +99,20 @@ class Region:
         self.closure[tid] = (ct, pinned(session, ct.value, limit))
 
 
-def _reads(step: CallStep) -> set[str]:
-    found = step_refs(step.args, set())
-    return step_refs(step.kwargs.values(), found) if step.kwargs else found
+_RUN_AGAIN = (CallStep, SetRequiresGradStep, FunctionStep, RunTemplateStep, CheckpointStep, CheckpointEndStep)
+
+
+def _reads(step) -> set[str] | list[str]:
+    """The names a step of a region reads (``_RUN_AGAIN``'s kinds)."""
+    kind = type(step)
+    if kind is CallStep:
+        found = step_refs(step.args, set())
+        return step_refs(step.kwargs.values(), found) if step.kwargs else found
+    if kind is RunTemplateStep:
+        return step_refs(step.inputs, set())
+    if kind is FunctionStep:
+        return [*step.inputs, *step.outputs, *step.saved, *step.live]
+    return [step.id] if kind is SetRequiresGradStep else step.inputs if kind is CheckpointStep else ()
 
 
 def _deaths(steps: list) -> dict[int, list[str]]:
@@ -113,20 +120,22 @@ def _deaths(steps: list) -> dict[int, list[str]]:
     as torch's would once ``fn``'s Python drops it (what a node saved stays with torch until unpacked)."""
     made, last = {}, {}
     for index, step in enumerate(steps):
-        kind = type(step)
-        reads = _reads(step) if kind is CallStep else [step.id] if kind is SetRequiresGradStep else \
-            step.inputs if kind is CheckpointStep else ()
-        for tid in reads:
+        for tid in _reads(step):
             last[tid] = index
-        if kind is CallStep and not step.out_many:  # (out_many's names go at the end)
-            made.update((tid, index) for tid in step.out)
+        if not getattr(step, "out_many", False):  # (out_many's names go at the end)
+            made.update((tid, index) for tid in _made(step, None))
     deaths: dict[int, list[str]] = {}
     for tid, index in made.items():
         deaths.setdefault(max(index, last.get(tid, index)), []).append(tid)
     return deaths
 
 
-def _made(step: CallStep, session) -> list[str]:
+def _made(step, session) -> list[str]:
+    kind = type(step)
+    if kind is RunTemplateStep:
+        return step.out
+    if kind is not CallStep:
+        return []
     if not step.out_many:
         return step.out
     tensors, prefix, made = session.tensors, step.out[0], []
@@ -238,7 +247,7 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
             generator.set_state(region.rng[0])
         with torch.enable_grad():
             for index, step in enumerate(region.steps):
-                _run_again(nested, inner, _renamed(step, prefix), index, region, names)
+                _run_again(nested, inner, renamed(step, prefix), index, region, names)
                 dead = region.deaths.get(index)
                 if dead:
                     gone = [tensors.pop(prefix + tid, None) for tid in dead]
@@ -268,13 +277,4 @@ def _run_again(nested: list, inner: ProgramRun, step, index: int, region: Region
         region.execute(inner, step, index)
         if nested:
             record(nested, step, inner.session, inner.settings.max_session_bytes)
-        if kind is CallStep:
-            names.extend(_made(step, inner.session))
-
-
-def _renamed(step, prefix: str):
-    if type(step) is CheckpointStep:
-        return step.model_copy(update={"inputs": [prefix + tid for tid in step.inputs]})
-    if type(step) is CheckpointEndStep:
-        return step
-    return renamed(step, prefix)
+        names.extend(_made(step, inner.session))

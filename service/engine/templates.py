@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
-from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, RunTemplateStep, SetGradStep,
-                                            SetRequiresGradStep, TemplateStep)
+from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
+                                            GradStep, RunTemplateStep, SetGradStep, SetRequiresGradStep,
+                                            TemplateStep)
 
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
@@ -174,7 +175,9 @@ def _scalars_in(values: list, found: list, depth: int) -> None:
 
 
 def renamed(step, prefix: str):
-    """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation)."""
+    """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation): a
+    template's own steps, and those a checkpoint region runs again (``checkpoint_regions``), where a function
+    step names no node (the session keeps the forward's)."""
     kind = type(step)
     if kind is CallStep:
         update: dict = {"args": _prefixed(step.args, prefix), "out": [prefix + o for o in step.out]}
@@ -193,6 +196,15 @@ def renamed(step, prefix: str):
             "out": [prefix + t for t in step.out]})
     if kind is SetGradStep:
         return step.model_copy(update={"id": prefix + step.id, "grad": _prefixed_value(step.grad, prefix)})
+    if kind is RunTemplateStep:
+        return step.model_copy(update={"inputs": _prefixed(step.inputs, prefix), "out": [prefix + o for o in step.out]})
+    if kind is FunctionStep:
+        return step.model_copy(update={field: [prefix + t for t in getattr(step, field)]
+                                       for field in ("inputs", "outputs", "saved", "live")} | {"node": None})
+    if kind is CheckpointStep:
+        return step.model_copy(update={"inputs": [prefix + t for t in step.inputs]})
+    if kind is CheckpointEndStep:
+        return step
     assert kind is SetRequiresGradStep
     return step.model_copy(update={"id": prefix + step.id})
 

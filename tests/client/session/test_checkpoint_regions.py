@@ -5,7 +5,8 @@ holds less after the forward, and the gradients are local torch's bit for bit (t
 Each form runs the same code on CPU tensors and on the device: nested checkpoints, ``checkpoint_sequential``, a
 function that reads a value (its region spans two programs), BatchNorm (torch's recomputation updates the running
 statistics again), ``autograd.grad`` then a second backward through a retained graph; dropout redraws the forward's
-numbers; torch's own error for an input changed in place; what is refused, loudly."""
+numbers; a user Function and a compiled graph inside the function are applied again; torch's own error for an input
+changed in place; what is refused, loudly."""
 
 from __future__ import annotations
 
@@ -21,78 +22,122 @@ def _x(device, *shape):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
 
 
-def _mlp(device):
+def _plain(function, *args, use_reentrant):
+    """``checkpoint``'s stand-in for the same forms run without checkpointing."""
+    return function(*args)
+
+
+def _mlp(device, width=8):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)).double().to(device)
+    return nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 4)).double().to(device)
 
 
-def _module(device):
-    model = _mlp(device)
-    x = _x(device, 5, 4).requires_grad_()
-    return model, x, checkpoint(model, x, use_reentrant=False)
+# Each form: (model, its input, its output) on ``device``, checkpointed with ``ck`` (``checkpoint`` or ``_plain``);
+# 32 rows of 64 features, so that what a checkpoint drops outweighs the generator state each region keeps.
 
 
-def _nested(device):
-    model = _mlp(device)
-    x = _x(device, 5, 4).requires_grad_()
+def _module(device, ck):
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
+    return model, x, ck(model, x, use_reentrant=False)
+
+
+def _nested(device, ck):
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
 
     def outer(h):
         h = model[0](h).sin()
-        return checkpoint(lambda t: model[2](model[1](t)), h, use_reentrant=False).cos() + h[:, :4]
+        return ck(lambda t: model[2](model[1](t)), h, use_reentrant=False).cos() + h[:, :4]
 
-    return model, x, checkpoint(outer, x, use_reentrant=False)
+    return model, x, ck(outer, x, use_reentrant=False)
 
 
-def _nested_first(device):
+def _nested_first(device, ck):
     """The outer function's first op is the inner checkpoint's."""
-    model = _mlp(device)
-    x = _x(device, 5, 4).requires_grad_()
-    return model, x, checkpoint(lambda h: checkpoint(model, h, use_reentrant=False) * h, x, use_reentrant=False)
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
+    return model, x, ck(lambda h: ck(model, h, use_reentrant=False) * h, x, use_reentrant=False)
 
 
-def _sequential(device):
+def _sequential(device, ck):
     torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(4)), nn.Tanh()).double().to(device)
-    x = _x(device, 5, 4).requires_grad_()
-    return model, x, checkpoint_sequential(model, 2, x, use_reentrant=False)
+    model = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4)), nn.Tanh()).double().to(device)
+    x = _x(device, 32, 64).requires_grad_()
+    return model, x, checkpoint_sequential(model, 2, x, use_reentrant=False) if ck is checkpoint else model(x)
 
 
-def _reads_a_value(device):
+def _reads_a_value(device, ck):
     """``.item()`` inside the function sends the queue: its region spans two programs."""
-    model = _mlp(device)
-    x = _x(device, 5, 4).requires_grad_()
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
 
     def f(h):
         h = model[0](h)
         return model[2](model[1](h) * (2.0 if h.sum().item() > 0 else -2.0))
 
-    return model, x, checkpoint(f, x, use_reentrant=False)
+    return model, x, ck(f, x, use_reentrant=False)
 
 
-def _batch_norm(device):
+def _batch_norm(device, ck):
+    """torch's recomputation updates the running statistics again: so does the server's."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Tanh()).double().to(device)
-    x = _x(device, 5, 4).requires_grad_()
-    return model, x, checkpoint(model, x, use_reentrant=False)
+    model = nn.Sequential(nn.Linear(4, 64), nn.BatchNorm1d(64), nn.Tanh()).double().to(device)
+    x = _x(device, 32, 4).requires_grad_()
+    return model, x, ck(model, x, use_reentrant=False)
 
 
-@pytest.mark.parametrize("form", [_module, _nested, _nested_first, _sequential, _reads_a_value, _batch_norm],
-                         ids=lambda f: f.__name__.strip("_"))
-def test_gradients_are_local_torchs_bit_for_bit(sess, form):
-    def run(device):
-        model, x, out = form(device)
+class _Rounded(torch.autograd.Function):
+    """A straight-through estimator: a user Function inside the checkpointed function is applied again."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def _user_function(device, ck):
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
+    return model, x, ck(lambda h: _Rounded.apply(model(h) * 3).sin() * h, x, use_reentrant=False)
+
+
+def _compiled(device, ck):
+    """A graph compiled with the remote backend, called inside the checkpointed function (its run recomputed)."""
+    model = _mlp(device, 64)
+    x = _x(device, 32, 4).requires_grad_()
+    part = torch.compile(lambda t: t.sin() * 2, backend="remote") if device != "cpu" else (lambda t: t.sin() * 2)
+    return model, x, ck(lambda h: part(model(h)).cos(), x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("form", [_module, _nested, _nested_first, _sequential, _reads_a_value, _batch_norm,
+                                  _user_function, _compiled], ids=lambda f: f.__name__.strip("_"))
+def test_gradients_are_local_torchs_bit_for_bit_and_the_forward_holds_less(sess, form):
+    kept = []  # every run's tensors alive to the end: none is freed while a later forward is measured
+
+    def run(device, ck):
+        before = sess.stats()["bytes"] if device != "cpu" else 0
+        model, x, out = form(device, ck)
+        held = sess.stats()["bytes"] - before if device != "cpu" else 0
         loss = out.pow(2).sum()
         loss.backward()
-        return [t.detach().cpu() for t in (loss, x.grad, *model.parameters(), *(p.grad for p in model.parameters()),
-                                           *model.buffers())]
+        kept.append((model, x))
+        return held, [t.detach().cpu() for t in (loss, x.grad, *model.parameters(),
+                                                  *(p.grad for p in model.parameters()), *model.buffers())]
 
-    for got, want in zip(run(sess.device), run("cpu"), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    held, got = run(sess.device, checkpoint)
+    plain, _ = run(sess.device, _plain)
+    assert held < plain
+    for got_one, want in zip(got, run("cpu", checkpoint)[1], strict=True):
+        torch.testing.assert_close(got_one, want, rtol=0, atol=0)
 
 
 def test_autograd_grad_then_a_second_backward_recompute_each_time(any_sess):
     def run(device):
-        model, x, out = _module(device)
+        model, x, out = _module(device, checkpoint)
         loss = out.pow(2).sum()
         (gx,) = torch.autograd.grad(loss, x, retain_graph=True)
         loss.backward()
