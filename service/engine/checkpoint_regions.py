@@ -31,7 +31,6 @@ program's steps (torch's hooks are per thread and the program's own ``counting_s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import weakref
@@ -202,16 +201,22 @@ def close_region(regions: list, run: ProgramRun, step: CheckpointEndStep) -> Non
     return None
 
 
-@contextlib.contextmanager
-def resumed(regions: list):
+class resumed:
     """The open regions' hooks pushed again around a program's steps (above its ``counting_saved``), and
-    those still open at its end popped: torch's hooks are a stack per thread."""
-    for region in regions:
-        region.hook.__enter__()
-    try:
-        yield
-    finally:
-        for region in reversed(regions):
+    those open at its end popped (the program may have opened or closed some): torch's hooks are a stack
+    per thread, and the program's own ``counting_saved`` must be the one its end pops."""
+
+    __slots__ = ("regions",)
+
+    def __init__(self, regions: list) -> None:
+        self.regions = regions
+
+    def __enter__(self) -> None:
+        for region in self.regions:
+            region.hook.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        for region in reversed(self.regions):
             region.hook.__exit__(None, None, None)
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from remote_autograd.proto import decode_tensor
+from remote_autograd.proto import decode_tensor, encode_tensor
+from remote_autograd.proto.messages import validate_program
+from remote_autograd.service.engine.runner import run_steps
+from remote_autograd.service.sessions.store import SessionStore
+from remote_autograd.service.settings import Settings
 
 from ..wire import Wire, call_step, decode, expect_error, put_step, ref
 
@@ -59,3 +63,20 @@ def test_the_checkpoint_steps_refusals(wire: Wire, sid: str):
     expect_error(r, 422, "op_error", "a backward inside the function of torch.utils.checkpoint")
     wire.ok(sid, [{"kind": "checkpoint_end", "region": "r"}, {"kind": "backward", "tensors": ["s"]}])
     assert torch.equal(_grad(wire, sid, "x"), torch.ones(4, dtype=torch.float64))
+
+
+def test_a_program_leaves_the_threads_saved_tensor_hooks_as_it_found_them():
+    """torch's hooks are a stack per thread: a program that opens a region, one inside it, one that closes it and
+    one that fails inside it each pop what they pushed (the program's own hooks among them)."""
+    settings = Settings()
+    session = SessionStore(settings).create()
+    x = {"kind": "put", "id": "x", "value": encode_tensor(torch.ones(4)), "requires_grad": True}
+    programs = [[x, {"kind": "checkpoint", "region": "r", "inputs": ["x"]}, call_step("sin", ref("x"), out=["s"])],
+                [call_step("cos", ref("s"), out=["c"])],
+                [call_step("nope_not_an_op", ref("c"), out=["d"])],
+                [{"kind": "checkpoint_end", "region": "r"}, call_step("sum", ref("c"), out=["loss"]),
+                 {"kind": "backward", "tensors": ["loss"]}]]
+    for k, steps in enumerate(programs):
+        run_steps(session, validate_program({"id": f"p{k}", "steps": steps}), settings)
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert torch.equal(session.tensors["x"].grad, -torch.sin(torch.sin(torch.ones(4))) * torch.cos(torch.ones(4)))
