@@ -17,6 +17,8 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from remote_autograd.client import RemoteError
 
+from .test_user_functions import _blocks_run
+
 
 def _x(device, *shape):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
@@ -147,32 +149,10 @@ def test_autograd_grad_then_a_second_backward_recompute_each_time(any_sess):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc, self.norm, self.drop = nn.Linear(6, 6), nn.LayerNorm(6), nn.Dropout(0.5)
-
-    def forward(self, h):
-        return h + self.drop(self.fc(self.norm(h)).tanh())
-
-
-def _blocks_run(sess, checkpointed: bool):
-    torch.manual_seed(0)
-    blocks = nn.ModuleList([_Block(), _Block()]).double().to(sess.device)
-    sess.manual_seed(7)
-    h = x = _x(sess.device, 4, 6).requires_grad_()
-    for block in blocks:
-        h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
-    loss = h.pow(2).mean()
-    loss.backward()
-    after = torch.rand(3, dtype=torch.float64, device=sess.device)  # the generator as the backward left it
-    return [t.cpu() for t in (loss.detach(), x.grad, *(p.grad for p in blocks.parameters()), after)]
-
-
 def test_dropout_draws_the_forwards_numbers_again(sess):
     """The region's generator state is kept at its open and set for the recomputation, then put back (torch's
     ``preserve_rng_state``): the same masks as without checkpointing, and the same numbers drawn after."""
-    for got, want in zip(_blocks_run(sess, True), _blocks_run(sess, False), strict=True):
+    for got, want in zip(_blocks_run(sess, True, use_reentrant=False), _blocks_run(sess, False), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
