@@ -32,12 +32,13 @@ _CALL = inspect.unwrap(_torch_checkpoint.checkpoint).__code__  # checkpoint(...)
 
 
 class Regions:
-    """A session's open regions, outermost first: ``(frame, region id, pack hook)``; ``pack``: the innermost's."""
+    """A session's open regions, outermost first: ``(frame, region id)``; ``pack``: the pack hook on
+    top when the regions were last made those of the hooks (None: look again at the next step)."""
 
     __slots__ = ("open", "pack")
 
     def __init__(self) -> None:
-        self.open: list[tuple[Any, str, Any]] = []
+        self.open: list[tuple[Any, str]] = []
         self.pack = None
 
 
@@ -47,16 +48,20 @@ def sync(session: Any, hooks: tuple | None, origin: type) -> None:
     regions: Regions = session._regions
     pack = None if hooks is None else hooks[0]
     frame = _frame_of(pack)
-    depth = next((k for k, (f, _, _) in enumerate(regions.open) if f is frame), None) if frame is not None else None
-    regions.pack = None if frame is None else pack  # first: the steps queued below find the regions in sync
+    depth = next((k for k, (f, _) in enumerate(regions.open) if f is frame), None) if frame is not None else None
+    regions.pack = pack  # first: the steps queued below find the regions in sync (a save_on_cpu's pack too)
     if frame is None:
         _close(session, 0, origin)
     elif depth is not None:
         _close(session, depth + 1, origin)
     else:
-        done = next((k for k, (f, _, _) in enumerate(regions.open) if f.forward_completed), len(regions.open))
+        done = next((k for k, (f, _) in enumerate(regions.open) if f.forward_completed), len(regions.open))
         _close(session, done, origin)
-        _open(session, frame, pack, origin)
+        try:
+            _open(session, frame, origin)
+        except BaseException:  # refused: each later op of the function is refused too, none runs unrecorded
+            regions.pack = None
+            raise
 
 
 def _frame_of(pack: Any) -> Any:
@@ -82,7 +87,7 @@ def _close(session: Any, depth: int, origin: type) -> None:
     session.enqueue(step, origin("checkpoint_end", where(), undo=undo))
 
 
-def _open(session: Any, frame: Any, pack: Any, origin: type) -> None:
+def _open(session: Any, frame: Any, origin: type) -> None:
     gen = _generator_of(frame)
     locals_ = gen.gi_frame.f_locals
     if locals_["context_fn"] is not _torch_checkpoint.noop_context_fn or frame.unpack_error_cb is not None:
@@ -98,14 +103,14 @@ def _open(session: Any, frame: Any, pack: Any, origin: type) -> None:
             "determinism_check": check if check in ("default", "none") else "default",
             "early_stop": bool(frame.early_stop)}
     regions: Regions = session._regions
-    regions.open.append((frame, rid, pack))
+    regions.open.append((frame, rid))
 
     def undo() -> None:  # it never ran: a later op of the function opens the region again
-        for k, (f, r, _) in enumerate(regions.open):
+        for k, (_, r) in enumerate(regions.open):
             if r == rid:
                 del regions.open[k:]
                 break
-        regions.pack = regions.open[-1][2] if regions.open else None
+        regions.pack = None  # the next step queued under any hooks looks again
 
     session.enqueue(step, origin("checkpoint", where(), undo=undo))
 

@@ -168,8 +168,6 @@ def open_region(regions: list, run: ProgramRun, step: CheckpointStep, execute: E
         raise ProtocolError(ErrorCode.CONFLICT, f"checkpoint region {step.region!r} is open already")
     limit = run.settings.max_session_bytes
     inputs = [session.tensor(tid).value for tid in step.inputs]
-    for region in regions:  # the enclosing regions see the open as a step of theirs (its inputs read)
-        region.record(step, session, limit)
     rng = None
     if step.preserve_rng_state:
         state = session.generator.get_state()
@@ -181,6 +179,8 @@ def open_region(regions: list, run: ProgramRun, step: CheckpointStep, execute: E
     frame.save_inputs(*inputs)  # as torch's save_inputs: before the region's own hook
     region.hook = _checkpoint_hook(frame)
     region.hook.__enter__()
+    for outer in regions:  # the enclosing regions see the open as a step of theirs (its inputs read)
+        outer.record(step, session, limit)
     regions.append(region)
 
 
