@@ -77,7 +77,8 @@ def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
 
 
 # saved_tensors_hooks that change nothing a backward computes (where tensors wait, not their values): allowed.
-# torch.utils.checkpoint(use_reentrant=False) sets its own around the forward; save_on_cpu offloads.
+# torch.utils.checkpoint(use_reentrant=False) sets its own around the function (the server then recomputes
+# what its ops save: _checkpoint_regions); save_on_cpu offloads (the server keeps them on its device).
 _HARMLESS_PACK_HOOKS = frozenset({("torch.utils.checkpoint", "_checkpoint_hook.__init__.<locals>.pack_hook"),
                                   ("torch.autograd.graph", "save_on_cpu.__init__.<locals>.pack_to_cpu")})
 
