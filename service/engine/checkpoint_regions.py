@@ -52,6 +52,8 @@ from .templates import Execute, GradStandIn, renamed
 from .values import step_refs
 
 _RUNS = itertools.count()
+MAX_OPEN = 32  # regions open at once (torch's nested checkpoints are a few deep): each step is recorded by each
+STEPS_PER_PROGRAM = 16  # a region's steps: at most this many times max_steps_per_program (its programs' steps)
 _REFUSED = (BackwardStep, GradStep, LoadStep)
 _REFUSED_NAMES = {BackwardStep: "a backward", GradStep: "torch.autograd.grad", LoadStep: "a load"}
 
@@ -146,12 +148,16 @@ def _made(step, session) -> list[str]:
 # -- the steps ---------------------------------------------------------------------------------------
 
 
-def admit(step) -> None:
-    """A step about to run inside an open region: refused when the region could not run it again."""
+def admit(regions: list, step, max_steps_per_program: int) -> None:
+    """A step about to run inside open ``regions``: refused when a region could not run it again, or would
+    hold more steps than it may (the outermost holds the most)."""
     if type(step) in _REFUSED:
         raise ProtocolError(ErrorCode.OP_ERROR, f"{_REFUSED_NAMES[type(step)]} inside the function of "
                             "torch.utils.checkpoint(..., use_reentrant=False) is not supported on remote tensors: "
                             "call it outside the checkpointed function")
+    if len(regions[0].steps) >= STEPS_PER_PROGRAM * max_steps_per_program and type(step) in _RUN_AGAIN:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"checkpoint region {regions[0].id!r} would hold more than "
+                            f"{STEPS_PER_PROGRAM} x max_steps_per_program={max_steps_per_program} steps")
 
 
 def record(regions: list, step, session, limit: int) -> None:
@@ -166,6 +172,9 @@ def open_region(regions: list, run: ProgramRun, step: CheckpointStep, execute: E
     session = run.session
     if any(r.id == step.region for r in regions):
         raise ProtocolError(ErrorCode.CONFLICT, f"checkpoint region {step.region!r} is open already")
+    if len(regions) >= MAX_OPEN:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"checkpoint region {step.region!r} would be the {MAX_OPEN + 1}th "
+                            f"open at once: at most {MAX_OPEN}")
     limit = run.settings.max_session_bytes
     inputs = [session.tensor(tid).value for tid in step.inputs]
     rng = None

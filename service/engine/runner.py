@@ -137,7 +137,7 @@ class StepLoop:
                 if watch is not None:
                     watch.check(index, step)
                 if regions:
-                    checkpoint_regions.admit(step)
+                    checkpoint_regions.admit(regions, step, run.settings.max_steps_per_program)
                 kind = type(step)
                 if kind is CallStep:
                     results.append(_call(run, step, index))

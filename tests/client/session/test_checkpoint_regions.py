@@ -226,3 +226,24 @@ def test_a_program_failing_inside_the_function_leaves_no_region_open(sess):
         y.sum().item()
     (x * 3).sum().backward()  # a backward inside a region still open would be refused
     assert torch.equal(x.grad.cpu(), torch.full((3, 4), 3.0, dtype=torch.float64))
+
+
+class _Saving(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_a_function_saving_tensors_inside_the_checkpointed_function_is_refused_naming_why(sess):
+    x = _x(sess.device, 3, 4).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"recomputing its function on the client, which reads a tensor a "
+                                           r"torch.autograd.Function saved .* Apply the Function outside"):
+        checkpoint(lambda t: _Saving.apply(t.sin()), x, use_reentrant=False)
+    (_Saving.apply(x.sin()).sum()).backward()  # outside it: the Function runs as anywhere
+    torch.testing.assert_close(x.grad.cpu(), (2 * x.detach().sin() * x.detach().cos()).cpu())

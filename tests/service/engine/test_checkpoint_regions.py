@@ -80,3 +80,29 @@ def test_a_program_leaves_the_threads_saved_tensor_hooks_as_it_found_them():
         run_steps(session, validate_program({"id": f"p{k}", "steps": steps}), settings)
         assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
     assert torch.equal(session.tensors["x"].grad, -torch.sin(torch.sin(torch.ones(4))) * torch.cos(torch.ones(4)))
+
+
+def test_regions_are_bounded_in_number_and_in_steps():
+    """At most 32 open at once; a region holds at most 16 x max_steps_per_program steps (the next one is refused
+    before it runs: its output never made)."""
+    settings = Settings(max_steps_per_program=2)
+    for many in (True, False):
+        session = SessionStore(settings).create()
+        programs = iter(range(1000))
+
+        def run(*steps):
+            return run_steps(session, validate_program({"id": f"p{next(programs)}", "steps": list(steps)}), settings)
+
+        assert run({"kind": "put", "id": "x", "value": encode_tensor(torch.ones(2))}).status == 200
+        if many:
+            for k in range(32):
+                assert run({"kind": "checkpoint", "region": f"r{k}"}).status == 200
+            refused = run({"kind": "checkpoint", "region": "r32"})
+            assert refused.status == 413 and "at most 32" in refused.body["error"]["message"]
+            continue
+        assert run({"kind": "checkpoint", "region": "r"}).status == 200
+        for k in range(32):
+            assert run(call_step("neg", ref("x"), out=[f"n{k}"])).status == 200
+        refused = run(call_step("neg", ref("x"), out=["n32"]))
+        assert refused.status == 413 and "16 x max_steps_per_program=2" in refused.body["error"]["message"]
+        assert "n32" not in session.tensors and "n31" in session.tensors
