@@ -63,7 +63,7 @@ class Region:
     It holds no tensor of its own steps' making, and its frame only weakly: the frame holds it (``_recompute``)."""
 
     __slots__ = ("id", "session", "execute", "inputs", "known", "closure", "steps", "rng", "early_stop", "frame",
-                 "hook", "deaths", "__weakref__")
+                 "hook", "again", "__weakref__")
 
     def __init__(self, step: CheckpointStep, session, execute: Execute, rng: tuple | None) -> None:
         self.id = step.region
@@ -77,7 +77,9 @@ class Region:
         self.early_stop = step.early_stop
         self.frame: weakref.ref | None = None
         self.hook: _checkpoint_hook | None = None  # while open
-        self.deaths: dict[int, list[str]] | None = None  # (_deaths) once recomputed
+        # once recomputed: its name prefix, its steps renamed under it, and which names go after each (_deaths).
+        # One prefix per region: its recomputations run one at a time (a backward inside one is refused)
+        self.again: tuple[str, list, dict[int, list[str]]] | None = None
 
     def record(self, step, session, limit: int) -> None:
         """``step`` ran inside the region: kept to run again (a put: its tensor kept), what it reads from
@@ -241,7 +243,10 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
                            "recomputed only inside a backward or grad step of its session")
     frame = region.frame()
     gid = GraphExecGroup._get_current_group() or torch._C._current_graph_task_id()  # as torch's unpack hook
-    prefix = f"~ck{next(_RUNS)}/"
+    if region.again is None:
+        prefix = f"~ck{next(_RUNS)}/"
+        region.again = (prefix, [renamed(step, prefix) for step in region.steps], _deaths(region.steps))
+    prefix, steps, deaths = region.again
     tensors = session.tensors
     bound = {prefix + tid: GradStandIn(t) for tid, t in zip(region.inputs, inputs)}
     bound.update({prefix + tid: GradStandIn(ct.value, ct.grad) for tid, (ct, _) in region.closure.items()})
@@ -250,8 +255,6 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
     inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, torch_state=run.torch_state,
                        watch=run.watch, untimed=run.untimed)
     nested: list[Region] = []
-    if region.deaths is None:
-        region.deaths = _deaths(region.steps)
     generator, before = session.generator, None
     # what the runner sets around a program, set again: on a CUDA device autograd unpacks on a thread of its own
     token = set_current(RunContext(generator, session.device, run.settings.max_tensor_elements))
@@ -260,9 +263,9 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
             before = generator.get_state()
             generator.set_state(region.rng[0])
         with torch.enable_grad():
-            for index, step in enumerate(region.steps):
-                _run_again(nested, inner, renamed(step, prefix), index, region, names)
-                dead = region.deaths.get(index)
+            for index, step in enumerate(steps):
+                _run_again(nested, inner, step, index, region, names)
+                dead = deaths.get(index)
                 if dead:
                     gone = [tensors.pop(prefix + tid, None) for tid in dead]
                     session.storages.drop(session, [ct for ct in gone if ct is not None])
