@@ -8,11 +8,11 @@ queues a ``checkpoint`` step before it (a region opens: the call's tensor argume
 ``checkpoint`` call's own frame on the stack, and its options) or a ``checkpoint_end`` step (the function
 returned: its frame says ``forward_completed``, or the hooks show an enclosing region or none). The server
 then drops what the region's ops save and recomputes it at the backward
-(``service/engine/checkpoint_regions.py``).
+(``service/engine/checkpoint_regions.py``). An outer checkpoint whose function runs no op before an inner
+one's is found on the stack too, and opened first (its hooks are below the inner's).
 
 torch's ``context_fn`` (selective checkpointing) and ``debug`` change what the function runs under; they
-are refused at the function's first op. An outer checkpoint whose function runs no op before an inner
-one's begins its region at its first op after it (it then keeps a little more; values are the same).
+are refused at the function's first op.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def sync(session: Any, hooks: tuple | None, origin: type) -> None:
         done = next((k for k, (f, _) in enumerate(regions.open) if f.forward_completed), len(regions.open))
         _close(session, done, origin)
         try:
-            _open(session, frame, origin)
+            for outer_first, gen in _unopened(frame, regions):
+                _open(session, outer_first, gen, origin)
         except BaseException:  # refused: each later op of the function is refused too, none runs unrecorded
             regions.pack = None
             raise
@@ -87,8 +88,7 @@ def _close(session: Any, depth: int, origin: type) -> None:
     session.enqueue(step, origin("checkpoint_end", where(), undo=undo))
 
 
-def _open(session: Any, frame: Any, origin: type) -> None:
-    gen = _generator_of(frame)
+def _open(session: Any, frame: Any, gen: Any, origin: type) -> None:
     locals_ = gen.gi_frame.f_locals
     if locals_["context_fn"] is not _torch_checkpoint.noop_context_fn or frame.unpack_error_cb is not None:
         raise RuntimeError("torch.utils.checkpoint(..., use_reentrant=False) with context_fn (selective "
@@ -115,16 +115,26 @@ def _open(session: Any, frame: Any, origin: type) -> None:
     session.enqueue(step, origin("checkpoint", where(), undo=undo))
 
 
-def _generator_of(frame: Any) -> Any:
-    """torch's ``_checkpoint_without_reentrant_generator`` that made ``frame``, from the frame of the
-    ``checkpoint`` call running it (the call's arguments and options are its locals)."""
-    f = sys._getframe(2)
+def _unopened(frame: Any, regions: Regions) -> list[tuple[Any, Any]]:
+    """``frame`` and the checkpoint calls around it whose regions are not open yet (an outer function that ran
+    no op before its inner checkpoint), outermost first: ``(frame, torch's generator that made it)``, read from
+    the frames of the ``checkpoint`` calls on the stack (the call's arguments and options are its locals)."""
+    chain: list[tuple[Any, Any]] = []
+    f = sys._getframe(1)
     while f is not None:
-        if f.f_code is _CALL:
-            gen = f.f_locals.get("gen")
-            if gen is not None and gen.gi_frame is not None and gen.gi_frame.f_locals.get("new_frame") is frame:
-                return gen
+        gen = f.f_locals.get("gen") if f.f_code is _CALL else None
+        made = None if gen is None or gen.gi_frame is None else gen.gi_frame.f_locals.get("new_frame")
+        if made is frame:
+            chain.append((made, gen))
+        elif made is not None and chain:
+            if any(made is open_frame for open_frame, _ in regions.open):
+                break
+            args = gen.gi_frame.f_locals["args"]
+            if args and len(made.saved_args) == len(args) and not made.forward_completed:  # its hooks pushed
+                chain.append((made, gen))
         f = f.f_back
-    raise RuntimeError("an op on remote tensors runs under torch.utils.checkpoint's saved-tensor hooks, but not inside "
-                       "a call of torch.utils.checkpoint.checkpoint(..., use_reentrant=False) the SDK can read its "
-                       f"arguments from: call checkpoint itself ({where() or '?'})")
+    if not chain:
+        raise RuntimeError("an op on remote tensors runs under torch.utils.checkpoint's saved-tensor hooks, but not "
+                           "inside a call of torch.utils.checkpoint.checkpoint(..., use_reentrant=False) the SDK can "
+                           f"read its arguments from: call checkpoint itself ({where() or '?'})")
+    return chain[::-1]
