@@ -134,6 +134,15 @@ class ModuleHook(_Model):
     inputs: list[Annotated[StrictInt, Field(ge=0)] | None] = Field(max_length=4096)
 
 
+class Capture(_Model):
+    """The gradient reaching output ``output`` of the ``client_backward`` function node named ``node``, kept
+    under the new id ``out`` (none when none reaches it: the step's result says which, ``captured``)."""
+
+    node: TensorId
+    output: Annotated[StrictInt, Field(ge=0)]
+    out: TensorId
+
+
 class BackwardStep(_Model):
     """``torch.autograd.backward``: gradients accumulate into the leaves' ``.grad``."""
 
@@ -149,6 +158,7 @@ class BackwardStep(_Model):
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    capture: list[Capture] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class GradStep(_Model):
@@ -167,6 +177,7 @@ class GradStep(_Model):
     hooks: list[TensorHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     node_hooks: list[NodeHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
     module_hooks: list[ModuleHook] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    capture: list[Capture] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
 
 
 class SetGradStep(_Model):
@@ -296,7 +307,10 @@ class FunctionStep(_Model):
     (``ctx.set_materialize_grads(False)``): an output no gradient reaches gets none (torch's None), and the
     backward runs the ``variants`` entry of that pattern (``backward`` and ``grads`` are every grad's).
     ``name``: the Function's, for errors. ``node``: an id the session knows the node by (weakly: while the
-    graph holds it) for later steps' ``node_hooks``."""
+    graph holds it) for later steps' ``node_hooks``. ``client_backward``: the Function's backward runs on the
+    client (it reads values): the node cuts the graph, its outputs requiring grad with no way back to any
+    tensor; a ``backward`` step's ``capture`` keeps their gradients (no ``inputs``, ``grads``, ``backward``,
+    ``saved``, ``live``, ``dirty``, ``variants`` with it)."""
 
     kind: Literal["function"]
     name: str = Field(min_length=1, max_length=256)
@@ -315,6 +329,7 @@ class FunctionStep(_Model):
     materialize_grads: bool = True
     variants: list[FunctionVariant] = Field(default_factory=list, max_length=64, json_schema_extra={"default": []})
     node: TensorId | None = None
+    client_backward: bool = False
 
 
 class CheckpointStep(_Model):
@@ -408,6 +423,7 @@ class StepResult(_Model):
     hooked: list[str] | None = None
     gone: list[str] | None = None
     accumulated: list[str] | None = None
+    captured: list[bool] | None = None  # per ``capture`` of a backward or grad step: whether a gradient reached it
     tensor: TensorMessage | None = None
 
 

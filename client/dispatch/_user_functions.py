@@ -12,9 +12,10 @@ the capture's): one per output's grad (``g0``...), one per tensor it saved or pu
 template named by a hash of its content, so the same Function on the same layouts defines it once
 per session. While it records, the real session refuses every step: a backward that reads a remote
 tensor it neither saved nor put on ``ctx`` fails loudly, never sending a step. A backward that reads
-values on the client (``.item()``, a bool of a tensor) cannot be a template: refused at ``apply``'s
-line, naming the Function. It records with grad on (torch runs a backward under ``create_graph``
-so), so double backward works where torch's does; ``once_differentiable`` turns it off itself.
+values on the client (``.item()``, a bool of a tensor) cannot be a template (``ReadsValues``): it runs on
+the client instead, staged, at each backward that reaches it (``_client_run``). It records with grad on
+(torch runs a backward under ``create_graph`` so), so double backward works where torch's does;
+``once_differentiable`` turns it off itself.
 
 Then one ``function`` step (``service/engine/user_functions.py``) makes the forward's outputs the
 outputs of a server node whose backward runs that template, and the outputs' handles become
@@ -45,7 +46,7 @@ from ..session._recorder import Recorder, Untranslatable
 from ..session._session_core import _Origin
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
-from . import _checkpoint
+from . import _checkpoint, _client_run
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 
@@ -95,6 +96,12 @@ class BackwardRecorder(Recorder):
 
     def foreign(self, handle: RemoteTensor) -> RuntimeError:
         return _unsaved(self.function, self.unsaved)
+
+
+class ReadsValues(RuntimeError):
+    """A Function's backward cannot be recorded: it reads values on the client, or needs a step a template
+    cannot hold (an upload, an answer of the server). ``attach`` runs such a backward on the client
+    (``_client_run``) where it can."""
 
 
 def _unsaved(name: str, message: str | None = None) -> RuntimeError:
@@ -193,7 +200,16 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
     backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
     recorded = functools.partial(_record_backward, backward, ctx, session, name, args, outputs, saved, n_saved,
                                  attributes, extras, state, live, at)
-    recorder, grads, handles, live_handles, grad_of = recorded(None)
+    try:
+        recorder, grads, handles, live_handles, grad_of = recorded(None)
+    except ReadsValues:  # its backward runs on the client, staged, unless it must run inside the server's
+        if extras is not None or cls is _BACKWARD_HOOK or any(o is a for o in tensors for a in inputs):
+            raise  # (a checkpoint's backward runs a backward; a module hook's node; an input marked dirty)
+        by_id = {o._id: o for o in tensors}  # a saved output as torch saves one, without its history: detached
+        own = tuple(o.detach() if (o := by_id.get(b)) is not None else s  # (so no cycle through the record)
+                    for s, b in zip(saved[:n_saved], bindings[:n_saved]))
+        _client_run.make(cls, backward, _Ctx(ctx, own, {}), args, outputs, tensors, nodes, session, line)
+        return
     step = _function_step(name, inputs, tensors, nodes, bindings, live,
                           _backward_of(session, recorder, grads, handles, live_handles, grad_of),
                           once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None)
@@ -232,7 +248,7 @@ def _record_backward(backward, ctx: Any, session: Any, name: str, args: tuple, o
                           None if extras is None else extras.recording(
                               recorder, live_handles, None if state is None else handles[-1]))
     except Untranslatable as why:
-        raise RuntimeError(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
+        raise ReadsValues(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
     except RuntimeError as err:
         raise RuntimeError(f"{err}{at}") from None
     except Exception as err:  # the user's backward raised: torch would raise it at backward, we record it now

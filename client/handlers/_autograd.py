@@ -18,6 +18,7 @@ from ..session._callsite import refuse_custom_function, where
 from ..session._session_core import _Origin, meta_from_result
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
+from . import _staged
 from ._handler_table import HandlerTable
 from ._hooks import NOT_ACCUMULATED, hook_steps, let_go, run_observed
 from ._node_hooks import forget, node_hook_steps
@@ -134,7 +135,7 @@ def _grad_del(t):
 
 @_answers(T.backward)
 def _backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    queue_backward([t], [gradient], retain_graph, create_graph, inputs)
+    _staged_or_queued([t], [gradient], retain_graph, create_graph, inputs)
 
 
 @_answers(torch.autograd.backward)
@@ -145,7 +146,20 @@ def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_gra
         grad_tensors = grad_variables
     if grad_tensors is None or isinstance(grad_tensors, torch.Tensor):
         grad_tensors = [grad_tensors] * len(tensors) if grad_tensors is None else [grad_tensors]
-    queue_backward(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
+    _staged_or_queued(tensors, list(grad_tensors), retain_graph, create_graph, inputs)
+
+
+def _staged_or_queued(tensors: list, grads: list, retain_graph, create_graph: bool, inputs) -> None:
+    """``queue_backward``, or in stages where the roots reach Functions whose backward runs here (``_staged``)."""
+    runs = _staged.reached(tensors)
+    if not runs:
+        queue_backward(tensors, grads, retain_graph, create_graph, inputs)
+        return
+
+    def queue(roots: list, given: list, retain: bool, capture: list) -> int:
+        return queue_backward(roots, given, retain, False, inputs, capture)
+
+    _staged.staged_backward(tensors[0]._session, runs, tensors, grads, retain_graph, create_graph, queue)
 
 
 def _with_hooks(session, step: dict, roots: list) -> dict:
@@ -167,13 +181,12 @@ def _with_hooks(session, step: dict, roots: list) -> dict:
     return observed
 
 
-def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> None:
+def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> int:
     """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``) and forget
     the nodes it answers gone (``_node_hooks``); with observed hooks or module hooks, wait for its answer and
     run the observed ones on what it kept."""
     if not observed and "hooks" not in step and "module_hooks" not in step:
-        session.enqueue(step, origin, nbytes)
-        return
+        return session.enqueue(step, origin, nbytes)
     answer: dict = {}
     correct = origin.on_result
     retained = step.get("create_graph", False) if step.get("retain_graph") is None else step["retain_graph"]
@@ -186,10 +199,11 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
         answer.update(result or {})
 
     origin.on_result = on_result
-    session.enqueue(step, origin, nbytes)
+    index = session.enqueue(step, origin, nbytes)
     if observed or "module_hooks" in step:  # (module hooks may pass None on, where the prediction of which
         session.flush()                      # .grad is None did not look: its answer first)
         run_observed(observed, answer)
+    return index
 
 
 def _gradients(enc: Encoder, grads: list) -> list:
@@ -201,8 +215,10 @@ def _gradients(enc: Encoder, grads: list) -> list:
     return [None if g is None else enc.value(g) for g in grads]
 
 
-def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool, inputs) -> None:
-    """Queue a backward step and predict which leaves get a ``.grad`` from it."""
+def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool, inputs, capture: list | None = None
+                   ) -> int:
+    """Queue a backward step and predict which leaves get a ``.grad`` from it; its index in the queue.
+    ``capture``: the step's (``_staged``)."""
     session = tensors[0]._session
     enc = Encoder(session)
     for t in tensors:
@@ -218,6 +234,8 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         step["retain_graph"] = bool(retain_graph)
     if create_graph:
         step["create_graph"] = True
+    if capture:
+        step["capture"] = capture
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
         step["inputs"] = [i._id for i in inputs]
@@ -247,7 +265,8 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
-    _enqueue_hooked(session, step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes, observed)
+    return _enqueue_hooked(session, step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
+                           observed)
 
 
 @_answers(torch.autograd.grad)
@@ -261,6 +280,10 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     single_input = isinstance(inputs, torch.Tensor)
     outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     inputs = [inputs] if single_input else list(inputs)
+    runs = _staged.reached(outputs)
+    if runs:
+        return _staged_grad(runs, outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused,
+                            materialize_grads)
     session = outputs[0]._session
     enc = Encoder(session)
     for t in (*outputs, *inputs):
@@ -303,3 +326,39 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     _enqueue_hooked(session, step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
     return grads
 
+
+
+def _staged_grad(runs: list, outputs: list, inputs: list, grad_outputs, retain_graph, create_graph: bool,
+                 allow_unused, materialize_grads: bool) -> tuple:
+    """``torch.autograd.grad`` through Functions whose backward runs here (``_staged``): a ``grad`` step per
+    stage, each input's gradient the sum of the stages'; an input none reached as torch answers it."""
+    session = outputs[0]._session
+    if grad_outputs is not None:
+        grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
+
+    def queue(roots: list, given: list, retain: bool, capture: list) -> tuple:
+        enc = Encoder(session)
+        for t in (*roots, *inputs):
+            enc.value(t)
+        ids = [session.new_id() for _ in inputs]
+        step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in roots], "inputs": [i._id for i in inputs],
+                                "retain_graph": retain, "allow_unused": True, "out": ids}
+        session.autograd_step(step)
+        if any(g is not None for g in given):
+            step["grad_outputs"] = _gradients(enc, given)
+        if capture:
+            step["capture"] = capture
+        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+
+        def read(result: dict) -> list:
+            return [None if m is None else RemoteTensor._new(session, m[0], m[1], m[2])
+                    for m in meta_from_result(result)]
+
+        return index, read
+
+    grads = _staged.staged_grad(session, runs, outputs, inputs, grad_outputs, retain_graph, create_graph, queue)
+    for g, i in zip(grads, inputs):
+        if g is None and not (allow_unused or materialize_grads):  # torch's words
+            raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. Set "
+                               "allow_unused=True if this is the desired behavior.")
+    return tuple(torch.zeros_like(i) if g is None and materialize_grads else g for g, i in zip(grads, inputs))

@@ -161,6 +161,11 @@ def hook_steps(session: Any, accumulates: bool) -> tuple[list[dict], dict]:
     return found, observed
 
 
+def any_hooks(session: Any) -> bool:
+    """Whether a tensor of the session has tensor or post-accumulate hooks now."""
+    return any(t.__dict__.get(_HOOKS) or t.__dict__.get(_POST_HOOKS) for t in list(session._hooked.values()))
+
+
 class Answer:
     """What an observed hook reads of its step's answer: the ids kept or noted (``present``), and the order
     the backward accumulated its leaves in (``accumulated``: with post-accumulate hooks)."""

@@ -35,6 +35,7 @@ class InProcessTransport(httpx.BaseTransport):
     def __init__(self, app: Callable[..., Awaitable[None]] | None = None) -> None:
         if app is None:
             app = service_app()
+        _run_compiled_calls_while_the_server_traces()
         # An exception in the app becomes the 500 answer it sent, as a client over a socket sees it.
         self._asgi = httpx.ASGITransport(app, raise_app_exceptions=False)
         self._loop = _LoopThread()
@@ -59,6 +60,20 @@ class InProcessTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._shut_down()  # once: later calls do nothing
+
+
+def _run_compiled_calls_while_the_server_traces() -> None:
+    """A server that compiles templates (``REMOTE_AUTOGRAD_COMPILE``) traces them on a thread of its own
+    with torch.fx's ``Tracer``, which sets a flag of the process while it traces. Dynamo reads that flag
+    at every call of a ``torch.compile``d function and by default raises ("Detected that you are using FX
+    to symbolically trace a dynamo-optimized function"): here the server shares the user's process, so
+    the user's own compiled step raised whenever it ran during a compile. With ``error_on_nested_fx_trace``
+    off, dynamo runs such a call as plain Python instead (torch's own alternative): the same values,
+    uncompiled for that call. Set in the caller's context (torch's config is context-local), as a user
+    sets it, for the calls made where the transport is made."""
+    import torch._dynamo  # the SDK has imported it already (the remote backend)
+
+    torch._dynamo.config.error_on_nested_fx_trace = False
 
 
 async def _send(asgi: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.autograd.graph import GradientEdge
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep
@@ -20,6 +21,7 @@ from ..settings import Settings
 from . import anomaly, grad_ownership, tensor_hooks
 from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
 from .program_run import ProgramRun
+from .user_functions import is_client_run
 from .templates import Execute
 from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
@@ -110,7 +112,8 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     implicit = step.inputs is None
     targets = _candidates(session) if implicit else [session.tensor(t) for t in step.inputs]
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    if not targets:  # nothing of ours to fill: still run it, for its errors and its graph freeing
+    captures = _captures(session, step, roots)
+    if not targets and not captures:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
         store_made(session, settings, tensor_hooks.observed_pairs(hooks))
         return _backward_result(run, [])
@@ -119,15 +122,19 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
     try:
         with tensor_hooks.retained_after_hooks(session, step.hooks, targets) as after:
-            grads = torch.autograd.grad(roots, [ct.value for ct in targets], grad_tensors,
+            grads = torch.autograd.grad(roots, [*(ct.value for ct in targets), *captures], grad_tensors,
                                         retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
         if after:
             grads = tuple(after.get(k, g) for k, g in enumerate(grads))
-        store_made(session, settings, tensor_hooks.observed_pairs(hooks))
+        # first: any later name for a grad is a reference
+        owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]
+        captured = _captured(grads[len(targets):], owned[len(targets):], step.create_graph)
+        grads = grads[:len(targets)]
+        store_made(session, settings, tensor_hooks.observed_pairs(hooks)
+                   + [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None])
     except BaseException:
         session.release(reserved)
         raise
-    owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]  # first: any later name for a grad is a reference
     changed = []
     for ct, g, own in zip(targets, grads, owned):
         if g is not None:
@@ -137,7 +144,41 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     session.release(reserved)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
-    return _backward_result(run, missing)
+    result = _backward_result(run, missing)
+    return {**(result or {}), "captured": [g is not None for g in captured]} if captures else result
+
+
+def _captures(session: Session, step: BackwardStep | GradStep, roots: list[torch.Tensor]) -> list[GradientEdge]:
+    """Where ``step`` keeps the gradient that reaches a client-run node (``capture``), the new ids checked: a
+    node no graph holds any more is ``404``, an output it does not have ``400``. A client-run node the walk
+    from ``roots`` meets and ``step`` does not capture fails it (``422``): its gradient would stop there
+    without a word (a template's backward step, which the client cannot stage)."""
+    check_new_ids(session, [c.out for c in step.capture])
+    edges = []
+    for c in step.capture:
+        node = session.nodes.get(c.node)
+        if node is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TENSOR, f"capture: no graph holds node {c.node!r} (any more)")
+        if c.output >= len(node._input_metadata):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"capture: node {c.node!r} has no output {c.output}")
+        edges.append(GradientEdge(node, c.output))
+    if any(is_client_run(n) for n in list(session.nodes.values())):  # (a walk only while such a node lives)
+        captured = {id(e.node) for e in edges}
+        for node in graph_nodes(roots):
+            if is_client_run(node) and id(node) not in captured:
+                raise ProtocolError(ErrorCode.OP_ERROR, f"{node.spec.name}.backward runs on the client (it reads "
+                                    "values), and this backward reaches it without capturing its gradient (a "
+                                    "compiled step's or a template's backward cannot stage it): call backward "
+                                    "outside torch.compile")
+    return edges
+
+
+def _captured(grads: tuple, owned: list[bool], create_graph: bool) -> list:
+    """Captured gradients as the session may hold them: a copy where autograd may hand one tensor out
+    twice (``grad_ownership``), detached unless the step records a graph."""
+    grads = [g if g is None or create_graph else g.detach() for g in grads]
+    return [None if g is None else g if own else g.clone(memory_format=torch.contiguous_format)
+            for g, own in zip(grads, owned)]
 
 
 def _backward_result(run: ProgramRun, missing: list[str]) -> dict | None:
@@ -203,12 +244,21 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     _check_graph_kept(session, outputs)
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
     anomalies = anomaly.detecting(outputs, step.check_nan) if step.detect_anomaly else contextlib.nullcontext()
+    captures = _captures(session, step, outputs)
+    if captures and not step.allow_unused:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "capture: a grad step that captures allows unused inputs")
     with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:
-        grads = torch.autograd.grad(outputs, inputs, _grad_outputs(step.grad_outputs, session), retain_graph=retain,
-                                    create_graph=step.create_graph, allow_unused=step.allow_unused)
+        grads = torch.autograd.grad(outputs, [*inputs, *captures], _grad_outputs(step.grad_outputs, session),
+                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=step.allow_unused)
+    owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]
+    captured = _captured(grads[len(inputs):], owned[len(inputs):], step.create_graph)
+    grads = grads[:len(inputs)]
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]
+               + [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None]
                + tensor_hooks.observed_pairs(hooks))
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
         return tensor_hooks.answer(hooks, None)
-    return tensor_hooks.answer(hooks, {"tensors": [None if g is None else meta_message(tid, g)
-                                                               for tid, g in zip(step.out, grads)]})
+    result = {"tensors": [None if g is None else meta_message(tid, g) for tid, g in zip(step.out, grads)]}
+    if captures:
+        result["captured"] = [g is not None for g in captured]
+    return tensor_hooks.answer(hooks, result)

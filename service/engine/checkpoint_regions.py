@@ -18,8 +18,8 @@ they are unpacked. torch's rules hold as they are: nested regions (one opened in
 opened again while the outer one is recomputed), a second backward (another graph task recomputes
 again), the determinism check, early stop (here after the step that recomputed the last saved tensor).
 
-A region's steps are calls, ``set_requires_grad``, user Functions (``function``: the node the session
-knows stays the forward's) and compiled graphs (``run_template``), run again; puts (their tensor kept);
+A region's steps are calls, ``set_requires_grad``, user Functions (``function``: its ``node`` names the
+forward's node still) and compiled graphs (``run_template``), run again; puts (their tensor kept);
 and steps that compute nothing (fetch, free, retain_grad, set_grad, template definitions: not run
 again). A backward, grad or load step inside one is refused (torch's recomputation of a backward inside
 the function, its rule 6, is not followed). A region lives as long as the

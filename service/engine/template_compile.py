@@ -24,10 +24,10 @@ import contextvars
 import copy
 import functools
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import torch
@@ -94,7 +94,8 @@ class Compiler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tenants: dict[str, _Tenant] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     def get(self, tenant: str, key: tuple) -> Variant | None:
         with self._lock:
@@ -122,12 +123,40 @@ class Compiler:
             variant = found.variants[key] = Variant()
             while len(found.variants) > VARIANTS_PER_TENANT:
                 found.variants.popitem(last=False)
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-autograd-compile")
+            if self._thread is None:
+                # a daemon: a compile under way never holds up the process's exit (it may take a minute)
+                self._thread = threading.Thread(target=self._work, name="remote-autograd-compile", daemon=True)
+                self._thread.start()
         # in a copy of the caller's context: inductor's config overrides are context variables
-        self._pool.submit(contextvars.copy_context().run, self._compile, found, variant, tenant, template,
-                          tuple(layouts), dict(scalars), device, cuda_graphs)
+        self._jobs.put((variant, functools.partial(contextvars.copy_context().run, self._compile, found, variant,
+                                                   tenant, template, tuple(layouts), dict(scalars), device,
+                                                   cuda_graphs)))
         return variant
+
+    def _work(self) -> None:
+        while True:
+            _, job = self._jobs.get()
+            try:
+                job()
+            except Exception:  # _compile keeps its own failures; anything else must not end the thread
+                log.exception("a template's compile raised")
+
+    def stop_pending(self) -> None:
+        """Forget the compiles not begun (the server is stopping: each would take seconds of a process that
+        is exiting). Their variants go, so a server started later in this process compiles them again."""
+        while True:
+            try:
+                variant, job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if variant is None:  # a waiter's mark (wait)
+                job()
+                continue
+            with self._lock:
+                for found in self._tenants.values():
+                    for key, known in list(found.variants.items()):
+                        if known is variant:
+                            del found.variants[key]
 
     def _compile(self, found: _Tenant, variant: Variant, tenant: str, template: Any, layouts: tuple,
                  scalars: dict, device: torch.device, cuda_graphs: bool) -> None:
@@ -170,8 +199,11 @@ class Compiler:
 
     def wait(self, timeout: float | None = None) -> None:
         """Until every compile submitted so far has ended (tests, the bench)."""
-        if self._pool is not None:
-            self._pool.submit(lambda: None).result(timeout)
+        if self._thread is not None:
+            done = threading.Event()
+            self._jobs.put((None, done.set))
+            if not done.wait(timeout):
+                raise TimeoutError(f"the compiles submitted did not end in {timeout} s")
 
 
 COMPILER = Compiler()

@@ -177,7 +177,7 @@ def _scalars_in(values: list, found: list, depth: int) -> None:
 def renamed(step, prefix: str):
     """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation): a
     template's own steps, and those a checkpoint region runs again (``checkpoint_regions``), where a function
-    step names no node (the session keeps the forward's)."""
+    step's node is named apart from the forward's, which the session keeps)."""
     kind = type(step)
     if kind is CallStep:
         update: dict = {"args": _prefixed(step.args, prefix), "out": [prefix + o for o in step.out]}
@@ -200,7 +200,8 @@ def renamed(step, prefix: str):
         return step.model_copy(update={"inputs": _prefixed(step.inputs, prefix), "out": [prefix + o for o in step.out]})
     if kind is FunctionStep:
         return step.model_copy(update={field: [prefix + t for t in getattr(step, field)]
-                                       for field in ("inputs", "outputs", "saved", "live")} | {"node": None})
+                                       for field in ("inputs", "outputs", "saved", "live")}
+                               | {"node": None if step.node is None else prefix + step.node})
     if kind is CheckpointStep:
         return step.model_copy(update={"inputs": [prefix + t for t in step.inputs]})
     if kind is CheckpointEndStep:

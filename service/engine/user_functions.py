@@ -39,7 +39,7 @@ class _Spec:
     """What a node of ``_UserFunction`` keeps besides its saved tensors (no tensor: those are saved)."""
 
     __slots__ = ("name", "template", "session", "execute", "grads", "outputs", "dirty", "non_differentiable", "saved",
-                 "once", "live", "reentrant", "materialize", "variants")
+                 "once", "live", "reentrant", "materialize", "variants", "client")
 
     def __init__(self, step: FunctionStep, template: Template | None, session, execute: Execute, outputs: list,
                  variants: dict) -> None:
@@ -52,6 +52,7 @@ class _Spec:
         self.dirty, self.non_differentiable, self.once = step.dirty, step.non_differentiable, step.once_differentiable
         self.live, self.reentrant = step.live, step.reentrant
         self.saved: list = []  # (kind, k): ("input", i), ("output", j) or ("value", tensor), until forward saves them
+        self.client = False  # a client_backward node's (_cut)
 
 
 class _UserFunction(torch.autograd.Function):
@@ -169,6 +170,8 @@ _TWICE = b"trying to differentiate twice a function that was marked with @once_d
 def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> None:
     """The ``function`` step (see the module's docstring)."""
     session = run.session
+    if step.client_backward:
+        return _cut(session, step, execute)
     template = _held(session, step.backward)
     _check_backward(step, template, [True] * len(step.outputs), step.backward, step.grads)
     _check_step(step)
@@ -201,6 +204,35 @@ def apply_function(run: ProgramRun, step: FunctionStep, execute: Execute) -> Non
         if tid not in position:
             tensors[tid].value = value  # the same tensor with its history set, or a view torch made
     return None
+
+
+def _cut(session, step: FunctionStep, execute: Execute) -> None:
+    """A ``client_backward`` node: the forward's outputs take a node whose only input is a leaf of its own
+    (an anchor no step can name), so they require grad, no backward walks through them to anything (the
+    engine never runs the node: nothing it leads to is asked for), and a ``backward`` step's ``capture``
+    keeps the gradient that reaches them for the client, which runs the Function's backward itself."""
+    if step.inputs or step.grads or step.backward or step.saved or step.live or step.dirty or step.variants \
+            or step.reentrant or step.node is None:
+        raise _bad(step, "a client_backward node names its outputs and node only (no inputs, grads, backward, "
+                   "saved, live, dirty, variants or reentrant)")
+    _check_step(step)
+    values = [session.tensor(tid).value for tid in step.outputs]
+    spec = _Spec(step, None, session, execute, [("value", None, v) for v in values], {})
+    spec.grads, spec.client = [None], True  # the anchor's grad (none)
+    anchor = torch.zeros((), device=values[0].device, requires_grad=True)  # (on the outputs' device: one stream)
+    results = _named(step.name).apply(spec, anchor)
+    node = next((r.grad_fn for r in results if r.grad_fn is not None), None)
+    if node is not None:  # (for a backward step's capture)
+        session.nodes[step.node] = node
+    tensors = session.tensors
+    for tid, value in zip(step.outputs, results):
+        tensors[tid].value = value
+
+
+def is_client_run(node) -> bool:
+    """Whether ``node`` is a ``client_backward`` one (``_cut``)."""
+    spec = getattr(node, "spec", None)
+    return isinstance(spec, _Spec) and spec.client
 
 
 def _held(session, template_id: str | None) -> Template | None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 from typing import Iterator
 
@@ -164,3 +168,41 @@ def test_an_ordinary_httpx_transport_fits():
     transport = Transport("http://mock", transport=httpx.MockTransport(handler))
     assert transport.request("GET", "/healthz") == (200, {"status": "ok"})
     assert seen == [("GET", "/healthz", "1")]
+
+
+_COMPILED_STEPS_DURING_A_COMPILE = """
+import torch
+from remote_autograd import client
+from remote_autograd.service.engine.template_compile import COMPILER
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+x = torch.randn(16, 8)
+step = lambda m, x: m(x).pow(2).mean()
+want = [step(model, x).item() for _ in range(3)]
+sess = client.connect(transport=client.InProcessTransport())
+model.to(sess.device)
+compiled = torch.compile(step, backend="remote")
+xr, got, calls = x.to(sess.device), [], 0
+# the user's compiled step, called again and again while the server's thread compiles its template
+while calls < 20 or not any(v.state != "compiling" for t in COMPILER._tenants.values() for v in t.variants.values()):
+    got.append(compiled(model, xr).item())
+    calls += 1
+    assert calls < 20000, "the template never finished compiling"
+assert set(got) == {want[0]}, (got[:5], want)
+print("compiled steps during the compile:", calls)
+"""
+
+
+@pytest.mark.inductor
+def test_a_compiled_step_runs_while_the_in_process_server_compiles_its_template():
+    # inductor traces with torch.fx on the server's compile thread, and torch.fx's tracing flag is one for the
+    # process: without the transport's setting, dynamo raised at the user's compiled call meanwhile
+    from remote_autograd.service.engine.template_compile import compiler_missing
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    env = {**os.environ, "REMOTE_AUTOGRAD_COMPILE": "on", "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp()}
+    done = subprocess.run([sys.executable, "-c", _COMPILED_STEPS_DURING_A_COMPILE], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

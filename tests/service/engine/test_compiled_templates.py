@@ -8,6 +8,7 @@ budget. Inductor's compiles cost seconds each: one small graph is compiled here 
 from __future__ import annotations
 
 import logging
+import threading
 
 import httpx
 import pytest
@@ -96,6 +97,28 @@ def test_a_tenants_sessions_share_a_variant_and_tenants_do_not():
     assert compiler.get("a", ("k",)) is first
     assert _submit(compiler, _DROPOUT, tenant="b", key=("k",)) is not first
     compiler.wait(timeout=60)
+
+
+def test_a_stopping_server_drops_the_compiles_not_begun(monkeypatch):
+    # each would take seconds of a process that is exiting: a server with compiles queued took longer than
+    # its front waits for a worker to stop
+    compiler, began, release = Compiler(), threading.Event(), threading.Event()
+    build = template_compile.build
+
+    def slow_build(*args, **kwargs):
+        began.set()
+        release.wait(60)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(template_compile, "build", slow_build)
+    first = _submit(compiler, _DROPOUT, key=("first",))
+    assert began.wait(60)
+    second = _submit(compiler, _DROPOUT, key=("second",))
+    compiler.stop_pending()
+    release.set()
+    compiler.wait(timeout=60)
+    assert first.state == "unfit" and compiler.get("open", ("first",)) is first  # the one under way ended
+    assert second.state == "compiling" and compiler.get("open", ("second",)) is None  # forgotten, never begun
 
 
 def test_a_spent_budget_compiles_nothing_more_and_says_so_once(caplog):

@@ -210,3 +210,39 @@ def test_module_hooks_replace_the_gradients_their_nodes_pass_on(wire: Wire, sid:
             {"kind": "backward", "tensors": ["s"], "retain_graph": True, "module_hooks": [{**hook, **bad}]}]}))
         expect_error(r, status, None, words)
     assert torch.equal(_grad(wire, sid, "x"), torch.full((2,), 6.0, dtype=torch.float64))  # nothing ran
+
+
+def test_a_client_backward_node_cuts_the_graph_and_a_capture_keeps_its_gradient(wire: Wire, sid: str):
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    wire.ok(sid, [put_step("x", wire.tensor(x), True),
+                  {**call_step("mul", ref("x"), 2, out=["y"]), "grad_enabled": False},
+                  {"kind": "function", "name": "ReadsValues", "inputs": [], "outputs": ["y"], "grads": [],
+                   "node": "c1", "client_backward": True},
+                  call_step("mul", ref("y"), 3, out=["z"]), call_step("add", ref("z"), ref("x"), out=["w"]),
+                  call_step("sum", ref("w"), out=["s"])])
+    results = wire.ok(sid, [{"kind": "backward", "tensors": ["s"], "retain_graph": True,
+                             "capture": [{"node": "c1", "output": 0, "out": "g1"}]}])
+    assert results[0]["captured"] == [True]
+    assert torch.equal(decode_tensor(decode(wire.get(f"/v1/sessions/{sid}/tensors/g1"))["value"]),
+                       torch.full((2,), 3.0, dtype=torch.float64))
+    assert torch.equal(_grad(wire, sid, "x"), torch.ones(2, dtype=torch.float64))  # around the node only: it cuts
+    results = wire.ok(sid, [{"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["gx"], "allow_unused": True,
+                             "retain_graph": True, "capture": [{"node": "c1", "output": 0, "out": "g2"}]}])
+    assert results[0]["captured"] == [True] and results[0]["tensors"][0]["id"] == "gx"
+    cases = [
+        ([{"kind": "function", "name": "F", "inputs": ["x"], "outputs": ["y2"], "grads": [None], "node": "c2",
+           "client_backward": True}], 400, "bad_request", "names its outputs and node only"),
+        ([{"kind": "backward", "tensors": ["s"], "retain_graph": True,
+           "capture": [{"node": "c9", "output": 0, "out": "g3"}]}], 404, "unknown_tensor", "no graph holds node"),
+        ([{"kind": "backward", "tensors": ["s"], "retain_graph": True,
+           "capture": [{"node": "c1", "output": 1, "out": "g3"}]}], 400, "bad_request", "has no output 1"),
+        ([{"kind": "grad", "outputs": ["s"], "inputs": ["x"], "out": ["g4"], "retain_graph": True,
+           "capture": [{"node": "c1", "output": 0, "out": "g3"}]}], 400, "bad_request", "allows unused inputs"),
+        ([{"kind": "backward", "tensors": ["s"], "retain_graph": True}], 422, "op_error",
+         "ReadsValues.backward runs on the client"),  # its gradient would stop there without a word
+    ]
+    wire.ok(sid, [{**call_step("mul", ref("x"), 1, out=["y2"]), "grad_enabled": False}])
+    for steps, status, code, words in cases:
+        expect_error(wire.post_raw(f"/v1/sessions/{sid}/programs", wire.encode({"id": new_id(), "steps": steps})),
+                     status, code, words)
+    assert torch.equal(_grad(wire, sid, "x"), torch.ones(2, dtype=torch.float64))  # nothing refused left a trace
