@@ -332,9 +332,34 @@ class FunctionStep(_Model):
     client_backward: bool = False
 
 
+class CheckpointStep(_Model):
+    """Open a region of ``torch.utils.checkpoint(fn, *args, use_reentrant=False)``: the steps from here to its
+    ``checkpoint_end`` (in this program or later ones) are ``fn``'s. What their ops save for backward is not
+    kept: the first backward that needs it runs the region's steps again (on ``inputs``, the checkpoint's
+    tensor arguments, saved here as torch saves them; any other tensor they read is kept as ``fn``'s closure
+    keeps it), with the session's generator as it was here when ``preserve_rng_state``. ``determinism_check``
+    and ``early_stop`` as torch's arguments. A region opened inside an open one nests, as torch's do; a
+    backward, grad or load step inside one is refused."""
+
+    kind: Literal["checkpoint"]
+    region: TensorId
+    inputs: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    preserve_rng_state: bool = True
+    determinism_check: Literal["default", "none"] = "default"
+    early_stop: bool = True
+
+
+class CheckpointEndStep(_Model):
+    """Close region ``region`` (the function returned), and every region opened inside it; a region that is
+    not open (its ``checkpoint`` step never ran) is ignored."""
+
+    kind: Literal["checkpoint_end"]
+    region: TensorId
+
+
 Step = Annotated[
     Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
-          LoadStep, TemplateStep, RunTemplateStep, FunctionStep],
+          LoadStep, TemplateStep, RunTemplateStep, FunctionStep, CheckpointStep, CheckpointEndStep],
     Field(discriminator="kind"),
 ]
 

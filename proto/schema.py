@@ -44,6 +44,8 @@ MESSAGES: dict[str, Any] = {
     "TemplateScalar": m.TemplateScalar,
     "RunTemplateStep": m.RunTemplateStep,
     "FunctionStep": m.FunctionStep,
+    "CheckpointStep": m.CheckpointStep,
+    "CheckpointEndStep": m.CheckpointEndStep,
     "TensorData": m.TensorData,
     "TensorMeta": m.TensorMeta,
     "TensorMessage": m.TensorMessage,

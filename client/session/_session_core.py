@@ -25,7 +25,7 @@ from ..device._device import claim_index, release_index
 from ..transport._errors import RemoteError
 from ..transport._protocol_advice import explain
 from ..transport._transport import Transport, error_from
-from . import _caller_memo
+from . import _caller_memo, _checkpoint_regions
 from ._banner import announce
 from ._callsite import refuse_custom_function
 from ._queue_globals import QueueGlobals
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..tensor._tensor import RemoteTensor
 
 _ROUTE_TABLES: dict[str, RouteTable] = {}
+_TOP_HOOKS = _checkpoint_regions.TOP_HOOKS
 
 
 class _Origin:
@@ -86,6 +87,7 @@ class SessionCore:
         # hooks on the server nodes of module backward hooks (handlers/_node_hooks), by node id, while they live
         self._node_hooks: dict[str, Any] = {}
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
+        self._regions = _checkpoint_regions.Regions()  # torch.utils.checkpoint(use_reentrant=False)'s, open
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
         self._max_bytes = int(self.limits["max_body_bytes"]) // 2
@@ -141,6 +143,12 @@ class SessionCore:
         """Queue a step; returns its index in the next program. Eager sessions send at once."""
         if self._closed:
             self._check_open()
+        hooks = _TOP_HOOKS(False)  # a checkpointed function's region begins or ends here? (_checkpoint_regions)
+        if hooks is None:
+            if self._regions.open:
+                _checkpoint_regions.sync(self, hooks, _Origin)
+        elif hooks[0] is not self._regions.pack:
+            _checkpoint_regions.sync(self, hooks, _Origin)
         queue = self._queue
         if queue and (len(queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
             self.flush()

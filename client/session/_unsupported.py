@@ -77,9 +77,13 @@ def refuse_local_leaf(t: torch.Tensor, where: str | None) -> None:
 
 
 # saved_tensors_hooks that change nothing a backward computes (where tensors wait, not their values): allowed.
-# torch.utils.checkpoint(use_reentrant=False) sets its own around the forward; save_on_cpu offloads.
+# torch.utils.checkpoint(use_reentrant=False) sets its own around the function (the server then recomputes
+# what its ops save: _checkpoint_regions); save_on_cpu offloads (the server keeps them on its device).
 _HARMLESS_PACK_HOOKS = frozenset({("torch.utils.checkpoint", "_checkpoint_hook.__init__.<locals>.pack_hook"),
                                   ("torch.autograd.graph", "save_on_cpu.__init__.<locals>.pack_to_cpu")})
+# torch's recomputation of a checkpointed function on the client: only a Function's saved tensors, read as the SDK
+# records its backward, unpack there (no client node saves anything else)
+_RECOMPUTING = ("torch.utils.checkpoint", "_recomputation_hook.__init__.<locals>.pack_hook")
 
 
 def refuse_saved_tensors_hooks(hooks: tuple, op_name: str, where: str | None) -> None:
@@ -87,8 +91,15 @@ def refuse_saved_tensors_hooks(hooks: tuple, op_name: str, where: str | None) ->
     the server's autograd saves what its backward needs and never calls the client's hooks, so an unpack
     that changes values (quantised activations) would change the gradient silently. Raised, never ignored."""
     pack = hooks[0]
-    if (getattr(pack, "__module__", None), getattr(pack, "__qualname__", None)) in _HARMLESS_PACK_HOOKS:
+    name = (getattr(pack, "__module__", None), getattr(pack, "__qualname__", None))
+    if name in _HARMLESS_PACK_HOOKS:
         return
+    if name == _RECOMPUTING:
+        raise RuntimeError(
+            f"{op_name}: torch.utils.checkpoint(use_reentrant=False) is recomputing its function on the client, "
+            "which reads a tensor a torch.autograd.Function saved (ctx.save_for_backward) inside the checkpointed "
+            "function: not supported on remote tensors yet (the server recomputes the function's other ops). Apply "
+            f"the Function outside the checkpointed function ({where or '?'})")
     raise RuntimeError(
         f"{op_name} on remote tensors that require grad inside torch.autograd.graph.saved_tensors_hooks: the "
         "server's autograd saves the tensors its backward needs and cannot call hooks written on the client, so "

@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-from remote_autograd.proto.messages import (BackwardStep, CallStep, FetchStep, FreeStep, PutStep, RetainGradStep,
-                                            SetGradStep, SetRequiresGradStep)
+from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FetchStep,
+                                            FreeStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep)
 
 from . import meta_check
 
@@ -50,7 +50,8 @@ PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
 # A plan of a one-call program (an eager op: a call, then a free) costs more bookkeeping than the
 # memoized check it stands in for: such programs take the plain path.
 PLAN_MIN_CALLS = 2
-_KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep)  # change no layout, no grad
+# change no layout, no grad (a checkpoint region's steps, open and close: nor do they)
+_KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep, CheckpointStep, CheckpointEndStep)
 _CHANGES_GRADS = (BackwardStep, SetGradStep)
 # torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
 _RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",

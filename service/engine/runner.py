@@ -18,6 +18,8 @@ from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name, torch_gl
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
+    CheckpointEndStep,
+    CheckpointStep,
     FetchStep,
     FreeStep,
     FunctionStep,
@@ -38,7 +40,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import graph_steps, templates, user_functions
+from . import checkpoint_regions, graph_steps, templates, user_functions
 from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
@@ -84,9 +86,11 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
     try:
-        with counting_saved(session, settings.max_session_bytes):  # what the graph saves counts too
-            # a replay runs no call step: none is marked for anomaly detection
-            graphs = session.graphs if settings.cuda_graphs != "off" and default and run.forward is None else None
+        # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
+        with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
+            # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
+            graphs = (session.graphs if settings.cuda_graphs != "off" and default and run.forward is None
+                      and not session.checkpoints else None)
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
     finally:
@@ -122,6 +126,7 @@ class StepLoop:
         """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
         run, results, observe, watch, plan = self.run, self.results, self.observe, self.watch, self.run.plan
         storages = run.session.storages
+        regions = run.session.checkpoints  # the checkpoint regions open (checkpoint_regions): most often none
         steps = self.program.steps
         for index in range(start, stop):
             step = steps[index]
@@ -131,6 +136,8 @@ class StepLoop:
             try:
                 if watch is not None:
                     watch.check(index, step)
+                if regions:
+                    checkpoint_regions.admit(regions, step, run.settings.max_steps_per_program)
                 kind = type(step)
                 if kind is CallStep:
                     results.append(_call(run, step, index))
@@ -142,6 +149,8 @@ class StepLoop:
                                    else _HANDLERS[kind](run, step))
                     if plan is not None:
                         plan.other(step)
+                if regions:
+                    checkpoint_regions.record(regions, step, run.session, run.settings.max_session_bytes)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
                 err = _as_protocol_error(exc, index, _step_op(step))
                 # the traceback holds this frame, which holds err: a cycle only the garbage collector
@@ -508,4 +517,6 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     TemplateStep: templates.define_template,
     RunTemplateStep: lambda run, step: templates.run_template(run, step, _execute),
     FunctionStep: lambda run, step: user_functions.apply_function(run, step, _execute),
+    CheckpointStep: lambda run, step: checkpoint_regions.open_region(run.session.checkpoints, run, step, _execute),
+    CheckpointEndStep: lambda run, step: checkpoint_regions.close_region(run.session.checkpoints, run, step),
 }

@@ -42,6 +42,12 @@ class _Saved:
         self.unpin(self.key)
 
 
+def pinned(session: "Session", t: torch.Tensor, limit: int) -> _Saved:
+    """``t``'s storage counted while what is returned lives, as a graph node's saved tensor is (a checkpoint
+    region keeps the tensors its function reads: ``checkpoint_regions``)."""
+    return _Saved(t.detach(), session.storages.pin(session, t, limit), session.storages.unpin)
+
+
 def counting_saved(session: "Session", limit: int) -> contextlib.AbstractContextManager:
     """The hooks that charge what the graph saves to ``session`` (see the module's docstring)."""
     ledger = session.storages

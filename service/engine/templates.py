@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
-from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, RunTemplateStep, SetGradStep,
-                                            SetRequiresGradStep, TemplateStep)
+from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
+                                            GradStep, RunTemplateStep, SetGradStep, SetRequiresGradStep,
+                                            TemplateStep)
 
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
@@ -89,7 +90,7 @@ class Template:
         if len(scalars) != len(step.scalars):
             raise _bad(tid, None, f"scalar names repeat: {[s.id for s in step.scalars]}")
         known, made = set(names), []
-        renamed = []
+        own = []
         for index, inner in enumerate(step.steps):
             reads, writes = _names(inner, index, tid)
             for name in reads:
@@ -103,7 +104,7 @@ class Template:
                     raise _bad(tid, index, f"{name!r} is made twice (or is an input): a template names a tensor once")
                 known.add(name)
                 made.append(name)
-            renamed.append(_renamed(inner, prefix))
+            own.append(renamed(inner, prefix))
         outputs = list(step.outputs)
         if len(set(outputs)) != len(outputs):
             raise _bad(tid, None, f"outputs repeat: {outputs}")
@@ -111,7 +112,7 @@ class Template:
             if name not in made:
                 raise _bad(tid, None, f"output {name!r} is not made by a step of the template (an input is "
                            "returned by the client itself)")
-        return cls(step, renamed, [prefix + n for n in names], [prefix + n for n in made],
+        return cls(step, own, [prefix + n for n in names], [prefix + n for n in made],
                    [prefix + n for n in outputs])
 
 
@@ -173,8 +174,10 @@ def _scalars_in(values: list, found: list, depth: int) -> None:
             _scalars_in(value, found, depth + 1)
 
 
-def _renamed(step, prefix: str):
-    """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation)."""
+def renamed(step, prefix: str):
+    """``step`` with every tensor name under ``prefix`` (validated models: copied without revalidation): a
+    template's own steps, and those a checkpoint region runs again (``checkpoint_regions``), where a function
+    step's node is named apart from the forward's, which the session keeps)."""
     kind = type(step)
     if kind is CallStep:
         update: dict = {"args": _prefixed(step.args, prefix), "out": [prefix + o for o in step.out]}
@@ -193,6 +196,16 @@ def _renamed(step, prefix: str):
             "out": [prefix + t for t in step.out]})
     if kind is SetGradStep:
         return step.model_copy(update={"id": prefix + step.id, "grad": _prefixed_value(step.grad, prefix)})
+    if kind is RunTemplateStep:
+        return step.model_copy(update={"inputs": _prefixed(step.inputs, prefix), "out": [prefix + o for o in step.out]})
+    if kind is FunctionStep:
+        return step.model_copy(update={field: [prefix + t for t in getattr(step, field)]
+                                       for field in ("inputs", "outputs", "saved", "live")}
+                               | {"node": None if step.node is None else prefix + step.node})
+    if kind is CheckpointStep:
+        return step.model_copy(update={"inputs": [prefix + t for t in step.inputs]})
+    if kind is CheckpointEndStep:
+        return step
     assert kind is SetRequiresGradStep
     return step.model_copy(update={"id": prefix + step.id})
 

@@ -91,6 +91,8 @@ class Session:
     autograd_explicit: bool = False  # that step names its inputs (a grad, a backward with inputs)
     # the autograd nodes function steps named, by that id, while a graph holds them (service.engine.tensor_hooks)
     nodes: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
+    # the torch.utils.checkpoint(use_reentrant=False) regions open, outermost first (service.engine.checkpoint_regions)
+    checkpoints: list = field(default_factory=list)
 
     def tensor(self, tid: str) -> CustomTensor:
         try:
@@ -139,6 +141,7 @@ class Session:
         self.plans.clear()
         self.graphs.clear()  # a capture's memory goes with its last tensor
         self.templates.clear()
+        self.checkpoints.clear()
         self.storages.close()
         self.release(self.bytes_held)
 

@@ -177,6 +177,34 @@ def test_hugging_face_gradient_checkpointing(sess, reentrant):
     _same(_gpt2_checkpointed("cpu", reentrant), _gpt2_checkpointed(sess.device, reentrant))
 
 
+def _gpt2_held_after_forward(sess, reentrant: bool | None) -> tuple[int, nn.Module]:
+    """The bytes a GPT-2 forward leaves the session holding (``reentrant`` None: no checkpointing), and the model
+    (kept by the caller: freed during a later forward, its parameters would count against that one)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config)
+    if reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    model = model.to(sess.device)
+    ids = torch.randint(0, 50, (4, 64), generator=torch.Generator().manual_seed(1)).to(sess.device)
+    before = sess.stats()["bytes"]
+    loss = model(input_ids=ids, labels=ids).loss
+    held = sess.stats()["bytes"] - before
+    loss.backward()
+    return held, model
+
+
+def test_hugging_face_gradient_checkpointing_holds_less_after_the_forward(sess):
+    """Both forms drop what the layers' ops save (recomputed on the server at the backward): a tenth of it kept."""
+    plain, *models = _gpt2_held_after_forward(sess, None)
+    for reentrant in (True, False):
+        held, model = _gpt2_held_after_forward(sess, reentrant)
+        models.append(model)
+        assert 0 < held < plain / 10
+
+
 # -- the refusals that remain -------------------------------------------------------------------------
 
 

@@ -339,14 +339,14 @@ class _Block(nn.Module):
         return h + self.drop(self.fc(self.norm(h)).tanh())
 
 
-def _blocks_run(sess, checkpointed: bool):
+def _blocks_run(sess, checkpointed: bool, use_reentrant: bool = True):
     torch.manual_seed(0)
     blocks = nn.ModuleList([_Block(), _Block()]).double().to(sess.device)
     sess.manual_seed(7)
     x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(sess.device)
     h = x.requires_grad_()
     for block in blocks:
-        h = checkpoint(block.__call__, h, use_reentrant=True) if checkpointed else block(h)
+        h = checkpoint(block.__call__, h, use_reentrant=use_reentrant) if checkpointed else block(h)
     loss = h.pow(2).mean()
     loss.backward()
     after = torch.rand(3, dtype=torch.float64, device=sess.device)  # the generator as the backward left it
