@@ -38,7 +38,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import graph_steps, templates, user_functions
+from . import functorch_regions, graph_steps, templates, user_functions
 from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
@@ -508,4 +508,5 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     TemplateStep: templates.define_template,
     RunTemplateStep: lambda run, step: templates.run_template(run, step, _execute),
     FunctionStep: lambda run, step: user_functions.apply_function(run, step, _execute),
+    functorch_regions.Region: functorch_regions.run_region,  # a template's torch.func region, run as one
 }
