@@ -70,6 +70,7 @@ def _put_inputs(wire: Wire, sid: str) -> None:
     wire.ok(sid, [put_step("w", wire.tensor(W)), put_step("X", wire.tensor(X)), put_step("T", wire.tensor(T))])
 
 
+@pytest.mark.backends("inprocess", "tenants")  # in a tenant's worker process too
 def test_per_sample_gradients_run_by_functorch_on_the_server_equal_torch_func(wire: Wire, sid: str):
     _put_inputs(wire, sid)
     wire.ok(sid, [_template(), _run("g1"), _run("g2")])
