@@ -126,8 +126,7 @@ def dispatch(cls: type, func, args: tuple, kwargs: dict):
         nonlocal device
         traced = getattr(x, "_fake", None)
         if traced is not None:
-            device = x.device
-            return traced
+            device, x = x.device, traced  # (a factory's fake wrapped by an op before: of the remote device too)
         if isinstance(x, FakeTensor) and x.device.type == DEVICE_TYPE:
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x
