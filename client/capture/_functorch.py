@@ -170,8 +170,13 @@ class Regions:
                                  "model.named_parameters()}, as torch's per-sample-gradients tutorial does)")
         name = self.recorder.new_id()
         self._enqueue(fn=fn, id=t._id, out=[name], **extra)
+        # vmap adds no level of autograd: the result depends on the leaves its per-sample value does (a tensor
+        # the function closes over among them); a grad region's, on what entered it too (its own leaves
+        # name none of the graph's inputs)
+        kind, _, entered = self.frames[-1]
+        leaves = t._leaves if kind == "vmap" else t._leaves | entered
         return RemoteTensor._new(self.recorder, name, shape, t._dtype, requires_grad=rg, is_leaf=not rg,
-                                 leaves=self.frames[-1][2] if rg else frozenset())
+                                 leaves=leaves if rg else frozenset())
 
     # -- grad's own calls -------------------------------------------------------------------------
 

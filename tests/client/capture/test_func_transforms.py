@@ -111,6 +111,21 @@ def test_transforms_equal_cpu_in_float64(sess, name, fn):
         assert torch.equal(g.cpu(), w), name
 
 
+def test_a_vmapped_forward_is_differentiated_from_outside_as_on_cpu(sess):
+    """vmap adds no level of autograd: the backward after the compiled call reaches what it closes over
+    (``w``) and what it maps over (``a``); the SDK knew neither .grad was set (they stayed None)."""
+    def forward(w, a):
+        return vmap(lambda r: (r * w).sin())(a).sum()
+    w, a = W.clone().requires_grad_(), A.clone().requires_grad_()
+    forward(w, a).backward()
+    compiled = torch.compile(forward, backend="remote")
+    wr, ar = W.to(sess.device).requires_grad_(), A.to(sess.device).requires_grad_()
+    for _ in range(2):
+        wr.grad = ar.grad = None
+        compiled(wr, ar).backward()
+        assert torch.equal(wr.grad.cpu(), w.grad) and torch.equal(ar.grad.cpu(), a.grad)
+
+
 def test_vmap_randomness_forms(sess):
     x = X.to(sess.device)
 
