@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, vjp, vmap
+from torch.utils._pytree import tree_leaves
 
 from bench import _hot
 from remote_autograd import client
@@ -99,15 +100,19 @@ def _vjp(w, a):
     ("vmap in_dims=1 out_dims=1", lambda w, a: vmap(lambda c: (c * a[:, 0]).cos(), in_dims=1, out_dims=1)(a)),
     ("grad", lambda w, a: grad(lambda v: (a @ v).tanh().sum())(w)),
     ("grad_and_value", lambda w, a: grad_and_value(lambda v: (a @ v).tanh().sum())(w)),
+    ("grad has_aux argnums", lambda w, a: grad(lambda v, b: ((b @ v).sin().sum(), (b @ v).cos()), argnums=(0, 1),
+                                               has_aux=True)(w, a)),
+    ("vmap chunk_size", lambda w, a: vmap(lambda r: (r * w).sin(), chunk_size=3)(a)),
     ("vjp", _vjp),
     ("jacrev", lambda w, a: jacrev(lambda v: (a @ v).sin())(w)),
     ("jacrev of jacrev (a hessian)", lambda w, a: jacrev(jacrev(lambda v: (a @ v).sin().sum()))(w)),
     ("vmap of vmap", lambda w, a: vmap(vmap(lambda e: e * w.sum()))(a)),
 ])
 def test_transforms_equal_cpu_in_float64(sess, name, fn):
-    want = fn(W, A)
-    got = torch.compile(fn, backend="remote")(W.to(sess.device), A.to(sess.device))
-    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+    want = tree_leaves(fn(W, A))
+    got = tree_leaves(torch.compile(fn, backend="remote")(W.to(sess.device), A.to(sess.device)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
         assert torch.equal(g.cpu(), w), name
 
 
