@@ -17,7 +17,8 @@ whatever the worker thread runs next). The span's tensors are functorch's wrappe
 machinery (the meta check of each call, the byte ledger, plans) cannot read: the span runs first on
 meta stand-ins of what it reads (torch's own argument checks and batching rules; its work counted and
 held to the step's budget; the bytes of its tensors below the wrappers, as if none were freed before its
-end, reserved), then on the real tensors; only what later steps read is kept, under its names. A grad
+end, reserved; ``region_memo``: a run with the layouts of one before takes its answer), then on the real
+tensors; only what later steps read is kept, under its names. A grad
 region runs without the saved-tensor hooks that count the graph's bytes (functorch refuses them; its
 graph dies with the region), so what a span with one keeps may not require grad.
 """
@@ -25,7 +26,7 @@ graph dies with the region), so what a span with one keeps may not require grad.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,8 +39,8 @@ from remote_autograd.proto.messages import CallStep, FunctorchStep
 from .. import ops as _ops
 from ..ops._context import RunContext, current, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
-from . import step_cost
-from .values import resolve_args, resolve_kwargs, resolve_value, store_made
+from . import region_memo, step_cost
+from .values import bound, resolve_args, resolve_kwargs, resolve_value, store_made
 
 _ENTERS = {"vmap_enter": "vmap", "grad_enter": "grad"}
 _EXITS = {"vmap_exit": "vmap", "grad_exit": "grad"}
@@ -103,20 +104,22 @@ class Scopes:
         if not self.kinds:
             self.open = None
 
-    def finish(self, outputs: list[str]) -> list[tuple[int, int, list[str]]]:
-        """Each span (first step, last step, the names it keeps: those read after it, or outputs),
-        its steps checked."""
+    def finish(self, outputs: list[str]) -> list[tuple[int, int, list[str], list[str]]]:
+        """Each span (first step, last step, the names it keeps: those read after it, or outputs; the names
+        it reads from outside it), its steps checked."""
         if self.kinds:
             raise self.bad(None, f"a torch.func {self.kinds[-1]} region is never closed")
         found = []
         for first, last in self.spans:
             local: set[str] = set()
+            outer: list[str] = []
             for index in range(first, last + 1):
-                step, kinds, _, writes = self.steps[index]
+                step, kinds, read, writes = self.steps[index]
                 self._check(index, step, kinds, local)
+                outer += [name for name in read if name not in local and name not in outer]
                 local.update(writes)
             later = {name for _, _, read, _ in self.steps[last + 1:] for name in read} | set(outputs)
-            found.append((first, last, [name for name in sorted(local) if name in later]))
+            found.append((first, last, [name for name in sorted(local) if name in later], outer))
         return found
 
     def _check(self, index: int, step: Any, kinds: tuple, local: set[str]) -> None:
@@ -181,10 +184,12 @@ class _Scope:
                 ct = self.own[name] = CustomTensor(stand_in)
         return ct
 
-    def keep(self, names: list[str], values) -> None:
+    def keep(self, names: list[str], values, *, new: bool = True) -> None:
+        """``values`` under ``names``; ``new``: they may hold memory of their own (a functorch wrapper holds the
+        tensor it wraps: not new)."""
         for name, value in zip(names, values):
             self.own[name] = CustomTensor(value)
-            if self.meta:
+            if self.meta and new:
                 self.made_bytes += _physical_bytes(value)
 
 
@@ -203,32 +208,31 @@ class Region:
     steps: tuple  # the template's steps from its enter to its exit
     start: int  # the index of its first step in the template
     out: tuple[str, ...]  # the names it brings out: what it keeps
+    reads: tuple[str, ...]  # the names it reads from outside it
     grad: bool  # whether a grad region is in it
+    memo: region_memo.RegionMemo = field(default_factory=region_memo.RegionMemo)  # its meta passes' answers
     kind = "functorch"
 
     @classmethod
-    def of(cls, steps: list, first: int, last: int, out: list[str]) -> "Region":
+    def of(cls, steps: list, first: int, last: int, out: list[str], reads: list[str]) -> "Region":
         region = tuple(steps[first:last + 1])
-        return cls(region, first, tuple(out), any(type(s) is FunctorchStep and s.fn == "grad_enter" for s in region))
+        return cls(region, first, tuple(out), tuple(reads),
+                   any(type(s) is FunctorchStep and s.fn == "grad_enter" for s in region))
 
 
 def run_region(run, region: Region) -> None:
     """``region`` on meta, then on the session's tensors; what it brings out kept under its names
     (``store_made``: counted and charged)."""
     session = run.session
-    meta = _Scope(session, meta=True)
-    token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
-    cost = step_cost.counting()
-    try:
-        with cost:
-            _walk(region, meta, None)
-    finally:
-        reset(token)
-    _plain(region, meta)
-    step_cost.hold(run, "the torch.func region", cost.flops)
+    key = region_memo.key([session.tensor(name).value for name in region.reads], bound())
+    answer = region.memo.get(key)
+    if answer is None:  # (``region_memo``: a pass that answered these layouts before answers them again)
+        answer = _on_meta(region, session)
+        region.memo.put(key, answer)
+    step_cost.hold(run, "the torch.func region", answer.flops)
     # what the region holds while it runs (its tensors, counted as if none were freed before its end), before
     # any kernel allocates it; what it keeps is charged from it (``store_made``)
-    session.storages.reserve(session, meta.made_bytes, run.settings.max_session_bytes)
+    session.storages.reserve(session, answer.made_bytes, run.settings.max_session_bytes)
     try:
         real = _Scope(session, meta=False)
         _walk(region, real, run.watch)
@@ -240,6 +244,20 @@ def run_region(run, region: Region) -> None:
         store_made(session, run.settings, made)
     finally:
         session.storages.unreserve(session)
+
+
+def _on_meta(region: Region, session) -> region_memo.Answer:
+    """The span run on meta stand-ins of what it reads: torch's refusal, or its work and bytes."""
+    meta = _Scope(session, meta=True)
+    token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
+    cost = step_cost.counting()
+    try:
+        with cost:
+            _walk(region, meta, None)
+    finally:
+        reset(token)
+    _plain(region, meta)
+    return region_memo.Answer(cost.flops, meta.made_bytes)
 
 
 def _plain(region: Region, scope: _Scope) -> None:
@@ -342,7 +360,7 @@ def _functorch(step: FunctorchStep, scope: _Scope, frames: list) -> None:
         value = torch._C._functorch._wrap_for_grad(t, level)
     else:
         value = torch._C._functorch._unwrap_for_grad(t, level)
-    scope.keep(step.out, [value])
+    scope.keep(step.out, [value], new=False)
 
 
 @contextlib.contextmanager

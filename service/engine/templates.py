@@ -114,8 +114,9 @@ class Template:
             if name not in made:
                 raise _bad(tid, None, f"output {name!r} is not made by a step of the template (an input is "
                            "returned by the client itself)")
-        regions = {start: functorch_regions.Region.of(renamed, start, stop, [prefix + n for n in out])
-                   for start, stop, out in scopes.finish(step.outputs)}
+        regions = {start: functorch_regions.Region.of(renamed, start, stop, [prefix + n for n in out],
+                                                      [prefix + n for n in reads])
+                   for start, stop, out, reads in scopes.finish(step.outputs)}
         return cls(step, renamed, [prefix + n for n in names], [prefix + n for n in made],
                    [prefix + n for n in outputs], regions=regions)
 

@@ -170,3 +170,35 @@ def test_a_regions_bytes_and_work_are_held_to_the_limits_before_it_runs(limit: d
         r = small.post(f"/v1/sessions/{sid}/programs", json={"id": "p", "steps": steps})
         assert r.status_code == 413 and f"limit {next(iter(limit))}=" in r.json()["error"]["message"], r.text
         assert small.get(f"/v1/sessions/{sid}/tensors/S").status_code == 404
+
+
+def test_a_repeated_run_takes_its_checks_answer_by_layouts_and_another_layout_is_checked_again():
+    """``region_memo``: a span's meta pass remembered by the layouts it read; the plain path checks each
+    run. The same run again answers the same; a bigger batch (a dynamic dim, a scalar batch size) is
+    another key: its bytes counted again, over the limit."""
+    app = httpx.Client(transport=client.InProcessTransport(service_app(max_session_bytes=256 << 10)),
+                       base_url="http://in-process", headers=PROTOCOL_HEADERS)
+    template = {"kind": "template", "id": "rep", "scalars": [{"id": "n", "kind": "int"}],
+                "inputs": [{"id": "X", "dtype": "float64", "shape": [None, 64, 64]}],
+                "steps": [fx("vmap_enter", batch={"scalar": "n"}, randomness="error"),
+                          fx("add_batch_dim", id="X", dim=0, out=["x"]),
+                          call_step("Tensor.repeat", ref("x"), 2, 1, out=["y"]),
+                          call_step("sum", ref("y"), out=["s"]),
+                          fx("remove_batch_dim", id="s", dim=0, out=["S"]), fx("vmap_exit")],
+                "outputs": ["S"]}
+    ones = [torch.arange(n * 64 * 64, dtype=torch.float64).reshape(n, 64, 64) for n in (1, 4)]
+    with app:
+        sid = app.post("/v1/sessions").json()["session_id"]
+        puts = [{"kind": "put", "id": f"X{len(t)}", "value": encode_tensor(t, as_json=True)} for t in ones]
+        assert app.post(f"/v1/sessions/{sid}/programs", json={"id": "p0", "steps": [*puts, template]}).status_code == 200
+
+        def run(n: int, out: str) -> httpx.Response:
+            step = {"kind": "run_template", "template": "rep", "inputs": [ref(f"X{n}")], "scalars": [n], "out": [out]}
+            return app.post(f"/v1/sessions/{sid}/programs", json={"id": f"run-{out}", "steps": [step]})
+        # X1 and X4 hold 160 KiB: one sample's repeat (64 KiB) fits, four (256 KiB) do not
+        assert run(1, "a").status_code == run(1, "b").status_code == 200
+        for out in ("a", "b"):
+            got = decode_tensor(app.get(f"/v1/sessions/{sid}/tensors/{out}").json()["value"])
+            assert torch.equal(got, 2 * ones[0].sum(dim=(1, 2)))
+        r = run(4, "c")
+        assert r.status_code == 413 and "max_session_bytes" in r.json()["error"]["message"], r.text
