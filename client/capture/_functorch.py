@@ -70,7 +70,8 @@ class Regions:
 
     def __init__(self, recorder: Any) -> None:
         self.recorder = recorder
-        self.frames: list[tuple[str, int | None, frozenset]] = []  # (kind, batch, leaves of what entered)
+        # (kind, vmap's batch size, the leaves of what entered a grad region)
+        self.frames: list[tuple[str, int | None, frozenset]] = []
         self.graded = False  # a grad region is in the outermost region open (or last closed)
         self.shapes: dict[int, tuple] = {}  # id(handle) -> its traced shape where dynamo's example says less
 
@@ -125,7 +126,6 @@ class Regions:
         if type(dim) is not int or not -len(shape) <= dim < len(shape):
             raise Untranslatable(f"vmap's in_dim {dim!r} of a tensor of {len(shape)} dims")
         del shape[dim]
-        self._entered(x)
         return self._into(n, "add_batch_dim", x, tuple(shape), x._rg, x._leaves, dim=dim)
 
     def _wrap_for_grad(self, n, t: Any, level: int) -> RemoteTensor:
