@@ -224,10 +224,38 @@ class LoadStep(_Model):
     tensors: dict[Annotated[str, Field(max_length=1024)], TensorId] = Field(min_length=1)
 
 
+class FunctorchStep(_Model):
+    """A call of ``torch.func``'s machinery that dynamo inlined into a template's graph (template-only).
+
+    ``vmap_enter``/``grad_enter`` open a region (``batch``, ``randomness``: ``vmap``'s) and
+    ``vmap_exit``/``grad_exit`` close the innermost one (its level is the server's own); ``batch`` is a
+    number or, for a graph traced with dynamic shapes, ``{scalar: id}``. Between them the
+    region's tensors are per-sample (vmap) or tracked at the region's level (grad): ``add_batch_dim``
+    (``dim``: the batched dim of ``id``) and ``wrap_for_grad`` bring tensor ``id`` into the innermost region
+    as ``out``; ``remove_batch_dim`` (``dim``: where the batch goes) and ``unwrap_for_grad`` take it out of
+    it. ``requires_grad`` marks ``id`` as an input the grad region differentiates; ``autograd_grad`` is
+    functorch's ``torch.autograd.grad`` of ``outputs`` by ``inputs`` (``grad_outputs``, ``retain_graph``,
+    ``create_graph``), one gradient per input in ``out`` (zeros where an input is unused)."""
+
+    kind: Literal["functorch"]
+    fn: Literal["vmap_enter", "vmap_exit", "grad_enter", "grad_exit", "add_batch_dim", "remove_batch_dim",
+                "wrap_for_grad", "unwrap_for_grad", "requires_grad", "autograd_grad"]
+    id: TensorRef | None = None
+    out: list[TensorId] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    dim: StrictInt | None = None
+    batch: Annotated[StrictInt, Field(ge=0)] | dict[Literal["scalar"], TensorId] | None = None
+    randomness: Literal["error", "different", "same"] | None = None
+    outputs: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    inputs: list[TensorRef] = Field(default_factory=list, max_length=4096, json_schema_extra={"default": []})
+    grad_outputs: list[TensorRef] | None = Field(default=None, max_length=4096)
+    retain_graph: bool = False
+    create_graph: bool = True
+
+
 # What a template's own steps may be: the steps a captured graph needs. Never put, fetch, load,
 # free or another template: a template reads only its inputs and numbers, and names only its own tensors.
 TemplateBodyStep = Annotated[
-    Union[CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep],
+    Union[CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, FunctorchStep],
     Field(discriminator="kind"),
 ]
 TemplateId = Annotated[str, Field(min_length=1, max_length=128, pattern=TENSOR_ID_PATTERN)]

@@ -27,6 +27,7 @@ from torch._dynamo import trace_rules
 
 from ..device._device import DEVICE_TYPE, session_for
 from ..tensor._tensor import RemoteTensor
+from . import _functorch
 from ._compiled import CompiledGraph
 from ..session._recorder import Untranslatable
 from ._translate import translate
@@ -52,10 +53,20 @@ def remote_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str 
     try:
         plan = translate(gm, session, None if mode == "default" else mode)
     except Untranslatable as why:
+        if _functorch.refuses_locally(gm):  # its increments would push torch.func levels onto this process's stack
+            return _refused(f"torch.compile(backend=\"remote\"): a graph with torch.func transforms cannot run on "
+                            f"the server: {why}")
         warnings.warn(f"torch.compile(backend=\"remote\"): a graph of {len(gm.graph.nodes)} nodes runs call by call "
                       f"(one step per op, as without torch.compile): {why}", RuntimeWarning, stacklevel=2)
         return gm.forward
     return CompiledGraph(plan, gm, device)
+
+
+def _refused(message: str) -> Any:
+    """A compiled graph that raises ``message`` at each call, at the user's line (and runs nothing)."""
+    def refuse(*args: Any) -> Any:
+        raise RuntimeError(message)
+    return refuse
 
 
 def _remote_device(gm: torch.fx.GraphModule) -> torch.device | None:

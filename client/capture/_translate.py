@@ -41,7 +41,7 @@ from ..device._device import DEVICE_TYPE, recording_into
 from ..dispatch._dispatch import call_op
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor
-from . import _symbols
+from . import _functorch, _symbols
 from ..session._recorder import Recorder, Untranslatable
 from ._symbols import Symbols, hint, is_symbolic
 
@@ -114,6 +114,7 @@ class _Translation:
     def __init__(self, gm: torch.fx.GraphModule, session: Any) -> None:
         self.gm, self.session = gm, session
         self.recorder = Recorder(session)
+        self.regions = _functorch.Regions(self.recorder)
         self.env: dict = {}
         self.placeholders: list = []
         self.remote_of: dict[int, int] = {}  # id(handle) -> its number among the graph's remote inputs
@@ -138,6 +139,7 @@ class _Translation:
                         continue
                     self.recorder.node = n
                     if n.op == "output":
+                        self.regions.finish()
                         self._output(n)
                     else:
                         self.env[n] = self._node(n)
@@ -203,6 +205,13 @@ class _Translation:
             raise Untranslatable(f"a graph attribute {n.target!r} of type {type(value).__name__}")
         if n.op == "call_module":
             raise Untranslatable(f"a module call ({n.target}) left in the graph")
+        if n.op == "call_function" and _functorch.is_functorch(n.target):  # torch.func's vmap, grad: recorded
+            args, kwargs = map_aggregate((n.args, n.kwargs), self._functorch_arg)
+            out = self.regions.call(n, args, kwargs)
+            for h in tree_leaves(out):
+                if isinstance(h, RemoteTensor):
+                    self.made_by.setdefault(id(h), n)
+            return out
         if n.target in _GLOBAL_STATE:
             self.plan.locals.append(n)  # each call sets it too, for its local part
             args, kwargs = map_aggregate((n.args, n.kwargs), self._constant_arg)
@@ -254,6 +263,13 @@ class _Translation:
                 raise Untranslatable(f"{_name(a)} sets global state from a value of the call")
             return value
         return a
+
+    def _functorch_arg(self, a: Any) -> Any:
+        if isinstance(a, torch.fx.Node) and isinstance(self.env[a], _Local):
+            if not isinstance(a.meta.get("example_value"), torch.SymInt):
+                raise Untranslatable(f"a torch.func call takes {_name(a)}, a value of the call")
+            return self._remote_arg(a)  # vmap's batch size, traced dynamic: a number of each call
+        return self.env[a] if isinstance(a, torch.fx.Node) else a
 
     # -- what remote calls take of local values -------------------------------------------------
 
@@ -331,10 +347,11 @@ class _Translation:
         node = self.made_by.get(id(h))
         example = node.meta.get("example_value") if node is not None else None
         shape = tuple(h._shape)
-        if isinstance(example, torch.Tensor) and any(is_symbolic(d) for d in example.shape):
-            if not all(self.plan.symbols.can_evaluate(d) for d in example.shape):
+        traced = self.regions.shapes.get(id(h)) or (tuple(example.shape) if isinstance(example, torch.Tensor) else ())
+        if any(is_symbolic(d) for d in traced):
+            if not all(self.plan.symbols.can_evaluate(d) for d in traced):
                 raise Untranslatable("an output's size the call's inputs do not say")
-            shape = tuple(example.shape)
+            shape = traced
             self.plan.dynamic = True
         leaves = self._leaves_of(h)
         spec = OutputSpec(shape, h._dtype, h._rg, h._is_leaf, leaves,

@@ -23,7 +23,7 @@ import torch
 
 from remote_autograd.proto import dtype_name
 
-TEMPLATE_STEP_KINDS = frozenset({"call", "grad", "backward", "set_grad", "set_requires_grad"})
+TEMPLATE_STEP_KINDS = frozenset({"call", "grad", "backward", "set_grad", "set_requires_grad", "functorch"})
 
 
 class Untranslatable(Exception):

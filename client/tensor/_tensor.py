@@ -161,7 +161,10 @@ class RemoteTensor(torch.Tensor):
     def _meta(self) -> torch.Tensor:
         """A meta stand-in (shape, dtype, strides), kept: a view op's meta output is known as a view by it."""
         if self._meta_t is None or tuple(self._meta_t.shape) != self._shape:
-            self._meta_t = _views.meta_of(self)
+            # made apart from torch.func's transforms: a factory under grad() is a GradTrackingTensor of its
+            # level, and dynamo, tracing a transform, fakeifies the stand-in of a handle it meets there
+            with torch._C._DisableFuncTorch():
+                self._meta_t = _views.meta_of(self)
         return self._meta_t
 
     def _check_usable(self) -> None:
@@ -199,7 +202,7 @@ class RemoteTensor(torch.Tensor):
         kwargs = kwargs or {}
         if _compiler._is_compiling_flag and _traced.is_traced(args, kwargs):  # torch.compile traces: _traced.py
             return _traced.through(func, args, kwargs)
-        if _func_transforms.active():  # torch.func.grad / vmap / jacrev around the call
+        if _func_transforms.active() and not _compiler._is_compiling_flag:  # torch.func.grad / vmap around the call
             raise _func_transforms.refused(func)
         if MADE.refs:  # a factory just made a tensor that torch may have marked requires_grad
             settle_requires_grad()
@@ -214,6 +217,8 @@ class RemoteTensor(torch.Tensor):
             if not torch.is_grad_enabled():  # inside a Function's forward (module backward hooks): say so
                 refuse_custom_function(func)
             raise not_in_table(func)
+        if _compiler._is_compiling_flag and _func_transforms.active():  # dynamo traces a transform: facts only
+            raise _func_transforms.refused(func)
         return _call_op(session, func, args, kwargs, route=route)
 
     # -- torch.compile (_traced.py) --------------------------------------------------------------
@@ -252,7 +257,9 @@ class RemoteTensor(torch.Tensor):
         # wrap tensors below __torch_function__) or a TorchDispatchMode. Loud, never ignored.
         raise RuntimeError(
             f"{func} reached a remote tensor below torch's functions: torch.func transforms (grad, vmap, jacrev, "
-            "...) and TorchDispatchModes cannot run on remote tensors (their values live on the server); use "
+            "...) and TorchDispatchModes cannot run on remote tensors (their values live on the server); wrap a "
+            "transform's call in torch.compile(..., backend=\"remote\") to run it on the server (with no graph "
+            "break inside the transform: a print, an .item()), or use "
             "loss.backward() / torch.autograd.grad on the device instead"
         )
 

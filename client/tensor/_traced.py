@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..device._device import DEVICE_TYPE
+from . import _func_transforms
 
 _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _APPLY_CODE = torch.nn.Module._apply.__code__
@@ -47,6 +48,8 @@ DEFAULT_BACKEND_REFUSED = (
 def through(func, args: tuple, kwargs: dict):
     """``__torch_function__`` of traced wrappers (and of a real handle's facts torch.compile reads that the
     SDK does not answer itself): the call goes on to the C++ tensor and the dispatcher (``dispatch``)."""
+    if _func_transforms.forward_mode():
+        raise _func_transforms.forward_mode_refused(func)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 
@@ -115,14 +118,15 @@ def dispatch(cls: type, func, args: tuple, kwargs: dict):
 
     A factory's fake made on the remote device (``torch.arange(T, device=idx.device)``) meets the
     stand-ins as a tensor of the meta device, as they are."""
+    if _func_transforms.forward_mode():
+        raise _func_transforms.forward_mode_refused(func)
     device = None
 
     def unwrap(x):
         nonlocal device
         traced = getattr(x, "_fake", None)
         if traced is not None:
-            device = x.device
-            return traced
+            device, x = x.device, traced  # (a factory's fake wrapped by an op before: of the remote device too)
         if isinstance(x, FakeTensor) and x.device.type == DEVICE_TYPE:
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x

@@ -85,7 +85,7 @@ def stop_compiling() -> None:
 def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
     """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
     compiles (see the module's docstring)."""
-    if not available(settings):
+    if not available(settings) or template.regions:  # torch.func regions run plainly (functorch_regions)
         return plain
     mode = settings.compile_mode()
     cuda_graphs = settings.cuda_graphs == "on" and session.device.type == "cuda"

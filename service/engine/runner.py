@@ -40,7 +40,7 @@ from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome, Session
 from ..settings import Settings
-from . import checkpoint_regions, graph_steps, templates, user_functions
+from . import checkpoint_regions, functorch_regions, graph_steps, templates, user_functions
 from .anomaly import Forwards
 from .answers import tensor_message
 from .autocast import autocast_dtype, run_autocast
@@ -519,4 +519,5 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     FunctionStep: lambda run, step: user_functions.apply_function(run, step, _execute),
     CheckpointStep: lambda run, step: checkpoint_regions.open_region(run.session.checkpoints, run, step, _execute),
     CheckpointEndStep: lambda run, step: checkpoint_regions.close_region(run.session.checkpoints, run, step),
+    functorch_regions.Region: functorch_regions.run_region,  # a template's torch.func region, run as one
 }

@@ -36,12 +36,12 @@ from typing import Any, Callable
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
-                                            GradStep, RunTemplateStep, SetGradStep, SetRequiresGradStep,
-                                            TemplateStep)
+                                            FunctorchStep, GradStep, RunTemplateStep, SetGradStep,
+                                            SetRequiresGradStep, TemplateStep)
 
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
-from . import compiled_templates
+from . import compiled_templates, functorch_regions
 from .program_plan import PlanRun
 from .program_run import ProgramRun
 from .values import bound_scalars, check_new_ids, meta_message
@@ -71,6 +71,7 @@ class Template:
     made: list[str]  # prefixed: every name its steps make (its outputs among them)
     outputs: list[str]  # prefixed
     runner: Callable[..., None] = field(default=None)  # type: ignore[assignment]
+    regions: dict = field(default_factory=dict)  # its torch.func regions: first step -> functorch_regions.Region
     runs: int = 0
     plans: OrderedDict = field(default_factory=OrderedDict)  # its runs' program_plan plans, as a session's
 
@@ -91,8 +92,10 @@ class Template:
             raise _bad(tid, None, f"scalar names repeat: {[s.id for s in step.scalars]}")
         known, made = set(names), []
         own = []
+        scopes = functorch_regions.Scopes(lambda index, message: _bad(tid, index, message))
         for index, inner in enumerate(step.steps):
             reads, writes = _names(inner, index, tid)
+            scopes.step(index, inner, reads, writes)
             for name in reads:
                 if name not in known:
                     raise _bad(tid, index, f"{name!r} is read before any step makes it (nor is it an input)")
@@ -112,8 +115,11 @@ class Template:
             if name not in made:
                 raise _bad(tid, None, f"output {name!r} is not made by a step of the template (an input is "
                            "returned by the client itself)")
+        regions = {start: functorch_regions.Region.of(own, start, stop, [prefix + n for n in out],
+                                                      [prefix + n for n in reads])
+                   for start, stop, out, reads in scopes.finish(step.outputs)}
         return cls(step, own, [prefix + n for n in names], [prefix + n for n in made],
-                   [prefix + n for n in outputs])
+                   [prefix + n for n in outputs], regions=regions)
 
 
 def _names(step, index: int, tid: str) -> tuple[list[str], list[str]]:
@@ -138,6 +144,8 @@ def _names(step, index: int, tid: str) -> tuple[list[str], list[str]]:
         return _refs(step.grad_outputs or [], reads, 0), list(step.out)
     if kind is SetGradStep:
         return _refs([step.grad], [step.id], 0), []
+    if kind is FunctorchStep:
+        return functorch_regions.reads(step), list(step.out)
     return [step.id], []  # SetRequiresGradStep
 
 
@@ -161,6 +169,8 @@ def _scalar_reads(step) -> list[str]:
         values = list(step.grad_tensors or ())
     elif type(step) is GradStep:
         values = list(step.grad_outputs or ())
+    elif type(step) is FunctorchStep and isinstance(step.batch, dict):  # vmap's batch size, traced dynamic
+        values = [step.batch]
     found: list[str] = []
     _scalars_in(values, found, 0)
     return found
@@ -206,6 +216,11 @@ def renamed(step, prefix: str):
         return step.model_copy(update={"inputs": [prefix + t for t in step.inputs]})
     if kind is CheckpointEndStep:
         return step
+    if kind is FunctorchStep:
+        return step.model_copy(update={
+            "id": None if step.id is None else prefix + step.id, "out": [prefix + o for o in step.out],
+            "outputs": [prefix + t for t in step.outputs], "inputs": [prefix + t for t in step.inputs],
+            "grad_outputs": None if step.grad_outputs is None else [prefix + t for t in step.grad_outputs]})
     assert kind is SetRequiresGradStep
     return step.model_copy(update={"id": prefix + step.id})
 
@@ -324,20 +339,26 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     table for the run; the outputs kept under ``step.out``, the rest freed (all of them on a failure)."""
     session = run.session
     tensors = session.tensors
-    plan = PlanRun.start(template.plans, template.steps, run.torch_state) if run.settings.replay == "on" else None
+    # a plan vouches for each call of a run by its index: a torch.func region's calls are checked as one (on meta)
+    replay = run.settings.replay == "on" and not template.regions
+    plan = PlanRun.start(template.plans, template.steps, run.torch_state) if replay else None
     inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, plan=plan,
                        torch_state=run.torch_state, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is GradStandIn]
     tensors.update(zip(template.inputs, bound))
     tid = template.step.id
+    regions = template.regions
     try:
         with bound_scalars(scalars):
-            for index, inner_step in enumerate(template.steps):
+            index, steps = 0, template.steps
+            while index < len(steps):
+                inner_step = regions.get(index) or steps[index] if regions else steps[index]
                 try:
                     execute(inner, inner_step, index)
                 except ProtocolError as err:
                     op = inner_step.op if type(inner_step) is CallStep else inner_step.kind
                     raise ProtocolError(err.code, f"step {index} of template {tid!r}: {op}: {err.message}") from None
+                index += len(inner_step.steps) if type(inner_step) is functorch_regions.Region else 1
         outputs = [tensors.pop(name) for name in template.outputs]
         tensors.update(zip(step.out, outputs))
         if plan is not None:

@@ -32,6 +32,11 @@ def bound_scalars(values: dict) -> Iterator[None]:
         _SCALARS.reset(token)
 
 
+def bound() -> dict | None:
+    """The numbers of the template run under way on this thread (``bound_scalars``), or None."""
+    return _SCALARS.get()
+
+
 def resolve_value(value: Any, session: Session, depth: int = 0) -> Any:
     """A wire value as an op argument: refs become tensors, tagged objects their Python values.
     ``depth`` counts the lists around ``value``."""
