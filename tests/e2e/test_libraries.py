@@ -1,7 +1,7 @@
 """Libraries nobody here wrote, as their users run them, on ``"cpu"`` and on ``sess.device``: the device
 the only difference, losses and parameters equal (issue 30's list). Each needs its package
 (``pip install '.[libraries]'``: torchdiffeq, gpytorch, botorch, pyro-ppl, lightning, opacus,
-transformers): a test whose package is missing is skipped (``make test``'s environment installs the
+transformers, peft): a test whose package is missing is skipped (``make test``'s environment installs the
 ``test`` extra only: scipy and scikit-learn, which gpytorch and torchdiffeq bring, are big to fetch in
 every CI run). The forms that still refuse are tested to refuse loudly, naming why.
 """
@@ -203,6 +203,42 @@ def test_hugging_face_gradient_checkpointing_holds_less_after_the_forward(sess):
         held, model = _gpt2_held_after_forward(sess, reentrant)
         models.append(model)
         assert 0 < held < plain / 10
+
+
+# -- peft --------------------------------------------------------------------------------------------
+
+
+def _lora_merged(device) -> tuple:
+    """LoRA on a GPT-2 whose head is tied to its embedding (found by comparing ``data_ptr()``s, which once
+    raised on the device), trained, then merged into the base weights."""
+    transformers, peft = pytest.importorskip("transformers"), pytest.importorskip("peft")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+    base = transformers.GPT2LMHeadModel(config).double()
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "lm_head"], lora_dropout=0.0,
+                           init_lora_weights="gaussian", fan_in_fan_out=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's notes on the tied head and on fan_in_fan_out for lm_head
+        model = peft.get_peft_model(base, lora).to(device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merged = model.merge_and_unload()
+    losses.append(merged(input_ids=ids, labels=ids).loss.item())
+    return losses, list(merged.state_dict().values())
+
+
+def test_peft_lora_merge_with_tied_embeddings(sess):
+    _same(_lora_merged("cpu"), _lora_merged(sess.device))
 
 
 # -- the refusals that remain -------------------------------------------------------------------------
