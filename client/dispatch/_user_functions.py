@@ -47,6 +47,7 @@ from ..session._session_core import _Origin
 from ..tensor import _views
 from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
 from . import _checkpoint, _client_run
+from ._closure_saved import bound, closure_saved
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 
@@ -192,14 +193,23 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
             attributes[key] = len(saved)
             saved.append(value)
             bindings.append(_binding(value, tensors))
+    backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
+    closure = closure_saved(backward)  # torch.compile's form of a Function keeps them there
+    if closure is not None:
+        index = {}
+        for k, value in enumerate(closure[1]):
+            if isinstance(value, RemoteTensor):
+                index[k] = len(saved)
+                saved.append(value)
+                bindings.append(_binding(value, tensors))
+        closure = (*closure, index)
     extras = _checkpoint.Extras(ctx, session) if _checkpoint.is_checkpoint(cls) else None
     if state is not None:  # the generator's state at the forward: saved, for the recomputation
         saved.append(state)
         bindings.append(state._id)
     live = [] if extras is None else extras.live
-    backward = cls.vjp if cls.vjp is not torch.autograd.Function.vjp else cls.backward  # as torch chooses
     recorded = functools.partial(_record_backward, backward, ctx, session, name, args, outputs, saved, n_saved,
-                                 attributes, extras, state, live, at)
+                                 attributes, closure, extras, state, live, at)
     try:
         recorder, grads, handles, live_handles, grad_of = recorded(None)
     except ReadsValues:  # its backward runs on the client, staged, unless it must run inside the server's
@@ -230,8 +240,8 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
 
 
 def _record_backward(backward, ctx: Any, session: Any, name: str, args: tuple, outputs: tuple, saved: list,
-                     n_saved: int, attributes: dict, extras: Any, state: Any, live: list, at: str,
-                     present: tuple | None) -> tuple:
+                     n_saved: int, attributes: dict, closure: tuple | None, extras: Any, state: Any, live: list,
+                     at: str, present: tuple | None) -> tuple:
     """``backward`` run once on a recording's handles: the recorder, the handles of the grads (None for
     an output that is no tensor, or not in ``present``: torch's None where no grad flows, under
     ``set_materialize_grads(False)``), of the saved and the live tensors, and the grads of the inputs."""
@@ -244,9 +254,10 @@ def _record_backward(backward, ctx: Any, session: Any, name: str, args: tuple, o
     live_handles = [stand_in(recorder, f"l{k}", t, t._rg) for k, t in enumerate(live)]
     proxy = _Ctx(ctx, tuple(handles[:n_saved]), {key: handles[k] for key, k in attributes.items()})
     try:
-        returned = record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
-                          None if extras is None else extras.recording(
-                              recorder, live_handles, None if state is None else handles[-1]))
+        with bound(closure, handles):
+            returned = record(session, recorder, name, lambda: _own_tensors(backward(proxy, *grads)),
+                              None if extras is None else extras.recording(
+                                  recorder, live_handles, None if state is None else handles[-1]))
     except Untranslatable as why:
         raise ReadsValues(f"{name}.backward cannot run inside the server's backward: {why}{at}") from None
     except RuntimeError as err:

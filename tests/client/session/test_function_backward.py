@@ -75,18 +75,22 @@ class RoundSTE(torch.autograd.Function):
         return g, None
 
 
-def _ste_training(device):
+def _ste_training(device, compiled=lambda fn: fn):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     x, t = torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randn(16, 1, generator=g, dtype=torch.float64)
     x, t = x.to(device), t.to(device)
+    @compiled
+    def loss_of(x, t):
+        h = model[1](model[0](x))
+        return ((model[2](RoundSTE.apply(h, 4.0)) - t) ** 2).mean()
+
     losses = []
     for _ in range(3):
         opt.zero_grad()
-        h = model[1](model[0](x))
-        loss = ((model[2](RoundSTE.apply(h, 4.0)) - t) ** 2).mean()
+        loss = loss_of(x, t)
         loss.backward()
         opt.step()
         losses.append(loss.detach())
