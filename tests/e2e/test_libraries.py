@@ -161,15 +161,20 @@ def _gpt2_checkpointed(device, reentrant: bool) -> tuple:
     model.train()
     model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return _train_lm(model, optimizer, device, steps=2), list(model.parameters())
+
+
+def _train_lm(model: nn.Module, optimizer, device, steps: int) -> list[float]:
+    """A causal language model's training steps on one batch (its labels its inputs): the losses."""
     ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
     losses = []
-    for _ in range(2):
+    for _ in range(steps):
         optimizer.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return losses, list(model.parameters())
+    return losses
 
 
 @pytest.mark.parametrize("reentrant", [True, False], ids=["use_reentrant", "non-reentrant"])
@@ -222,18 +227,12 @@ def _lora_merged(device) -> tuple:
         warnings.simplefilter("ignore")  # peft's notes on the tied head and on fan_in_fan_out for lm_head
         model = peft.get_peft_model(base, lora).to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
-    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
-    losses = []
-    for _ in range(3):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = _train_lm(model, optimizer, device, steps=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         merged = model.merge_and_unload()
-    losses.append(merged(input_ids=ids, labels=ids).loss.item())
+    merged.eval()
+    losses.append(merged(torch.arange(8).to(device)[None]).logits.sum().item())
     return losses, list(merged.state_dict().values())
 
 
