@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
+import warnings
 import weakref
 from typing import Any, Awaitable, Callable
 
 import httpx
-import torch._dynamo
 
 from ._embedded import service_app
 
@@ -35,8 +36,7 @@ class InProcessTransport(httpx.BaseTransport):
 
     def __init__(self, app: Callable[..., Awaitable[None]] | None = None) -> None:
         if app is None:
-            app = service_app()
-        _run_compiled_calls_while_the_server_traces()
+            app = service_app(compile=_compile_setting())
         # An exception in the app becomes the 500 answer it sent, as a client over a socket sees it.
         self._asgi = httpx.ASGITransport(app, raise_app_exceptions=False)
         self._loop = _LoopThread()
@@ -63,16 +63,18 @@ class InProcessTransport(httpx.BaseTransport):
         self._shut_down()  # once: later calls do nothing
 
 
-def _run_compiled_calls_while_the_server_traces() -> None:
-    """A server that compiles templates (``REMOTE_AUTOGRAD_COMPILE``) traces them on a thread of its own
-    with torch.fx's ``Tracer``, which sets a flag of the process while it traces. Dynamo reads that flag
-    at every call of a ``torch.compile``d function and by default raises ("Detected that you are using FX
-    to symbolically trace a dynamo-optimized function"): here the server shares the user's process, so
-    the user's own compiled step raised whenever it ran during a compile. With ``error_on_nested_fx_trace``
-    off, dynamo runs such a call as plain Python instead (torch's own alternative): the same values,
-    uncompiled for that call. Set in the caller's context (torch's config is context-local), as a user
-    sets it, for the calls made where the transport is made."""
-    torch._dynamo.config.error_on_nested_fx_trace = False
+def _compile_setting() -> str:
+    """Templates never compile in the user's own process. Inductor traces a template with torch.fx, which
+    patches torch for the whole process while it traces (``nn.Module.__call__``, and a flag dynamo reads):
+    the user's code, running meanwhile on its own thread, met the tracer (a model call raised "module is not
+    installed as a submodule"; a compiled step "Detected that you are using FX to symbolically trace").
+    ``connect()`` without a transport runs the server in a process of its own, where they compile."""
+    asked = os.environ.get("REMOTE_AUTOGRAD_COMPILE", "off")
+    if asked != "off":
+        warnings.warn(f"REMOTE_AUTOGRAD_COMPILE={asked} is not used by InProcessTransport: compiling a template "
+                      "here would trace with torch.fx while your code runs in the same process. connect() without "
+                      "a transport starts a server process of its own, which compiles", RuntimeWarning, stacklevel=3)
+    return "off"
 
 
 async def _send(asgi: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:

@@ -68,7 +68,6 @@ class LocalSessions:
         """``close`` from outside an event loop (a worker process's last act, tests)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
-        compiled_templates.stop_compiling()
         self.workers.shutdown()
 
     def health(self) -> dict:

@@ -77,11 +77,6 @@ def compile_state(settings: Settings) -> str:
     return settings.compile_mode() if available(settings) else "off"
 
 
-def stop_compiling() -> None:
-    """The server is stopping: the compiles not begun are dropped (one under way ends with the process)."""
-    COMPILER.stop_pending()
-
-
 def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
     """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
     compiles (see the module's docstring)."""

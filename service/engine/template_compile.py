@@ -124,7 +124,8 @@ class Compiler:
             while len(found.variants) > VARIANTS_PER_TENANT:
                 found.variants.popitem(last=False)
             if self._thread is None:
-                # a daemon: a compile under way never holds up the process's exit (it may take a minute)
+                # a daemon: neither a compile under way nor those queued hold up the process's exit (each may
+                # take a minute; a pool's worker would run every queued one first, each failing at shutdown)
                 self._thread = threading.Thread(target=self._work, name="remote-autograd-compile", daemon=True)
                 self._thread.start()
         # in a copy of the caller's context: inductor's config overrides are context variables
@@ -140,23 +141,6 @@ class Compiler:
                 job()
             except Exception:  # _compile keeps its own failures; anything else must not end the thread
                 log.exception("a template's compile raised")
-
-    def stop_pending(self) -> None:
-        """Forget the compiles not begun (the server is stopping: each would take seconds of a process that
-        is exiting). Their variants go, so a server started later in this process compiles them again."""
-        while True:
-            try:
-                variant, job = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if variant is None:  # a waiter's mark (wait)
-                job()
-                continue
-            with self._lock:
-                for found in self._tenants.values():
-                    for key, known in list(found.variants.items()):
-                        if known is variant:
-                            del found.variants[key]
 
     def _compile(self, found: _Tenant, variant: Variant, tenant: str, template: Any, layouts: tuple,
                  scalars: dict, device: torch.device, cuda_graphs: bool) -> None:
