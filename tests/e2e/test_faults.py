@@ -122,15 +122,16 @@ def _in_background(fn) -> tuple[threading.Thread, list]:
 def test_the_server_answers_while_a_long_op_runs(server_url: str):
     with api(server_url) as c, _session(c) as busy, _session(c) as other:
         start = time.monotonic()
-        t, out = _in_background(lambda: sleep_program(server_url, busy, 2.0))
+        t, out = _in_background(lambda: sleep_program(server_url, busy, 4.0))
         wait_in_flight(c)
-        t0 = time.monotonic()
         assert c.get("/healthz").status_code == 200
         assert program(c, other, [put("q", [1.0]), {"kind": "fetch", "id": "q"}]).status_code == 200
-        assert time.monotonic() - t0 < 1.0  # other sessions run while one computes
+        # other sessions run while one computes: answered before the busy one's op ends (an order, not a
+        # time: a loaded machine took two seconds for the quick program)
+        assert t.is_alive()
         # the busy session's next program waits for the first: one session's programs run in order
         second = program(c, busy, [{"kind": "fetch", "id": "slept"}])
-        assert second.status_code == 200 and time.monotonic() - start >= 2.0
+        assert second.status_code == 200 and time.monotonic() - start >= 4.0
         t.join()
         assert out[0].status_code == 200
 
