@@ -129,14 +129,13 @@ class Compiler:
                 self._thread = threading.Thread(target=self._work, name="remote-autograd-compile", daemon=True)
                 self._thread.start()
         # in a copy of the caller's context: inductor's config overrides are context variables
-        self._jobs.put((variant, functools.partial(contextvars.copy_context().run, self._compile, found, variant,
-                                                   tenant, template, tuple(layouts), dict(scalars), device,
-                                                   cuda_graphs)))
+        self._jobs.put(functools.partial(contextvars.copy_context().run, self._compile, found, variant, tenant,
+                                         template, tuple(layouts), dict(scalars), device, cuda_graphs))
         return variant
 
     def _work(self) -> None:
         while True:
-            _, job = self._jobs.get()
+            job = self._jobs.get()
             try:
                 job()
             except Exception:  # _compile keeps its own failures; anything else must not end the thread
@@ -185,7 +184,7 @@ class Compiler:
         """Until every compile submitted so far has ended (tests, the bench)."""
         if self._thread is not None:
             done = threading.Event()
-            self._jobs.put((None, done.set))
+            self._jobs.put(done.set)
             if not done.wait(timeout):
                 raise TimeoutError(f"the compiles submitted did not end in {timeout} s")
 
