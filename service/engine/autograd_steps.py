@@ -127,11 +127,9 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
         if after:
             grads = tuple(after.get(k, g) for k, g in enumerate(grads))
         # first: any later name for a grad is a reference
-        owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]
-        captured = _captured(grads[len(targets):], owned[len(targets):], step.create_graph)
-        grads = grads[:len(targets)]
-        store_made(session, settings, tensor_hooks.observed_pairs(hooks)
-                   + [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None])
+        owned = [grad_ownership.owned(grads, i) for i in range(len(targets))]
+        grads, captured, arrived = _split_captured(grads, len(targets), step)
+        store_made(session, settings, tensor_hooks.observed_pairs(hooks) + captured)
     except BaseException:
         session.release(reserved)
         raise
@@ -145,7 +143,7 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
     result = _backward_result(run, missing)
-    return {**(result or {}), "captured": [g is not None for g in captured]} if captures else result
+    return {**(result or {}), "captured": arrived} if captures else result
 
 
 def _captures(session: Session, step: BackwardStep | GradStep, roots: list[torch.Tensor]) -> list[GradientEdge]:
@@ -173,12 +171,16 @@ def _captures(session: Session, step: BackwardStep | GradStep, roots: list[torch
     return edges
 
 
-def _captured(grads: tuple, owned: list[bool], create_graph: bool) -> list:
-    """Captured gradients as the session may hold them: a copy where autograd may hand one tensor out
-    twice (``grad_ownership``), detached unless the step records a graph."""
-    grads = [g if g is None or create_graph else g.detach() for g in grads]
-    return [None if g is None else g if own else g.clone(memory_format=torch.contiguous_format)
-            for g, own in zip(grads, owned)]
+def _split_captured(grads: tuple, n: int, step: BackwardStep | GradStep) -> tuple[tuple, list, list[bool]]:
+    """A walk's gradients: the first ``n`` (the step's own), then the captured ones as the session holds them
+    (``(id, tensor)`` pairs to store: a copy where autograd may hand one tensor out twice, ``grad_ownership``;
+    detached unless the step records a graph), and which of them a gradient reached (the answer's ``captured``)."""
+    owned = [grad_ownership.owned(grads, i) for i in range(n, len(grads))]  # first: a slice is another holder
+    captured = [g if g is None or step.create_graph else g.detach() for g in grads[n:]]
+    captured = [None if g is None else g if own else g.clone(memory_format=torch.contiguous_format)
+                for g, own in zip(captured, owned)]
+    return (grads[:n], [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None],
+            [g is not None for g in captured])
 
 
 def _backward_result(run: ProgramRun, missing: list[str]) -> dict | None:
@@ -250,15 +252,12 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:
         grads = torch.autograd.grad(outputs, [*inputs, *captures], _grad_outputs(step.grad_outputs, session),
                                     retain_graph=retain, create_graph=step.create_graph, allow_unused=step.allow_unused)
-    owned = [grad_ownership.owned(grads, i) for i in range(len(grads))]
-    captured = _captured(grads[len(inputs):], owned[len(inputs):], step.create_graph)
-    grads = grads[:len(inputs)]
+    grads, captured, arrived = _split_captured(grads, len(inputs), step)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]
-               + [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None]
-               + tensor_hooks.observed_pairs(hooks))
+               + captured + tensor_hooks.observed_pairs(hooks))
     if run.omit_known_meta and not step.allow_unused:  # the client named every grad and knows its shape
         return tensor_hooks.answer(hooks, None)
     result = {"tensors": [None if g is None else meta_message(tid, g) for tid, g in zip(step.out, grads)]}
     if captures:
-        result["captured"] = [g is not None for g in captured]
+        result["captured"] = arrived
     return tensor_hooks.answer(hooks, result)
