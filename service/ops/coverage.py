@@ -11,7 +11,8 @@ import argparse
 import re
 from pathlib import Path
 
-from . import OP_TABLE, surface
+from . import surface
+from ._registry import OP_TABLE
 
 BEGIN, END = "<!-- op-coverage:begin -->", "<!-- op-coverage:end -->"
 

@@ -1,6 +1,6 @@
 """torch's own ops, from the committed allow-list ``surface.json``: one native entry each, at import.
 
-``surface.json`` is written by ``python -m remote_autograd.service.ops.derive --write`` from torch's
+``surface.json`` is written by ``python -m tools.derive_ops --write`` from torch's
 own databases (OpInfo, what ``torch.nn`` modules and ``torch.optim`` optimizers call) and reviewed
 like code. Each of its ops becomes an entry (kind ``native``) whose every spelling is a variant:
 ``add``, ``Tensor.add``, ``Tensor.add_``, ``Tensor.__radd__`` each run exactly that torch callable,

@@ -20,7 +20,7 @@ import torch
 from remote_autograd.proto import DTYPES, dtype_name, torch_globals
 from remote_autograd.proto.messages import TorchGlobals
 
-from . import OP_TABLE, op
+from ._registry import OP_TABLE, op
 from ._context import current
 
 

@@ -16,7 +16,8 @@ from remote_autograd.client.dispatch import _dispatch
 from remote_autograd.client.session import _routes
 from remote_autograd.client.tensor import _views
 from remote_autograd.proto import op_contract
-from remote_autograd.service.ops import OP_TABLE, _derive_names, _registry, factories, surface
+from remote_autograd.service.ops import OP_TABLE, _registry, factories, surface
+from tools.derive_ops import _names
 
 
 def _served() -> list:
@@ -49,7 +50,7 @@ def test_the_shape_changing_in_place_ops_the_generator_probed_are_the_contracts(
 
 
 def test_both_sides_read_one_in_place_rule_and_one_list_of_shape_rules():
-    assert _registry.is_inplace_name is _derive_names.is_inplace_name is op_contract.is_inplace_name
+    assert _registry.is_inplace_name is _names.is_inplace_name is op_contract.is_inplace_name
     assert surface.is_inplace_name is _routes.is_inplace_name is op_contract.is_inplace_name
     assert _registry.SHAPE_RULES is op_contract.SHAPE_RULES
     assert {e.shape_rule for e in _served()} <= set(op_contract.SHAPE_RULES)

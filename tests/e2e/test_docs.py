@@ -136,7 +136,7 @@ def test_architecture_import_rules_hold():
 
 def test_architecture_names_every_module():
     """The map names each module of the three packages: by its path, or by its file name in a row
-    (a line) that names its folder (`service/ops/derive.py`, `_derive_record.py`, ...)."""
+    (a line) that names its folder (`service/ops/surface.py`, `_registry.py`, ...)."""
     text = (ROOT / "ARCHITECTURE.md").read_text()
     lines = text.splitlines()
     missing = []

@@ -1,7 +1,7 @@
 """The value fuzz's cases: base calls of every allow-listed op, and their integer arguments made extreme.
 
 A *base call* is a call torch's own databases make (recorded by the surface generator,
-``service/ops/_derive_record.py``: OpInfo samples, ``nn`` modules, optimizers), one of ``extra()``
+``tools/derive_ops/_record.py``: OpInfo samples, ``nn`` modules, optimizers), one of ``extra()``
 (forms those miss: packed recurrent calls), or one of ``known()``: the calls issue 31 found crashing
 the server, written out with their crashing values. Its *slots* are the places an integer value
 sits: an integer tensor, a Python int, a list of ints; a flag (``unsafe=``,

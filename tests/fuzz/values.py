@@ -29,7 +29,7 @@ line per op of ``surface.json``) says per op how many cases ran (none: no intege
 calls), their outcomes now, what they were without its check, and examples of each finding and of
 ``slow`` cases; ``tests/ops/test_value_fuzz.py`` holds it to the table: every op accounted for, no
 finding left, written on the torch ``surface.json`` was. Re-run it on every torch upgrade, after
-``python -m remote_autograd.service.ops.derive --write`` (``docs/ops.md``): about 20 minutes on two
+``python -m tools.derive_ops --write`` (``docs/ops.md``): about 20 minutes on two
 busy cores (``--jobs``).
 """
 
@@ -59,18 +59,18 @@ EXAMPLES = 3  # per op and kind of finding
 def record_calls(only: set[str] | None = None) -> list[_calls.BaseCall]:
     """The base calls of every op of ``surface.json`` (``only``: those ops), recorded from torch's
     databases as the surface generator records them (half a minute for all of them)."""
-    from remote_autograd.service.ops import _derive_record
+    from tools.derive_ops import _record
 
     warnings.filterwarnings("ignore")
     records: dict = {}
     ops = surface.load()["ops"]
     opinfos = None if only is None else {o for name in only for o in ops.get(name, {}).get("opinfo", [])}
-    _derive_record.record_op_db(records, only=opinfos)
+    _record.record_op_db(records, only=opinfos)
     if only is None or any("module_db" in ops.get(n, {}).get("from", ()) or "optim" in ops.get(n, {}).get("from", ())
                            for n in only):
-        _derive_record.record_module_db(records)
-        _derive_record.record_optim(records)
-    _derive_record.record_extras(records)
+        _record.record_module_db(records)
+        _record.record_optim(records)
+    _record.record_extras(records)
     made = [*_calls.known(), *_calls.extra()]
     return [c for c in made if only is None or c.op in only] + _calls.recorded(records, ops, only)
 

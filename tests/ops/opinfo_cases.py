@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from remote_autograd import client
 from remote_autograd.service.ops import surface
-from remote_autograd.service.ops._derive_record import sample_dtype
+from tools.derive_ops._record import sample_dtype
 
 SAMPLES = 2
 _SURFACE = surface.load()

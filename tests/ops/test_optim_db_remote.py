@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from remote_autograd import client
-from remote_autograd.service.ops._derive_record import _impls
+from tools.derive_ops._record import _impls
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -1,4 +1,4 @@
-"""``service/ops/surface.json`` is what the generator (``service/ops/derive.py``) writes, and the table
+"""``service/ops/surface.json`` is what the generator (``tools/derive_ops``) writes, and the table
 registers it as it says.
 
 Re-deriving the whole file runs every sample of torch's databases (minutes), so the tests check it
@@ -15,7 +15,7 @@ import fnmatch
 import torch
 
 from remote_autograd.service.ops import OP_TABLE, surface
-from remote_autograd.service.ops import _derive_names, _derive_record, derive
+from tools.derive_ops import _names, _record, derive
 
 SURFACE = surface.load()
 ALLOWED = {n for op in SURFACE["ops"].values() for n in op["names"]}
@@ -37,7 +37,7 @@ def test_the_file_is_written_by_this_torch():
 
 
 def test_every_spelling_names_the_callable_the_sdk_routes_by_it():
-    wrong = [n for n in sorted(ALLOWED) if not callable(surface.walk(n)) or _derive_record.spelling(surface.walk(n)) != n]
+    wrong = [n for n in sorted(ALLOWED) if not callable(surface.walk(n)) or _record.spelling(surface.walk(n)) != n]
     assert not wrong
 
 
@@ -47,8 +47,8 @@ def test_every_opinfo_is_accounted_for(op_db):
     overridable = {f for fs in torch.overrides.get_overridable_functions().values() for f in fs}
     missing = {}
     for opinfo in op_db:
-        for variant in _derive_record.declared_variants(opinfo):
-            name = _derive_record.spelling(variant)
+        for variant in _record.declared_variants(opinfo):
+            name = _record.spelling(variant)
             reaches_sdk = variant in overridable or name and name.startswith("torch.Tensor.")
             if reaches_sdk and name.startswith("torch.") and name not in ACCOUNTED and not _denied(name):
                 missing.setdefault(opinfo.name, []).append(name)
@@ -88,7 +88,7 @@ def test_variants_derive_from_the_base_name():
             "torch.Tensor.__iadd__"} <= add
     assert {"torch.relu", "torch.Tensor.relu_"} <= set(SURFACE["ops"]["nn.functional.relu"]["names"])
     assert "torch.Tensor.__truediv__" in SURFACE["ops"]["div"]["names"]
-    assert _derive_names.base_name("torch.Tensor.add_") == "add"
+    assert _names.base_name("torch.Tensor.add_") == "add"
 
 
 def test_a_spelling_the_running_torch_lacks_is_left_out_and_the_rest_served():

@@ -58,8 +58,9 @@ def _imports(path: Path):
         if node.level:
             base = package[: len(package) - node.level + 1]
             names = [".".join(base + ([node.module] if node.module else []))]
-            if not node.module:
-                names = [".".join(base + [a.name]) for a in node.names]
+            if not node.module:  # ``from . import x``: the module x, or a name of the package itself
+                names = [".".join(base + [a.name]) if _is_module(base + [a.name]) else ".".join(base) or "__init__"
+                         for a in node.names]
         elif (node.module or "").startswith("remote_autograd.service"):
             names = [node.module.removeprefix("remote_autograd.service").lstrip(".")]
         else:
@@ -68,6 +69,11 @@ def _imports(path: Path):
             name = name.strip(".")
             if name and (SERVICE / name.replace(".", "/")).with_suffix(".py").exists() or (SERVICE / name.replace(".", "/")).is_dir():
                 yield name, id(node) in top, id(node) in checking
+
+
+def _is_module(parts: list[str]) -> bool:
+    path = SERVICE.joinpath(*parts)
+    return path.with_suffix(".py").exists() or path.is_dir()
 
 
 MODULES = sorted(SERVICE.rglob("*.py"))
@@ -101,8 +107,10 @@ def test_every_late_import_is_still_there():
 
 
 def test_no_module_imports_itself_round_a_circle():
-    """Top-level imports form no circle, inside a package too (a circle works only by import order)."""
-    graph = {_module_name(p): {n for n, at_top, checking in _imports(p) if at_top and not checking} for p in MODULES}
+    """Imports form no circle, inside a package too (a circle works only by import order); a late import
+    counts too (``ops`` loads ``ops.testing_ops`` late: the test-only ops import what they need from
+    ``ops._registry``, not from the package that loads them)."""
+    graph = {_module_name(p): {n for n, _, checking in _imports(p) if not checking} for p in MODULES}
     done, path = set(), []
 
     def visit(module: str) -> None:
@@ -118,3 +126,15 @@ def test_no_module_imports_itself_round_a_circle():
 
     for module in graph:
         visit(module)
+
+
+def test_the_runtime_never_imports_the_op_generator_or_torchs_test_databases():
+    """``surface.json``'s generator (``tools/derive_ops``) runs torch's test databases
+    (``torch.testing._internal``): a developer's tool, outside the installed package, which the server
+    never imports; the server reads the committed file alone."""
+    for path in MODULES:
+        tree = ast.parse(path.read_text())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m.split(".")[0] == "tools" or m.startswith("torch.testing")], path
+    assert not list((SERVICE / "ops").glob("*derive*")), "the generator lives in tools/derive_ops"

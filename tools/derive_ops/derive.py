@@ -1,16 +1,16 @@
 """The surface generator: torch's own op databases -> ``surface.json``, the op table's allow-list.
 
-``python -m remote_autograd.service.ops.derive`` prints a summary of what it derived and whether
+``python -m tools.derive_ops`` prints a summary of what it derived and whether
 the committed file is current; ``--write`` rewrites ``service/ops/surface.json``. A dev tool: it
 imports torch's test databases (``expecttest`` must be installed) and runs their samples (a minute).
 
-1. Record (``_derive_record``): what ``op_db``'s OpInfos, ``module_db``'s modules and ``optim_db``'s
+1. Record (``_record``): what ``op_db``'s OpInfos, ``module_db``'s modules and ``optim_db``'s
    optimizers call, as the SDK would see it.
-   Plus ``extra``: a few calls those databases miss (``_derive_record.EXTRA_REASONS``).
-2. Group: the spellings of one op form one entry (``_derive_names``): a function, its method, its
+   Plus ``extra``: a few calls those databases miss (``_record.EXTRA_REASONS``).
+2. Group: the spellings of one op form one entry (``_names``): a function, its method, its
    in-place forms and operators, OpInfo's aliases, and an ``nn.functional`` op's ``torch.X`` twin.
-3. Probe (``_derive_facts``): random or not, whether meta derives its outputs, ...
-4. Refuse what never runs on the server (``_derive_deny``), with the reason, and write the file:
+3. Probe (``_facts``): random or not, whether meta derives its outputs, ...
+4. Refuse what never runs on the server (``_deny``), with the reason, and write the file:
    per entry its provenance, every spelling (the torch callable's dotted path, which the server walks
    from ``torch`` at import and the SDK routes by) and the facts.
 """
@@ -19,30 +19,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import _derive_deny, _derive_facts, _derive_names, _derive_record
+from remote_autograd.service.ops.surface import SURFACE_FILE, walk
 
-SURFACE = Path(__file__).with_name("surface.json")
+from . import _deny, _facts, _names, _record
+
 FACT_CALLS = 8  # recorded calls an entry's facts are probed on
 
 
 def derive() -> dict[str, Any]:
     """The surface as ``surface.json`` holds it."""
     warnings.filterwarnings("ignore")
-    records: dict[str, _derive_record.Record] = {}
-    opinfos = _derive_record.record_op_db(records)
-    _derive_record.record_module_db(records)
-    _derive_record.record_optim(records)
-    _derive_record.record_extras(records)
+    records: dict[str, _record.Record] = {}
+    opinfos = _record.record_op_db(records)
+    _record.record_module_db(records)
+    _record.record_optim(records)
+    _record.record_extras(records)
     ops, refused, values, factories = _entries(records, opinfos)
     torch.manual_seed(0)
-    return {"torch": torch.__version__.split("+")[0], "ops": ops, "refused": refused, "deny": _derive_deny.DENY,
+    return {"torch": torch.__version__.split("+")[0], "ops": ops, "refused": refused, "deny": _deny.DENY,
             "values": sorted(values), "factories": sorted(factories)}
 
 
@@ -50,23 +49,23 @@ def derive_opinfos(names: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(ops, refused) derived from these OpInfos alone: what a test can afford to redo (the other
     sources add spellings and calls, so an entry's names here are a part of the committed ones)."""
     warnings.filterwarnings("ignore")
-    records: dict[str, _derive_record.Record] = {}
-    opinfos = _derive_record.record_op_db(records, only=names)
+    records: dict[str, _record.Record] = {}
+    opinfos = _record.record_op_db(records, only=names)
     ops, refused, _, _ = _entries(records, opinfos)
     torch.manual_seed(0)
     return ops, refused
 
 
 def _entries(records, opinfos):
-    groups, values, factories = _derive_names.group(records, opinfos)
+    groups, values, factories = _names.group(records, opinfos)
     ops, refused = {}, {}
     for name, group in sorted(groups.items()):
-        for spelling in [n for n in group.names if _derive_deny.denied(n)]:
+        for spelling in [n for n in group.names if _deny.denied(n)]:
             group.names.remove(spelling)
         if not group.names:
             continue
         facts = _probe(group)
-        reason = _derive_deny.refusal(name, _derive_facts.runs(group.calls), facts)
+        reason = _deny.refusal(name, _facts.runs(group.calls), facts)
         if reason:
             refused[name] = {"names": group.names, "why": reason}
         else:
@@ -75,22 +74,22 @@ def _entries(records, opinfos):
     return ops, refused, values, factories
 
 
-def _probe(group: _derive_names.Group) -> dict[str, Any]:
+def _probe(group: _names.Group) -> dict[str, Any]:
     calls = group.calls[:FACT_CALLS]
-    random, uninitialised = _derive_facts.randomness(calls)
+    random, uninitialised = _facts.randomness(calls)
     facts: dict[str, Any] = {
-        **_derive_facts.meta_facts(calls),
+        **_facts.meta_facts(calls),
         "random": random,
-        "differentiable": _derive_facts.differentiable(calls),
+        "differentiable": _facts.differentiable(calls),
     }
     if random:
-        facts["generator"] = _derive_facts.takes_generator(calls)
+        facts["generator"] = _facts.takes_generator(calls)
     if uninitialised:
         facts["uninitialised"] = True
-    if _derive_facts.index_args(calls):
+    if _facts.index_args(calls):
         facts["index_args"] = True
-    layout = [n for n in group.names if _derive_names.is_inplace_name(n) and
-              _derive_facts.changes_layout(_derive_names.walk(n), calls)]
+    layout = [n for n in group.names if _names.is_inplace_name(n) and
+              _facts.changes_layout(walk(n), calls)]
     if layout:
         facts["layout_inplace"] = layout
     return facts
@@ -112,22 +111,18 @@ def dumps(surface: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m remote_autograd.service.ops.derive")
-    parser.add_argument("--write", action="store_true", help=f"rewrite {SURFACE.name}")
+    parser = argparse.ArgumentParser(prog="python -m tools.derive_ops")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {SURFACE_FILE.name}")
     args = parser.parse_args(argv)
     text = dumps(derive())
     surface = json.loads(text)
     print(f"{len(surface['ops'])} ops ({sum(len(o['names']) for o in surface['ops'].values())} spellings), "
           f"{len(surface['refused'])} refused, {len(surface['values'])} Python-value calls, "
           f"{len(surface['factories'])} factories")
-    current = SURFACE.exists() and SURFACE.read_text() == text
+    current = SURFACE_FILE.exists() and SURFACE_FILE.read_text() == text
     if args.write:
-        SURFACE.write_text(text)
-        print(f"wrote {SURFACE}")
+        SURFACE_FILE.write_text(text)
+        print(f"wrote {SURFACE_FILE}")
     else:
-        print(f"{SURFACE.name} is {'current' if current else 'stale: run with --write'}")
+        print(f"{SURFACE_FILE.name} is {'current' if current else 'stale: run with --write'}")
     return 0 if current or args.write else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

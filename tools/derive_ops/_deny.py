@@ -13,7 +13,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
-from . import arg_checks, bounds
+from remote_autograd.service.ops import arg_checks, bounds
 
 _IO = "file or network I/O: the server reads and writes no files for a session"
 _GLOBAL = "process-global state: shared by every session of the server (seed the session with sess.manual_seed)"

@@ -3,7 +3,7 @@
 Each source runs torch code on CPU under ``Recorder``, a ``TorchFunctionMode`` that sees every torch
 call a ``RemoteTensor.__torch_function__`` would see (the top-level ones: a composite's inner calls
 are not recorded, as the SDK never sees them either), and keeps the first few calls of each
-callable with copies of their arguments, for ``_derive_facts`` to probe.
+callable with copies of their arguments, for ``_facts`` to probe.
 
 - ``op_db``: every OpInfo of ``torch.testing._internal.common_methods_invocations``: its ``op``,
   method, in-place, operator and alias variants, on its first two samples.

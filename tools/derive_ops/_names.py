@@ -21,19 +21,12 @@ from typing import Any, Callable
 import torch
 
 from remote_autograd.proto.op_contract import is_inplace_name
+from remote_autograd.service.ops.surface import walk
 
-from . import _derive_facts
-from ._derive_record import Call, Record, spelling
+from . import _facts
+from ._record import Call, Record, spelling
 
 _NAMESPACES_WITH_TWINS = ("nn.functional.",)
-
-
-def walk(name: str) -> Any:
-    """The object a dotted path names, reached attribute by attribute from ``torch``."""
-    obj: Any = torch
-    for part in name.split(".")[1:]:
-        obj = getattr(obj, part)
-    return obj
 
 
 def _exists(name: str) -> bool:
@@ -106,7 +99,7 @@ class _Union:
 
 
 def _kind(rec: Record) -> str:
-    kinds = [_derive_facts.outputs_kind(c) for c in rec.calls]
+    kinds = [_facts.outputs_kind(c) for c in rec.calls]
     for kind in ("tensor", "inplace", "value", "factory"):
         if kind in kinds:
             return kind
@@ -192,7 +185,7 @@ def _plain_calls(calls: list[Call]) -> list[Call]:
 
 def _same_values(a: Callable, b: Callable, call: Call) -> bool:
     try:
-        return _derive_facts._same(_derive_facts._seeded(call, 0, a), _derive_facts._seeded(call, 0, b))
+        return _facts._same(_facts._seeded(call, 0, a), _facts._seeded(call, 0, b))
     except Exception:
         return False
 

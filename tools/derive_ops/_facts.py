@@ -1,6 +1,6 @@
 """What the server needs to know of an op, found by running it: the second half of the generator.
 
-Each probe runs the recorded calls of an op (``_derive_record.Call``) on CPU and answers one question
+Each probe runs the recorded calls of an op (``_record.Call``) on CPU and answers one question
 the server and the client act on:
 
 - ``outputs``: ``"tensor"`` (returns tensors), ``"inplace"`` (returns None but writes its first
@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ._derive_record import Call
+from ._record import Call
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
