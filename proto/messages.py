@@ -557,6 +557,14 @@ class OpInfo(_Model):
     doc: str = ""
     kind: str = "function"  # "function": our own autograd.Function; "native": torch's op and derivative
     spelled: bool = False  # each torch name without "torch." is a call step's op name, running that callable
+    # the entry's facts (each listed only where it holds; proto/SPEC.md §2 says what each means)
+    relayout: bool = False
+    keeps_storage: bool = False
+    floats_keep_layout: bool = False
+    capturable: bool = False
+    cpu_args: list[int] = []
+    factory: bool = False
+    maybe_view: bool = False
 
 
 class OpList(_Model):

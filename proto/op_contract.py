@@ -1,17 +1,14 @@
 """What the SDK and the server agree on about ops, written once and read by both (torch-only imports).
 
 The server's op table (``GET /v1/ops``) says per op what only it can know (its torch names, whether
-it is differentiable, its ``shape_rule``); the SDK caches it per server. What follows are the rules
-both sides apply to any op by its name or kind, so neither keeps a copy:
+it is differentiable, its ``shape_rule``, and its facts: ``relayout``, ``cpu_args``, ``maybe_view``,
+...); the SDK caches it per server. What follows are the rules both sides apply to any op by its
+name or kind, so neither keeps a copy:
 
 - ``FACTORIES``: the ops without a tensor argument that make a new tensor on the session's device
   (the SDK's device kernels and ``sess.zeros(...)`` call them by name; the server registers exactly
   these, ``service/ops/factories.py``). ``RANDOM_FACTORIES`` draw from the session's generator.
 - ``is_inplace_name``: a spelling that writes its first argument (``Tensor.add_``, ``__iadd__``).
-- ``SHAPE_INPLACE``: in-place spellings that change their target's shape or strides (``t_``): the
-  server runs torch's own op on the stored tensor, the SDK gives the handle its new layout from the
-  same function run on a meta stand-in. The op generator probes this (``layout_inplace`` in
-  ``service/ops/surface.json``) and a test checks the probe agrees with this list.
 - ``SHAPE_RULES``: the names of the rules by which the SDK may infer an op's outputs itself.
 - ``autocast_applies``: whether a step runs under the caller's ``torch.autocast``.
 """
@@ -35,20 +32,6 @@ def is_inplace_name(name: str) -> bool:
     short = name.rsplit(".", 1)[-1]
     return (short.endswith("_") and not short.endswith("__")) or (  # __iadd__, not __invert__ or __index__
         short.startswith("__i") and short.endswith("__") and hasattr(torch.Tensor, f"__{short[3:]}"))
-
-
-_T = torch.Tensor
-# By the last part of a spelling (``Tensor.t_`` or ``t_``) -> torch's function for it.
-SHAPE_INPLACE: dict[str, Callable] = {
-    "squeeze_": _T.squeeze_, "unsqueeze_": _T.unsqueeze_, "t_": _T.t_, "transpose_": _T.transpose_,
-    "swapaxes_": _T.swapaxes_, "swapdims_": _T.swapdims_, "resize_": _T.resize_, "resize_as_": _T.resize_as_,
-    "as_strided_": _T.as_strided_,
-}
-
-
-def is_shape_inplace(name: str) -> bool:
-    """The spelling ``name`` changes its target's shape or strides in place."""
-    return name.rpartition(".")[2] in SHAPE_INPLACE
 
 
 #   elementwise:       broadcast shapes, torch's type promotion

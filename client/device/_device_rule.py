@@ -5,21 +5,15 @@ device, but found at least two devices, remote:0 and cpu!"; a 0-d CPU tensor is 
 lets one join any device's op, as a scalar). torch itself takes CPU tensors beside another
 device's in a few places, which are uploaded on purpose: index tensors (``x[idx]``), the value
 of an assignment through a basic index (``x[0] = v`` is ``x[0].copy_(v)``), ``copy_``'s source,
-the lengths and batch sizes of packed sequences, which torch keeps on the CPU, and CTC's lengths.
+the lengths and batch sizes of packed sequences, which torch keeps on the CPU, and CTC's lengths
+(by position: each op's ``cpu_args`` in the server's table, ``GET /v1/ops``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
-# Positions of tensor arguments torch takes from the CPU beside another device's tensors.
-CPU_ARGUMENTS: dict[Callable, tuple[int, ...]] = {
-    torch.Tensor.copy_: (1,), torch._pack_padded_sequence: (1,), torch._pad_packed_sequence: (1,),
-    torch.lstm: (1,), torch.gru: (1,), torch.rnn_tanh: (1,), torch.rnn_relu: (1,),  # a packed input's batch sizes
-    torch.nn.functional.ctc_loss: (2, 3), torch.ctc_loss: (2, 3),  # input and target lengths
-}
 
 
 def mixed_devices(remote: torch.device, other: torch.device) -> RuntimeError:

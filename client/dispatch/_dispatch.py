@@ -21,10 +21,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
-from remote_autograd.proto.op_contract import FACTORIES, autocast_applies, is_shape_inplace
+from remote_autograd.proto.op_contract import FACTORIES, autocast_applies
 
 from ..device import _autocast
-from ..device._device_rule import CPU_ARGUMENTS, basic_index, check_local, mixed_devices
+from ..device._device_rule import basic_index, check_local, mixed_devices
 from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
 from ..session._routes import Route
@@ -164,8 +164,8 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         wire_args = [enc.value(wire_args_src[0]), enc.index(wire_args_src[1]),
                      *(enc.value(a, any_device=basic) for a in wire_args_src[2:])]
     else:
-        cpu_at = CPU_ARGUMENTS.get(func)
-        if cpu_at is None:  # a loop, not a comprehension: no frame of its own per op
+        cpu_at = route.op.cpu_args
+        if not cpu_at:  # a loop, not a comprehension: no frame of its own per op
             wire_args = []
             for a in wire_args_src:
                 wire_args.append(enc.value(a))
@@ -205,7 +205,8 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         if not isinstance(target, RemoteTensor):  # a 0-d local target (any other failed the device rule)
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         step["op"] = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
-        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
+        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs,
+                       route.op.relayout)
         if route.by_name and route.wire_name == "set_data":  # the one in-place op that may change shape and dtype
             target._adopt_metadata(args[1])
         return None if func is _SETITEM else target
@@ -228,13 +229,13 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         if func is _INDEXING[0]:
             _views.index_view(_as_list(result), args[0], args[1])
         else:
-            _views.settle(_as_list(result), enc.inputs, [], route.op.name, route.op.differentiable)
+            _views.settle(_as_list(result), enc.inputs, [], route.op.maybe_view, route.op.differentiable)
         return result
     result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
                             new_leaves=bool(kwargs.get("requires_grad")))
     # _as_list(result), inline: no call per op
     outs = result if type(result) is list else list(result) if isinstance(result, tuple) else [result]
-    _views.settle(outs, enc.inputs, views, route.op.name, route.op.differentiable)
+    _views.settle(outs, enc.inputs, views, route.op.maybe_view, route.op.differentiable)
     return result
 
 
@@ -257,14 +258,14 @@ def _check_same_device(session: SessionCore, name: str, device: Any) -> None:
 
 
 def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, target, rg: bool, leaves: frozenset,
-                   nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None) -> None:
+                   nbytes: int, op_args: tuple = (), op_kwargs: dict | None = None, relayout: bool = False) -> None:
     """Queue an in-place step (no new ids) and update the local history of the target and of
     every tensor sharing its memory; a shape-changing op (``t_``) gives the target its new layout."""
     op = step["op"]
     if rg and target._storage is not None:  # only memory shared with another handle can be uncertain
         _views.check_inplace(target, op, rg, leaves)
     # the wire names torch's spelling (``Tensor.t_``): the op is known by its last part
-    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if is_shape_inplace(op) else None
+    layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if relayout else None
     step["out"] = []
     session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:

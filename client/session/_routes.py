@@ -33,6 +33,11 @@ class OpSpec:
     differentiable: bool
     inplace: bool = False  # the op only exists in place (zero_, __setitem__)
     no_grad_args: frozenset = frozenset()  # arg positions/names whose tensors never get a gradient
+    # the entry's facts the SDK acts on (proto/SPEC.md §2): positions of tensor arguments torch takes from
+    # the CPU; a view or a copy by its input's strides (reshape); in place, it changes its target's layout (t_)
+    cpu_args: tuple[int, ...] = ()
+    maybe_view: bool = False
+    relayout: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class RouteTable:
         spelled: dict[str, OpSpec] = {}  # call-step names of torch's own ops' spellings (``fill_``, ``Tensor.view``)
         for info in ops:
             spec = OpSpec(info["name"], info["shape_rule"], info["differentiable"], info.get("inplace", False),
-                          frozenset(info.get("no_grad_args", ())))
+                          frozenset(info.get("no_grad_args", ())), tuple(info.get("cpu_args", ())),
+                          info.get("maybe_view", False), info.get("relayout", False))
             self.ops[spec.name] = spec
             for tname in info["torch_names"]:
                 if info.get("spelled"):

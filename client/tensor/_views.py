@@ -26,13 +26,9 @@ import weakref
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from remote_autograd.proto.op_contract import SHAPE_INPLACE
-
 UNKNOWN = "unknown"  # a ``_strides`` value: the server's layout of this tensor is not known here
 _META = torch.device("meta")
 
-# Ops that give a view or a copy depending on the input's strides (or that return the input itself).
-MAYBE_VIEWS = frozenset({"reshape", "flatten", "reshape_as", "contiguous", "ravel"})
 T = torch.Tensor
 
 
@@ -153,12 +149,13 @@ def is_view_call(views: list) -> bool:
     return any(v[0] is not None for v in views)
 
 
-def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: bool) -> None:
+def settle(outs: list, inputs: list, views: list, maybe: bool, differentiable: bool) -> None:
     """Layout and aliasing of a call's new outputs.
 
     ``views``: ``describe`` of the meta outputs torch gave for the call (empty when the
     metadata came from a cheap rule: such ops never return views). ``inputs``: the
-    RemoteTensor arguments.
+    RemoteTensor arguments. ``maybe``: the op's served ``maybe_view`` (``reshape``: a view or a copy
+    depending on the input's strides, or the input itself).
     """
     if not views:  # elementwise and friends: a contiguous result from contiguous inputs (TensorIterator)
         for t in inputs:  # a loop, not any(genexpr): no generator frame per op
@@ -168,7 +165,6 @@ def settle(outs: list, inputs: list, views: list, op_name: str, differentiable: 
                         o._strides = UNKNOWN
                 break
         return
-    maybe = op_name in MAYBE_VIEWS
     for out, (src, layout, offset) in zip(outs, views):
         if out is None:  # an optional output torch left out (attention weights with need_weights=False)
             continue
@@ -245,7 +241,7 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The target's new layout after a shape-changing in-place op, or None (not such an op, or one torch
     refuses: the server then answers with torch's own error, which meta kernels do not always spell alike)."""
-    func = SHAPE_INPLACE.get(op_name.rpartition(".")[2])
+    func = getattr(T, op_name.rpartition(".")[2], None)  # an op the served table says relayouts: torch's method
     if func is None:
         return None
     stand_in = meta_of(target)

@@ -9,7 +9,8 @@ re-count walks them all, every step.
 
 torch's own elementwise in-place arithmetic writes into its target as it is: the result has the
 target's shape (broadcasting never grows a target), no storage is swapped or resized, and a kernel
-that fails stops before its first write or writes in place. Those ops, by name (``KEEPING``, and
+that fails stops before its first write or writes in place. Those ops (their entry's
+``keeps_storage``, declared in the op surface's generator: ``tools/derive_ops/_declared.py``, and
 every in-place ``_foreach_`` op: lists of the same), without ``out=``, skip the re-count; every
 other in-place step is counted again as before. ``tests/service/engine/test_kept_storages.py`` runs
 each of them both ways and compares the counts.
@@ -19,16 +20,7 @@ from __future__ import annotations
 
 from remote_autograd.proto.messages import CallStep
 
-KEEPING = frozenset({
-    "add_", "sub_", "mul_", "div_", "true_divide_", "lerp_", "addcmul_", "addcdiv_", "copy_", "zero_", "fill_",
-    "clamp_", "clamp_min_", "clamp_max_", "sqrt_", "rsqrt_", "neg_", "abs_", "exp_", "log_", "pow_", "sign_",
-    "reciprocal_", "tanh_", "sigmoid_", "relu_", "masked_fill_",
-})
-
 
 def keeps_storages(call, step: CallStep) -> bool:
     """Whether in-place ``step`` (its resolved ``call``) leaves every storage it names as it was."""
-    if not call.entry.variants or (step.kwargs and "out" in step.kwargs):  # ours, or out= (resized)
-        return False
-    name = step.op.rpartition(".")[2]
-    return name in KEEPING or (name.startswith("_foreach_") and name.endswith("_"))
+    return call.entry.keeps_storage and not (step.kwargs and "out" in step.kwargs)  # out=: resized

@@ -12,7 +12,7 @@ largest output and its cost, which the runner holds to the limits each time). Th
 names every tensor argument by its origin instead of its id: ``("p", step, k)`` for the k-th
 output of an earlier call of this program, ``("s", n)`` for the n-th tensor taken from the
 session (its value, or its grad), with every other argument as its type and value (an
-arithmetic op's floats by type only: ``_FLOATS_BY_TYPE``). A session tensor's layout is taken
+arithmetic op's floats by type only: its entry's ``floats_keep_layout``). A session tensor's layout is taken
 once, at its first use in the program (the plan's ``layouts``).
 
 A template's runs (``templates.run_plainly``) have plans of their own, kept by the template: a
@@ -53,18 +53,6 @@ PLAN_MIN_CALLS = 2
 # change no layout, no grad (a checkpoint region's steps, open and close: nor do they)
 _KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep, CheckpointStep, CheckpointEndStep)
 _CHANGES_GRADS = (BackwardStep, SetGradStep)
-# torch's in-place ops that change their target's layout (and ``resize_`` its storage's size)
-_RELAYOUT = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_", "resize_",
-                       "resize_as_", "as_strided_", "set_"})
-
-# torch's arithmetic (entries of the op table, by name: ``Tensor.__rtruediv__`` is ``div``) whose
-# Python float arguments (a learning rate, a bias correction, an optimizer's betas) change
-# neither an output's layout nor whether torch accepts the call: their floats are part of a
-# pattern by type only. Any other op's floats are by value (an interpolation's scale factor makes
-# the output's shape; a random fill's bounds can be refused), and so are an op of our own's.
-_FLOATS_BY_TYPE = frozenset({"add", "sub", "mul", "div", "lerp", "addcdiv", "addcmul"})
-_FLOATS_BY_TYPE |= {f"_foreach_{name}" for name in _FLOATS_BY_TYPE}
-
 _relayouts: dict[str, bool] = {}  # a name the table resolved -> whether its calls take every layout afresh
 
 
@@ -115,7 +103,7 @@ class PlanRun:
         it needs, its cost too (a function of its layouts and scalars, as its bytes are)."""
         self._all_known = True
         entry = call.entry
-        self._float_type = bool(entry.variants) and entry.name in _FLOATS_BY_TYPE
+        self._float_type = entry.floats_keep_layout
         planned = self.plan.calls.get(index) if self.plan is not None else None
         self._made = planned is not None and planned[1] is not None and self._matches(step, args, kwargs, planned[0])
         if self._made:
@@ -139,7 +127,7 @@ class PlanRun:
         those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
         relayout = _relayouts.get(step.op)
         if relayout is None:  # a fact of the name (what it resolves to): once per name
-            relayout = _relayouts[step.op] = ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT)
+            relayout = _relayouts[step.op] = ((call.inplace and call.entry.relayout)
                                               or not call.entry.variants)
         if relayout or (step.kwargs and "out" in step.kwargs):
             self._forget_all()

@@ -2,11 +2,11 @@
 may run it without the runner's step handler. One rule for the server's captures: the CUDA graph of
 a repeated program (``graph_signature``) and a template's compiled form (``template_graph``).
 
-A call fits when it runs torch's own deterministic op: an entry of the surface (``variants``), not
-data-dependent (its output shapes follow from the layouts), drawing no random number (or, a dropout
-of probability 0, drawing nothing: ``ops._native.draws_nothing``), without autocast, ``out=`` or
-``out_many``, and no in-place op that changes its target's layout; or one of our own entries whose
-values are torch's from the arguments alone (a basic index, a factory). Whether the entry's own
+A call fits when its entry is ``capturable`` (torch's own op whose output shapes follow from the
+layouts, or one of our own whose values are torch's from the arguments alone: a factory; ``getitem``
+by a basic index), drawing no random number (or, a dropout of probability 0, drawing nothing:
+``ops._native.draws_nothing``), without autocast, ``out=`` or ``out_many``, and not an in-place op
+that changes its target's layout (its entry's ``relayout``). Whether the entry's own
 argument contract (``OpEntry.check``) may run elsewhere is each capture's to say.
 """
 
@@ -18,10 +18,6 @@ from remote_autograd.proto.messages import CallStep
 
 from ..ops._native import draws_nothing
 from ..ops._registry import Resolved
-from .program_plan import _RELAYOUT
-
-# the factories of our own whose values are a kernel's, from their arguments alone (no generator)
-FACTORIES_FIT = frozenset({"zeros", "ones", "empty", "full", "arange"})
 
 
 def replayable_call(found: Resolved, step: CallStep, args: list, kwargs: dict) -> bool:
@@ -31,12 +27,11 @@ def replayable_call(found: Resolved, step: CallStep, args: list, kwargs: dict) -
     # getitem is ours (it reads our wire form of an index) and data-dependent for a tensor index
     # (a mask's True count); by ints, slices and None it is torch's own view
     basic_index = entry.name == "getitem" and not names_a_tensor(step.args[1:])
-    ours_fit = basic_index or entry.name in FACTORIES_FIT
     deterministic = entry.exact or draws_nothing(step.op, args, kwargs)
-    return not ((not ours_fit and (not entry.variants or entry.data_dependent))
+    return not ((not entry.capturable and not basic_index)
                 or not deterministic or step.autocast is not None or step.out_many
                 or (step.kwargs and "out" in step.kwargs)
-                or (found.inplace and step.op.rpartition(".")[2] in _RELAYOUT))
+                or (found.inplace and entry.relayout))
 
 
 def names_a_tensor(wire: Any) -> bool:

@@ -411,7 +411,7 @@ def _run_inplace(call, step: CallStep, args: list, kwargs: dict) -> None:
     target = args[0]
     needs_grad = _requires_grad(args, kwargs)
     recording = step.grad_enabled and needs_grad
-    if entry.shape_inplace or (call.writes and not call.by_copy):
+    if entry.relayout or (call.writes and not call.by_copy):
         # torch's own in-place op on the stored tensor: its own checks (a leaf that requires grad,
         # shapes, dtypes) come before any change, and its derivative is torch's
         with _grad_mode(step.grad_enabled, matters=needs_grad):

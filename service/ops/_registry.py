@@ -26,6 +26,9 @@ from ._samples import Sample
 # How the client infers result metadata without asking the server:
 # SHAPE_RULES (proto/op_contract.py): how the client may infer an op's outputs itself
 
+# the entry's facts GET /v1/ops serves where they hold (OpEntry's comments say what each means)
+FACTS = ("relayout", "keeps_storage", "floats_keep_layout", "capturable", "cpu_args", "factory", "maybe_view")
+
 # function: our own autograd.Function (custom or hand-written gradient);
 # native: torch's own op with torch's own derivative (surface.py)
 KINDS = ("function", "native")
@@ -49,9 +52,32 @@ class OpEntry:
     # torch's own in-place kernel (``torch.Tensor.add_``), used for ``op_`` when no graph is
     # recorded (optimizer updates): same result, without an out-of-place value and a copy
     native_inplace: Callable[..., Any] | None = None
-    # the op changes its target's shape or strides in place (``t_``): the runner always calls ``fn``,
-    # torch's own in-place op, on the stored tensor itself (a copy back could not change its shape)
-    shape_inplace: bool = False
+    # Facts the engine's speed paths and the SDK read (``GET /v1/ops`` serves them), each written once
+    # here: a surface entry's come from ``surface.json`` (probed or declared by the generator,
+    # ``tools/derive_ops/_declared.py``), one of our own's from its ``@op``.
+    # ``relayout``: an in-place call changes its target's shape or strides (``t_``): the runner calls
+    # ``fn``, torch's own in-place op, on the stored tensor itself (a copy back could not change its
+    # shape); a plan and a capture take every layout afresh after one.
+    relayout: bool = False
+    # ``keeps_storage``: an in-place call writes into its target as it is (no storage grown, swapped or
+    # resized): the runner counts no byte again after it (``engine/kept_storages.py``)
+    keeps_storage: bool = False
+    # ``floats_keep_layout``: its Python floats change neither an output's layout nor whether torch
+    # accepts the call: a plan keys them by type (``engine/program_plan.py``)
+    floats_keep_layout: bool = False
+    # ``capturable``: its results follow from its arguments' layouts and values alone, so a capture
+    # (a CUDA graph, a compiled template) may replay it (``engine/replayable.py``; a call's randomness,
+    # autocast and ``out=`` are the call's to say)
+    capturable: bool = False
+    # ``cpu_args``: positions of tensor arguments torch takes from the CPU beside the device's (the SDK
+    # uploads those on purpose: ``copy_``'s source, CTC's lengths)
+    cpu_args: tuple[int, ...] = ()
+    # ``factory``: makes a new tensor from no tensor argument (``zeros``: the names are the op
+    # contract's ``FACTORIES``, which the SDK's device kernels call by name)
+    factory: bool = False
+    # ``maybe_view``: a view or a copy depending on its input's strides (``reshape``): the SDK does not
+    # know which until the server says
+    maybe_view: bool = False
     # What the runner's check before the kernel needs to know (``service/engine/meta_check.py``):
     # ``check``: an argument contract of our own, run on the real arguments, for kernels whose meta
     # kernel is missing or too lax (the CPU fused optimizers trust their callers about list lengths
@@ -95,6 +121,8 @@ class OpEntry:
             "doc": self.doc,
             "kind": self.kind,
             **({"spelled": True} if self.variants else {}),
+            **{fact: list(value) if type(value) is tuple else value
+               for fact in FACTS if (value := getattr(self, fact))},  # each only where it holds
         }
 
 
@@ -216,7 +244,9 @@ def op(
     no_grad_args: tuple[int | str, ...] = (),
     native_inplace: Callable[..., Any] | None = None,
     kind: str = "function",
-    shape_inplace: bool = False,
+    relayout: bool = False,
+    capturable: bool = False,
+    factory: bool = False,
     check: Callable[..., None] | None = None,
     data_dependent: bool = False,
     output_bound: Callable[..., int] | None = None,
@@ -241,7 +271,9 @@ def op(
                 inplace=inplace,
                 no_grad_args=tuple(no_grad_args),
                 native_inplace=native_inplace,
-                shape_inplace=shape_inplace,
+                relayout=relayout,
+                capturable=capturable,
+                factory=factory,
                 check=check,
                 data_dependent=data_dependent,
                 output_bound=output_bound,

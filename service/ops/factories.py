@@ -33,14 +33,15 @@ def _meta_numel(reference, args: tuple, kwargs: tuple) -> int:
     return reference(*args, **dict(kwargs), device="meta").numel()
 
 
-def _factory(name: str, samples, reference):
+def _factory(name: str, samples, reference, *, capturable: bool = False):
     """Register a factory whose output size is checked against the session's limit before
     anything is allocated (the same torch factory on the meta device says the size). The names are
-    the op contract's (``FACTORIES``), which the SDK's device kernels call."""
+    the op contract's (``FACTORIES``), which the SDK's device kernels call. ``capturable``: its values
+    are a kernel's, from its arguments alone (no generator): a capture may replay it."""
     if name not in FACTORIES:
         raise ValueError(f"factory {name!r} is not in proto/op_contract.py's FACTORIES: the SDK would not call it")
     register = op(name, torch_names=(), samples=samples, reference=reference, differentiable=False,
-                  shape_rule="meta")
+                  shape_rule="meta", factory=True, capturable=capturable)
 
     def decorate(fn):
         @functools.wraps(fn)
@@ -67,19 +68,19 @@ def _factory(name: str, samples, reference):
 _SIZES = (S(2, 3), S((2, 3), dtype=torch.float64), S([4], requires_grad=True), S(0), S(()))
 
 
-@_factory("zeros", _SIZES, torch.zeros)
+@_factory("zeros", _SIZES, torch.zeros, capturable=True)
 def zeros(*size, dtype=None, device=None, requires_grad=False):
     """a tensor of zeros of shape ``size``"""
     return torch.zeros(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
 
 
-@_factory("ones", _SIZES, torch.ones)
+@_factory("ones", _SIZES, torch.ones, capturable=True)
 def ones(*size, dtype=None, device=None, requires_grad=False):
     """a tensor of ones of shape ``size``"""
     return torch.ones(*size, dtype=dtype, device=current().device, requires_grad=requires_grad)
 
 
-@_factory("empty", _SIZES, torch.zeros)
+@_factory("empty", _SIZES, torch.zeros, capturable=True)
 def empty(*size, dtype=None, device=None, requires_grad=False):
     """torch.empty, but zeroed (under deterministic algorithms, filled as torch fills it)"""
     if torch_fills_uninitialised():
@@ -88,14 +89,14 @@ def empty(*size, dtype=None, device=None, requires_grad=False):
 
 
 @_factory("full", (S((2, 3), 1.5), S([2], 7), S((), True), S((3,), 2, dtype=torch.float64, requires_grad=True)),
-          torch.full)
+          torch.full, capturable=True)
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
     """a tensor of shape ``size`` filled with ``fill_value`` (dtype inferred from it, as torch)"""
     return torch.full(size, fill_value, dtype=dtype, device=current().device, requires_grad=requires_grad)
 
 
 @_factory("arange", (S(5), S(1, 4), S(0.0, 2.0, 0.5), S(5, 1, -2, dtype=torch.float32), S(3, requires_grad=False)),
-          torch.arange)
+          torch.arange, capturable=True)
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
     """start, start + step, ... up to end (exclusive); arange(end) starts at 0"""
     if end is None:

@@ -16,6 +16,9 @@ from the wire: the runner only looks names up in the table).
   sequence's ``batch_sizes`` go back to the CPU, where torch wants them (``adapters.py``).
 - An in-place spelling of an op that takes index tensors runs on a copy of its target, then is
   written in (``copy_inplace``): an index out of range found midway leaves nothing half-written.
+- The facts the engine's speed paths and the SDK act on (``relayout``, ``keeps_storage``,
+  ``floats_keep_layout``, ``cpu_args``, ``maybe_view``: ``OpEntry``) are the file's, probed or declared
+  by the generator; ``capturable`` is every op whose output shapes meta derives.
 
 Entries the table already has by hand (``getitem``, our own Functions) keep their spellings: a
 spelling another entry routes is left out here, and an op none of whose spellings is left is skipped.
@@ -30,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto.op_contract import is_inplace_name, is_shape_inplace
+from remote_autograd.proto.op_contract import is_inplace_name
 
 from . import adapters, bounds, value_checks
 from ._context import torch_fills_uninitialised
@@ -106,8 +109,8 @@ def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
     variants = {wire_name(p): _callable(name, p, spec) for p in names}
     primary = variants[wire_name(names[0])]
     variants.setdefault(name, primary)  # the entry's own name calls its primary spelling
-    layout = {w for w in variants if is_shape_inplace(w)}  # the probe's layout_inplace, checked to agree
-    copy_inplace = frozenset(w for w in variants if spec.get("index_args") and is_inplace_name(w) and w not in layout)
+    relayout = spec.get("relayout", False)  # an op that changes its target's layout runs on the target itself
+    copy_inplace = frozenset(w for w in variants if spec.get("index_args") and is_inplace_name(w) and not relayout)
     data_dependent = spec["meta"] == "data_dependent" or name in bounds.BOUNDS  # meta may not say: a bound
     return OpEntry(
         name=name, fn=primary, torch_names=tuple(names), samples=(), reference=walk(names[0]),
@@ -118,7 +121,10 @@ def entry_for(name: str, spec: dict[str, Any], names: list[str]) -> OpEntry:
         inplace=all(is_inplace_name(p) for p in names), kind="native",
         doc=f"torch's own {names[0]} ({', '.join(spec['from'])})",
         data_dependent=data_dependent, output_bound=bounds.BOUNDS.get(name), check=value_checks.check_of(name),
-        variants=variants, copy_inplace=copy_inplace,
+        variants=variants, copy_inplace=copy_inplace, relayout=relayout,
+        keeps_storage=spec.get("keeps_storage", False), floats_keep_layout=spec.get("floats_keep_layout", False),
+        capturable=not data_dependent,  # its output shapes follow from the layouts
+        cpu_args=tuple(spec.get("cpu_args", ())), maybe_view=spec.get("maybe_view", False),
     )
 
 

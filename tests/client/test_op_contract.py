@@ -1,8 +1,8 @@
 """The op contract (``proto/op_contract.py``) is the one both sides read: no side keeps a copy.
 
 Checked against the real service table (``service/ops``) and the SDK's own modules: the server
-registers exactly the contract's factories, the shape-changing in-place ops the op generator
-probed are the contract's, every served shape rule is one the contract names, and each side's
+registers exactly the contract's factories, the ops whose in-place forms change their target's
+layout run on the target and the SDK follows, every served shape rule is one the contract names, and each side's
 modules hold the contract's very objects (not equal copies).
 """
 
@@ -14,7 +14,6 @@ from remote_autograd import client
 from remote_autograd.client import _session
 from remote_autograd.client.dispatch import _dispatch
 from remote_autograd.client.session import _routes
-from remote_autograd.client.tensor import _views
 from remote_autograd.proto import op_contract
 from remote_autograd.service.ops import OP_TABLE, _registry, factories, surface
 from tools.derive_ops import _names
@@ -37,16 +36,22 @@ def test_the_sdk_has_a_factory_method_for_each_and_infers_their_metadata_from_th
     assert _dispatch.FACTORIES is op_contract.FACTORIES
 
 
-def test_the_shape_changing_in_place_ops_the_generator_probed_are_the_contracts():
-    probed = {path.rpartition(".")[2] for spec in surface.load()["ops"].values()
-              for path in spec.get("layout_inplace", ())}
-    assert probed <= set(op_contract.SHAPE_INPLACE), probed - set(op_contract.SHAPE_INPLACE)
-    # every one the table serves runs on the stored tensor itself (a copy written back could not change
-    # its shape), the probe's or not (its samples of as_strided_ and resize_as_ keep the layout)
-    for name in op_contract.SHAPE_INPLACE:
-        call = OP_TABLE.resolve(f"Tensor.{name}")
-        assert call is None or (call.inplace and call.writes and not call.by_copy), name
-    assert _views.SHAPE_INPLACE is op_contract.SHAPE_INPLACE
+def test_every_op_that_changes_its_targets_layout_runs_on_the_target_and_the_sdk_reads_the_fact():
+    """An entry's ``relayout`` (probed by the generator, or declared): each of its in-place spellings runs
+    torch's own op on the stored tensor (a copy written back could not change its shape), and the SDK
+    gives the handle the layout torch's method gives a meta stand-in."""
+    relayout = [e for e in _served() if e.relayout]
+    assert relayout
+    for entry in relayout:
+        for wire in [w for w in entry.variants if op_contract.is_inplace_name(w)]:
+            call = OP_TABLE.resolve(wire)
+            assert call.inplace and call.writes and not call.by_copy, wire
+    with client.connect(transport=client.InProcessTransport()) as sess:
+        local = torch.randn(2, 3)
+        x = sess.tensor(local)
+        x.t_()
+        local.t_()
+        assert x.shape == local.shape and x.stride() == local.stride() and torch.equal(x.cpu(), local)
 
 
 def test_both_sides_read_one_in_place_rule_and_one_list_of_shape_rules():

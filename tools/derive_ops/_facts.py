@@ -16,7 +16,7 @@ the server and the client act on:
 - ``differentiable``: a floating output requires grad when the floating inputs do.
 - ``index_args``: an integer tensor besides the first argument (an index: an in-place form then runs
   on a copy, so an index out of range cannot leave a half-written tensor).
-- ``layout_inplace``: an in-place spelling that changes its target's shape or strides (``t_``).
+- ``relayout`` (``changes_layout``): an in-place spelling changes its target's shape or strides (``t_``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ imports torch's test databases (``expecttest`` must be installed) and runs their
    Plus ``extra``: a few calls those databases miss (``_record.EXTRA_REASONS``).
 2. Group: the spellings of one op form one entry (``_names``): a function, its method, its
    in-place forms and operators, OpInfo's aliases, and an ``nn.functional`` op's ``torch.X`` twin.
-3. Probe (``_facts``): random or not, whether meta derives its outputs, ...
+3. Probe (``_facts``): random or not, whether meta derives its outputs, ...; and the facts no probe
+   can decide, declared by name (``_declared``).
 4. Refuse what never runs on the server (``_deny``), with the reason, and write the file:
    per entry its provenance, every spelling (the torch callable's dotted path, which the server walks
    from ``torch`` at import and the SDK routes by) and the facts.
@@ -26,7 +27,7 @@ import torch
 
 from remote_autograd.service.ops.surface import SURFACE_FILE, walk
 
-from . import _deny, _facts, _names, _record
+from . import _declared, _deny, _facts, _names, _record
 
 FACT_CALLS = 8  # recorded calls an entry's facts are probed on
 
@@ -40,6 +41,8 @@ def derive() -> dict[str, Any]:
     _record.record_optim(records)
     _record.record_extras(records)
     ops, refused, values, factories = _entries(records, opinfos)
+    if _declared.unknown(ops):
+        raise SystemExit(f"_declared.py names ops the surface has not: {_declared.unknown(ops)}")
     torch.manual_seed(0)
     return {"torch": torch.__version__.split("+")[0], "ops": ops, "refused": refused, "deny": _deny.DENY,
             "values": sorted(values), "factories": sorted(factories)}
@@ -64,7 +67,7 @@ def _entries(records, opinfos):
             group.names.remove(spelling)
         if not group.names:
             continue
-        facts = _probe(group)
+        facts = _probe(name, group)
         reason = _deny.refusal(name, _facts.runs(group.calls), facts)
         if reason:
             refused[name] = {"names": group.names, "why": reason}
@@ -74,7 +77,7 @@ def _entries(records, opinfos):
     return ops, refused, values, factories
 
 
-def _probe(group: _names.Group) -> dict[str, Any]:
+def _probe(name: str, group: _names.Group) -> dict[str, Any]:
     calls = group.calls[:FACT_CALLS]
     random, uninitialised = _facts.randomness(calls)
     facts: dict[str, Any] = {
@@ -88,11 +91,9 @@ def _probe(group: _names.Group) -> dict[str, Any]:
         facts["uninitialised"] = True
     if _facts.index_args(calls):
         facts["index_args"] = True
-    layout = [n for n in group.names if _names.is_inplace_name(n) and
-              _facts.changes_layout(walk(n), calls)]
-    if layout:
-        facts["layout_inplace"] = layout
-    return facts
+    inplace = [n for n in group.names if _names.is_inplace_name(n)]
+    relayout = any(_facts.changes_layout(walk(n), calls) for n in inplace)
+    return {**facts, **_declared.facts(name, bool(inplace), relayout)}
 
 
 def dumps(surface: dict[str, Any]) -> str:

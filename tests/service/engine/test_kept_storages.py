@@ -8,6 +8,7 @@ import torch
 
 from remote_autograd.proto import encode_tensor
 from remote_autograd.proto.messages import validate_program
+from remote_autograd.proto.op_contract import is_inplace_name
 from remote_autograd.service.engine import kept_storages
 from remote_autograd.service.engine.runner import run_steps
 from remote_autograd.service.ops import OP_TABLE
@@ -15,11 +16,15 @@ from remote_autograd.service.sessions.store import SessionStore
 from remote_autograd.service.settings import Settings
 
 A, B, C = {"ref": "a"}, {"ref": "b"}, {"ref": "c"}
-_ARGS = {  # each name of KEEPING: its arguments after the target (a, b and c: positive float32 (4,))
-    "lerp_": [B, 0.5], "addcmul_": [B, C], "addcdiv_": [B, C], "fill_": [1.5], "clamp_": [0.1, 0.9],
-    "clamp_min_": [0.1], "clamp_max_": [0.9], "pow_": [2], "masked_fill_": [{"ref": "mask"}, 0.0],
-    **{name: [B] for name in ("add_", "sub_", "mul_", "div_", "true_divide_", "copy_")},
+_ARGS = {  # each entry that keeps_storage: its arguments after the target (a, b and c: positive float32 (4,))
+    "lerp": [B, 0.5], "addcmul": [B, C], "addcdiv": [B, C], "fill": [1.5], "clamp": [0.1, 0.9],
+    "clamp_min": [0.1], "clamp_max": [0.9], "pow": [2], "masked_fill": [{"ref": "mask"}, 0.0],
+    **{name: [B] for name in ("add", "sub", "mul", "div", "true_divide", "copy_")},
 }
+# every in-place spelling of every such entry (``Tensor.add_``, ``Tensor.__iadd__``, ``torch.abs_``), but the
+# foreach ops' (below): (spelling, entry)
+_KEEPING = sorted((w, e.name) for e in OP_TABLE if e.keeps_storage and not e.name.startswith("_foreach_")
+                  for w in e.variants if is_inplace_name(w))
 _FOREACH = {"_foreach_add_": [[B, C]], "_foreach_mul_": [0.5], "_foreach_lerp_": [[B, C], 0.25],
             "_foreach_addcdiv_": [[B, C], [C, B]], "_foreach_sqrt_": []}
 
@@ -43,9 +48,9 @@ def _after(op: str, args: list) -> tuple[int, int]:
     return held, session.bytes_held
 
 
-@pytest.mark.parametrize("name", sorted(kept_storages.KEEPING))
-def test_an_elementwise_in_place_op_keeps_every_storage(name):
-    held, recounted = _after(f"Tensor.{name}", [A, *_ARGS.get(name, [])])
+@pytest.mark.parametrize("wire, name", _KEEPING, ids=[w for w, _ in _KEEPING])
+def test_an_elementwise_in_place_op_keeps_every_storage(wire, name):
+    held, recounted = _after(wire, [A, *_ARGS.get(name, [])])
     assert held == recounted
 
 
