@@ -241,7 +241,13 @@ def after_inplace(target, rg: bool, leaves: frozenset) -> None:
 def reshape_inplace_meta(op_name: str, target, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The target's new layout after a shape-changing in-place op, or None (not such an op, or one torch
     refuses: the server then answers with torch's own error, which meta kernels do not always spell alike)."""
-    func = getattr(T, op_name.rpartition(".")[2], None)  # an op the served table says relayouts: torch's method
+    name = op_name.rpartition(".")[2]
+    # An op the served table says relayouts: torch's in-place method of that name. The name is the
+    # user's own call's, but a by-name call (sess.ops) takes it from the server's table: only an
+    # in-place spelling (``t_``, never ``_private`` or ``__dunder__``) is looked up on torch.Tensor.
+    if name.startswith("_") or not name.endswith("_"):
+        return None
+    func = getattr(T, name, None)
     if func is None:
         return None
     stand_in = meta_of(target)
