@@ -1,7 +1,7 @@
 """``Session``: the public session, with uploads, factories and ops by name.
 
-It builds on ``SessionCore`` (``session/_session_core``: the server session and its queue of
-steps), adding what makes tensors, which the core below the tensor type cannot do. Its
+It builds on ``SessionCore`` (``_core``: the server session and its queue of
+steps), adding what makes tensors: uploads, the factories, seeds and weights. Its
 factories are the op contract's (``proto/op_contract.FACTORIES``), one method each.
 """
 
@@ -15,11 +15,9 @@ from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.op_contract import FACTORIES, RANDOM_FACTORIES
 
 from ._ops import OpsNamespace
-from .dispatch._dispatch import call_op
+from ._core import RemoteTensor, SessionCore, _Origin, call_op
 from .handlers._weights import load_weights
 from .session._callsite import where
-from .session._session_core import SessionCore, _Origin
-from .tensor._tensor import RemoteTensor
 from .transport._transport import Transport
 
 

@@ -26,7 +26,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch._dynamo import trace_rules
 
 from ..device._device import DEVICE_TYPE, session_for
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor
 from . import _functorch
 from ._compiled import CompiledGraph
 from ..session._recorder import Untranslatable

@@ -19,9 +19,8 @@ from torch.fx.node import map_aggregate
 from ..device._device import session_for
 from ..device._device_rule import mixed_devices
 from ..session._callsite import where
-from ..session._session_core import _Origin
+from .._core import RemoteTensor, _Origin
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from ._symbols import evaluate
 from ._translate import Plan
 

@@ -38,9 +38,8 @@ from torch.utils._pytree import tree_leaves
 from remote_autograd.proto import dtype_name
 
 from ..device._device import DEVICE_TYPE, recording_into
-from ..dispatch._dispatch import call_op
+from .._core import RemoteTensor, call_op
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from . import _functorch, _symbols
 from ..session._recorder import Recorder, Untranslatable
 from ._symbols import Symbols, hint, is_symbolic

@@ -28,9 +28,7 @@ from torch import nn
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.checkpoint import CheckpointFunction
 
-from ..session._session_core import _Origin
-from ..tensor._tensor import RemoteTensor
-from ._dispatch import call_op
+from .._core import RemoteTensor, _Origin, call_op
 
 UNSAVED = ("torch.utils.checkpoint(..., use_reentrant=True): the checkpointed function reads a remote tensor that is "
            "neither its argument nor a parameter or buffer of the module it is (or is a method of), which the SDK "

@@ -25,8 +25,7 @@ import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from ..session import _callsite
-from ..session._session_core import _Origin
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor, _Origin
 
 _ORDER = itertools.count()  # creation order, a topological order of the client-run nodes
 MADE: weakref.WeakSet = weakref.WeakSet()  # the sessions that made one (a backward in the others looks for none)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor
 from . import _infer
 
 # (metas, container type or None, views): metas are (shape, dtype) pairs; views one

@@ -43,9 +43,8 @@ from remote_autograd.proto import dtype_name
 from ..device._device import recording_into
 from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
-from ..session._session_core import _Origin
+from .._core import RemoteTensor, _Origin, set_requires_grad_flag
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
 from . import _checkpoint, _client_run
 from ._closure_saved import bound, closure_saved
 
@@ -453,3 +452,7 @@ def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:
             continue
         o._rg, o._is_leaf, o._leaves = True, False, leaves  # (torch set its C++ requires_grad, with the node)
 
+
+# registered into the user's-line watch (session/_callsite), which calls them for a Function on remote tensors
+_callsite.ATTACH.append(attach)  # its backward recorded on the server
+_callsite.BEFORE_FORWARD.append(before_forward)  # undone as apply returns

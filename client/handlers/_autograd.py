@@ -12,12 +12,11 @@ from typing import Any
 
 import torch
 
-from ..dispatch._dispatch import Encoder
+from .._core import Encoder, RemoteTensor, _Origin, set_has_grad, set_requires_grad_flag
 from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
-from ..session._session_core import _Origin, meta_from_result
+from ..session._answers import meta_from_result
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
 from . import _staged
 from ._handler_table import HandlerTable
 from ._hooks import NOT_ACCUMULATED, hook_steps, let_go, run_observed

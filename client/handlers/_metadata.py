@@ -15,7 +15,7 @@ from torch import _tensor_str
 from ..device._device import DEVICE_TYPE
 from ..dispatch._user_functions import HOOK_NODE
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor
 from ._handler_table import HandlerTable
 from ._node_hooks import HookNode
 

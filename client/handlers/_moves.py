@@ -26,10 +26,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..device._device import DEVICE_TYPE
-from ..dispatch._dispatch import call_op
+from .._core import RemoteTensor, SessionCore, _Origin, call_op
 from ..session._callsite import refuse_custom_function, where
-from ..session._session_core import SessionCore, _Origin
-from ..tensor._tensor import RemoteTensor
 from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 

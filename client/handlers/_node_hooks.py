@@ -32,7 +32,7 @@ from torch.utils.hooks import RemovableHandle
 from ..dispatch._user_functions import BackwardRecorder, record
 from ..session._callsite import where
 from ..session._recorder import Untranslatable
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor
 from ._hooks import Answer, rebind
 
 # what each of torch's BackwardHook closures reads (torch.utils.hooks): the grads its node passes on, or those

@@ -27,7 +27,7 @@ import torch
 
 from ..dispatch._client_run import FREED, MADE, ClientRun
 from ..session._callsite import where
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor
 from ._hooks import any_hooks
 
 

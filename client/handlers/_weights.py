@@ -25,8 +25,7 @@ import torch
 from remote_autograd.proto.dtypes import DTYPES
 
 from ..session._callsite import where
-from ..session._session_core import SessionCore, _Origin
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor, SessionCore, _Origin
 
 
 def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, strict: bool = True):

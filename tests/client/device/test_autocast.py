@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client.session._session_core import _Origin
+from remote_autograd.client._core import _Origin
 
 
 def autocast_on(device: torch.device, dtype: torch.dtype):
