@@ -41,15 +41,16 @@ import itertools
 import numbers
 import secrets
 import weakref
+from functools import partial
 from typing import Any, Callable, Iterable, Self
 
 import torch
 import torch.compiler as _compiler
-from torch._C import DisableTorchFunctionSubclass
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto.messages import CallStep, FetchStep, FreeStep, PutStep
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies, is_shape_inplace
 
 from .device import _autocast
@@ -62,8 +63,10 @@ from .session._banner import announce
 from .session._callsite import refuse_custom_function, where
 from .session._queue_globals import QueueGlobals
 from .session._routes import Route, route_table
+from .session._steps import OMIT, make_step
 from .session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from .tensor import _foreach, _func_transforms, _traced, _views
+from .tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from .tensor._factory_outputs import MADE, settle_requires_grad
 from .transport._errors import RemoteError
 from .transport._protocol_advice import explain
@@ -127,13 +130,12 @@ class RemoteTensor(torch.Tensor):
             value = encode_tensor(t, as_view=True, private=True)  # numpy's copy: see encode_tensor
         else:
             value = encode_tensor(t)
-        step: dict[str, Any] = {"kind": "put", "id": tid, "value": value, "requires_grad": requires_grad}
-        if grad is not None:
-            step["grad"] = encode_tensor(grad.to(t.dtype))
+        put = make_step(PutStep, id=tid, value=value, requires_grad=requires_grad,
+                   grad=OMIT if grad is None else encode_tensor(grad.to(t.dtype)))
         r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
         if grad is not None:
             set_has_grad(r, True)
-        session.enqueue(step, _Origin("put", where(), [weakref.ref(r)]), nbytes)
+        session.enqueue(put, _Origin("put", where(), [weakref.ref(r)]), nbytes)
         if send_now and session.pipeline:
             session.flush()
         return r
@@ -322,40 +324,6 @@ def _session_of(args: tuple, kwargs: dict) -> SessionCore:
     raise RuntimeError("no RemoteTensor among the arguments")
 
 
-# -- the C++ tensor's autograd facts, kept those of the handle ----------------------------------
-# torch.compile's guards read the C++ tensor (its requires_grad, its .grad), and its epilogue
-# code reads .grad back, so the wrapper's C++ fields are kept in step with the SDK's own.
-
-_SET_REQUIRES_GRAD = torch.Tensor.requires_grad.__set__
-_SET_GRAD = torch.Tensor.grad.__set__
-
-
-def set_requires_grad_flag(t: RemoteTensor, value: bool) -> None:
-    """The C++ ``requires_grad`` of ``t`` made its ``_rg``."""
-    with DisableTorchFunctionSubclass():
-        _SET_REQUIRES_GRAD(t, value)
-
-
-def set_has_grad(t: RemoteTensor, value: bool) -> None:
-    """Whether ``t`` has a ``.grad`` (``_has_grad``), and the C++ ``.grad`` to match: a stand-in of the
-    grad's layout (the C++ grad must not hold ``t``, which holds it: no collector sees that cycle)."""
-    t._has_grad = value
-    with DisableTorchFunctionSubclass():
-        _SET_GRAD(t, _grad_stand_in(t) if value else None)
-
-
-def _grad_stand_in(t: RemoteTensor) -> RemoteTensor:
-    g = t.__dict__.get("_grad_stand_in")  # kept: zero_grad and every backward set it again
-    if g is not None and g._shape == t._shape and g._dtype == t._dtype:
-        return g
-    g = t.__dict__["_grad_stand_in"] = _MAKE_WRAPPER(RemoteTensor, t._shape, dtype=t._dtype,
-                                                     device=t._session.device)
-    g._session, g._id, g._shape, g._dtype, g._rg, g._is_leaf, g._leaves = t._session, None, t._shape, t._dtype, \
-        False, True, frozenset()
-    g._error = RuntimeError("the C++ .grad of a remote tensor stands in for its layout only; read it as `t.grad`")
-    return g
-
-
 # == the queue: one server session's steps, sent as programs =================================
 
 _TOP_HOOKS = _checkpoint_regions.TOP_HOOKS
@@ -513,7 +481,7 @@ class SessionCore:
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:
-            steps, origins = steps + [{"kind": "free", "ids": frees}], origins + [None]
+            steps, origins = steps + [make_step(FreeStep, ids=frees)], origins + [None]
         if not steps:
             return []
         big = self._queued_bytes >= FRAME_MIN_BYTES
@@ -530,7 +498,11 @@ class SessionCore:
         sent_origins = origins
         done: list = []
         for _ in range(len(self._templates) + 1):
-            status, body = self._post(program_id, steps, fields, big)
+            # The SDK names every output and infers its metadata: the server need not send it back
+            # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
+            # ``fields``: the torch settings the steps were queued under (_queue_globals).
+            program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
+            status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
             lost = lost_template(body, steps) if status == 404 else None
             if lost not in self._templates:
                 break
@@ -542,19 +514,13 @@ class SessionCore:
             program_id = f"{self._program_prefix}-{next(self._programs)}"
         if status >= 400:
             self._fail(status, body, origins)
-        results = done + _kept(body["results"], origins)
+        # the results, one per step queued (a template sent again answered one of its own: left out)
+        results = done + _kept(body["results"], origins) if origins is not sent_origins else body["results"]
         origins = sent_origins
         for origin, result in zip(origins, results):
             if origin is not None and origin.on_result is not None:
                 origin.on_result(result)
         return results
-
-    def _post(self, program_id: str, steps: list, fields: dict, big: bool) -> tuple[int, Any]:
-        # The SDK names every output and infers its metadata: the server need not send it back
-        # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
-        # ``fields``: the torch settings the steps were queued under (_queue_globals).
-        program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
-        return self._transport.request("POST", self._path + "/programs", program, big=big)
 
     def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
         err = (body or {}).get("error") or {}
@@ -600,7 +566,7 @@ class SessionCore:
     def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
         if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
             refuse_custom_function(None)
-        index = self.enqueue({"kind": "fetch", "id": tid, "value": value, "grad": grad}, _Origin("fetch", None))
+        index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), _Origin("fetch", None))
         message = self.take_result(index)["tensor"]
         return message
 
@@ -727,17 +693,16 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
                 wire_args.append(enc.value(a))
         else:
             wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
-    step: dict[str, Any] = {"kind": "call", "op": route.wire_name, "args": wire_args}
-    if kwargs:
-        step["kwargs"] = {k: enc.value(v) for k, v in kwargs.items()}
-    if not grad_on or (route.by_name and inplace and not route.op.differentiable):  # set_data: never recorded
-        step["grad_enabled"] = False
+    wire_kwargs = {k: enc.value(v) for k, v in kwargs.items()} if kwargs else OMIT
+    # set_data: never recorded
+    grad_enabled = False if not grad_on or (route.by_name and inplace and not route.op.differentiable) else OMIT
     factory = FACTORIES.get(route.wire_name) if route.by_name else None
     # factories and session ops (n_out=0) make no floating result of other tensors: autocast has no say
     casts = _ANY_AUTOCAST() and autocast_applies(inplace) and factory is None and n_out != 0
     autocast = _autocast.server_dtype() if casts else None
-    if autocast is not None:
-        step["autocast"] = dtype_name(autocast)
+    # the step, but its outputs (given as each kind of call queues it): built once, by the one builder
+    call = partial(make_step, CallStep, op=route.wire_name, args=wire_args, kwargs=wire_kwargs,
+                   grad_enabled=grad_enabled, autocast=OMIT if autocast is None else dtype_name(autocast))
     skip = route.op.no_grad_args
     grad_inputs = enc.inputs if not skip else _grad_inputs(wire_args_src, kwargs, skip)
     rg = False
@@ -751,23 +716,24 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         refuse_saved_tensors_hooks(_SAVED_TENSORS_HOOKS(False), route.torch_name, origin_where)
 
     if n_out == 0:  # a session op: nothing made, nothing written
-        step["out"] = []
-        session.enqueue(step, _Origin(route.wire_name, origin_where), enc.nbytes)
+        session.enqueue(call(out=[]), _Origin(route.wire_name, origin_where), enc.nbytes)
         return None
     if inplace:
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
-            return _queue_foreach_inplace(session, step, origin_where, route, target, grad_on, enc)
+            return _queue_foreach_inplace(session, call, origin_where, route, target, grad_on, enc)
         if not isinstance(target, RemoteTensor):  # a 0-d local target (any other failed the device rule)
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
-        step["op"] = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
-        _queue_inplace(session, step, origin_where, target, rg, leaves, enc.nbytes, wire_args_src[1:], kwargs)
+        op_name = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
+        _queue_inplace(session, call(op=op_name, out=[]), origin_where, target, rg, leaves, enc.nbytes,
+                       wire_args_src[1:], kwargs)
         if route.by_name and route.wire_name == "set_data":  # the one in-place op that may change shape and dtype
             target._adopt_metadata(args[1])
         return None if func is _SETITEM else target
 
     if factory is not None:
-        metas, container, views = INFERENCE["outputs"]("meta", factory, args, {**kwargs, "device": "meta"}, default_dtype)
+        metas, container, views = INFERENCE["outputs"]("meta", factory, args, {**kwargs, "device": "meta"},
+                                                        default_dtype)
     else:
         rule = route.op.shape_rule
         if route.by_name and rule != "elementwise":
@@ -780,13 +746,13 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         if autocast is not None and not _views.is_view_call(views):
             metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
-        result = _apply_waiting(session, step, origin_where, rg, leaves, enc.nbytes)
+        result = _apply_waiting(session, call, route.wire_name, origin_where, rg, leaves, enc.nbytes)
         if func is _INDEXING[0]:
             _views.index_view(_as_list(result), args[0], args[1])
         else:
             _views.settle(_as_list(result), enc.inputs, [], route.op.name, route.op.differentiable)
         return result
-    result = _queue_outputs(session, step, origin_where, metas, container, rg, leaves, enc.nbytes,
+    result = _queue_outputs(session, call, route.wire_name, origin_where, metas, container, rg, leaves, enc.nbytes,
                             new_leaves=bool(kwargs.get("requires_grad")))
     # _as_list(result), inline: no call per op
     outs = result if type(result) is list else list(result) if isinstance(result, tuple) else [result]
@@ -814,7 +780,6 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
         _views.check_inplace(target, op, rg, leaves)
     # the wire names torch's spelling (``Tensor.t_``): the op is known by its last part
     layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if is_shape_inplace(op) else None
-    step["out"] = []
     session.enqueue(step, _Origin(op, origin_where), nbytes)
     if layout is not None:
         _views.set_layout(target, layout, type(target))
@@ -842,7 +807,7 @@ def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, k
     return out
 
 
-def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str | None, route: Route, targets,
+def _queue_foreach_inplace(session: SessionCore, call: Callable, origin_where: str | None, route: Route, targets,
                            grad_on: bool, enc: Encoder) -> None:
     """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
     with grad on and inputs that require grad we refuse rather than drop the history."""
@@ -851,18 +816,16 @@ def _queue_foreach_inplace(session: SessionCore, step: dict, origin_where: str |
     if grad_on and any(t._rg for t in enc.inputs):
         raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
                            "enabled; call it under torch.no_grad() (as torch's optimizers do)")
-    step["op"] = route.wire_name
-    step["out"] = []
-    session.enqueue(step, _Origin(step["op"], origin_where), enc.nbytes)
+    session.enqueue(call(out=[]), _Origin(route.wire_name, origin_where), enc.nbytes)
     # Which arguments an op of this kind writes is not declared (GradScaler's found_inf is written
     # too), so every tensor argument's version is bumped: read-only ones then read one more than torch's.
     for t in enc.inputs:
         t._after_inplace(False, frozenset())
 
 
-def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, metas: list, container, rg: bool,
-                   leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
-    """Give the outputs ids and local handles, queue the step, return what torch would return.
+def _queue_outputs(session: SessionCore, call: Callable, op: str, origin_where: str | None, metas: list, container,
+                   rg: bool, leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
+    """Give the outputs ids and local handles, queue the step (``call(out=ids)``), return what torch would return.
 
     ``new_leaves``: the op makes leaves that require grad (``zeros_like(x, requires_grad=True)``).
     """
@@ -880,16 +843,15 @@ def _queue_outputs(session: SessionCore, step: dict, origin_where: str | None, m
         ids.append(tid)
         outs.append(o)
         refs.append(weakref.ref(o))
-    step["out"] = ids
-    session.enqueue(step, _Origin(step["op"], origin_where, refs), nbytes)
+    session.enqueue(call(out=ids), _Origin(op, origin_where, refs), nbytes)
     return outs[0] if container is None else container(outs)
 
 
-def _apply_waiting(session: SessionCore, step: dict, origin_where: str | None, rg: bool, leaves: frozenset,
-                   nbytes: int) -> Any:
-    """An op whose output metadata only the server knows: send now and read it from the result."""
-    step["out"], step["out_many"] = [session.new_id()], True
-    index = session.enqueue(step, _Origin(step["op"], origin_where), nbytes)
+def _apply_waiting(session: SessionCore, call: Callable, op: str, origin_where: str | None, rg: bool,
+                   leaves: frozenset, nbytes: int) -> Any:
+    """An op whose output metadata only the server knows (``call(out=[prefix], out_many=True)``): send now and
+    read it from the result."""
+    index = session.enqueue(call(out=[session.new_id()], out_many=True), _Origin(op, origin_where), nbytes)
     result = session.take_result(index)
     outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)

@@ -28,7 +28,8 @@ import torch
 from torch._functorch import eager_transforms, predispatch
 
 from ..session._recorder import Untranslatable
-from .._core import RemoteTensor, set_requires_grad_flag
+from .._core import RemoteTensor
+from ..tensor._autograd_flags import set_requires_grad_flag
 
 _C = torch._C._functorch
 # what each functorch call of a graph is recorded as (both spellings dynamo may write)

@@ -71,7 +71,10 @@ class MetaMemo:
         key = None
         if self.enabled:
             try:
-                key = (rule, func, tuple([_key(a, tensors) for a in args]),
+                keys = []
+                for a in args:  # a loop, not a comprehension: no frame of its own per op
+                    keys.append(_key(a, tensors))
+                key = (rule, func, tuple(keys),
                        tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else (),
                        _GRAD_ENABLED(), default_dtype or _DEFAULT_DTYPE(), _ANY_AUTOCAST() and _autocast_state())
                 found = self._new.get(key)

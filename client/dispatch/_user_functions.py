@@ -43,7 +43,8 @@ from remote_autograd.proto import dtype_name
 from ..device._device import recording_into
 from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
-from .._core import RemoteTensor, _Origin, set_requires_grad_flag
+from .._core import RemoteTensor, _Origin
+from ..tensor._autograd_flags import set_requires_grad_flag
 from ..tensor import _views
 from . import _checkpoint, _client_run
 from ._closure_saved import bound, closure_saved

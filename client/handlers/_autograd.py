@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .._core import Encoder, RemoteTensor, _Origin, set_has_grad, set_requires_grad_flag
+from .._core import Encoder, RemoteTensor, _Origin
+from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from ..session import _caller_memo
 from ..session._callsite import refuse_custom_function, where
 from ..session._answers import meta_from_result
