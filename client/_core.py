@@ -42,7 +42,7 @@ import numbers
 import secrets
 import weakref
 from functools import partial
-from typing import Any, Callable, Iterable, Self
+from typing import Any, Callable, Self
 
 import torch
 import torch.compiler as _compiler
@@ -314,14 +314,32 @@ _DISPATCHED_METHODS = {_aten.detach.default: torch.Tensor.detach}
 def _session_of(args: tuple, kwargs: dict) -> SessionCore:
     """The session of the first RemoteTensor among the arguments (``__torch_function__`` reads the
     common case, a method of a handle, itself)."""
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, RemoteTensor):
-            return v._session
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                if isinstance(x, RemoteTensor):
-                    return x._session
-    raise RuntimeError("no RemoteTensor among the arguments")
+    found = tensors_of((args, kwargs), [])
+    if not found:
+        raise RuntimeError("no RemoteTensor among the arguments")
+    return found[0]._session
+
+
+def tensors_of(v: Any, found: list, *, local: bool = False) -> list:
+    """The client's one walker of nested arguments: the RemoteTensors in ``v`` (``local``: every torch tensor),
+    through lists, tuples, dict values and slices, appended to ``found`` in order, each once; ``found``.
+
+    Its order (arguments, then keyword arguments' values, depth first) is the order the meta memo's key
+    (``dispatch/_meta_memo``) meets them in, by which an answer names a view's source. ``Encoder.value``
+    walks the same values into wire values as it encodes them."""
+    if isinstance(v, RemoteTensor if not local else torch.Tensor):
+        for seen in found:  # by identity: == on tensors is an op
+            if seen is v:
+                return found
+        found.append(v)
+    elif isinstance(v, dict):
+        tensors_of(tuple(v.values()), found, local=local)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            tensors_of(x, found, local=local)
+    elif type(v) is slice:
+        tensors_of((v.start, v.stop, v.step), found, local=local)
+    return found
 
 
 # == the queue: one server session's steps, sent as programs =================================
@@ -460,12 +478,13 @@ class SessionCore:
         self._globals.start()
         self._queue_dtype = dtype
 
-    def autograd_step(self, step: dict) -> None:
-        """A backward or grad step about to be queued: torch's settings as for an op, anomaly detection its own."""
+    def autograd_fields(self) -> dict:
+        """A backward or grad step about to be built: torch's settings as for an op (a change sends what is
+        queued first); the step's own fields for anomaly detection."""
         dtype = torch.get_default_dtype()
         if dtype is not self._queue_dtype:
             self.globals_changed(dtype)
-        self._globals.autograd_step(step)
+        return self._globals.autograd_fields()
 
     def ensure_template(self, tid: str, step: dict) -> None:
         """Queue template ``tid``'s definition unless this session has been sent it (a compiled graph's
@@ -861,22 +880,8 @@ def _apply_waiting(session: SessionCore, call: Callable, op: str, origin_where: 
 
 def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
     """The RemoteTensors among the arguments that can receive a gradient (``skip``: positions and names)."""
-    found = []
-    for i, a in enumerate(args):
-        if i not in skip:
-            found.extend(iter_tensors([a]))
-    for k, v in kwargs.items():
-        if k not in skip:
-            found.extend(iter_tensors([v]))
-    return found
-
-
-def iter_tensors(values: Iterable[Any]):
-    for v in values:
-        if isinstance(v, RemoteTensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            yield from iter_tensors(v)
+    return tensors_of(([a for i, a in enumerate(args) if i not in skip],
+                       [v for k, v in kwargs.items() if k not in skip]), [])
 
 
 def _union_leaves(inputs: list) -> frozenset:

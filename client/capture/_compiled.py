@@ -16,10 +16,13 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from remote_autograd.proto.messages import RunTemplateStep
+
+from .._core import RemoteTensor, _Origin
 from ..device._device import session_for
 from ..device._device_rule import mixed_devices
 from ..session._callsite import where
-from .._core import RemoteTensor, _Origin
+from ..session._steps import make_step
 from ..tensor import _views
 from ._symbols import evaluate
 from ._translate import Plan
@@ -79,8 +82,8 @@ class CompiledGraph:
             o._strides = spec.strides
             outs.append(o)
             ids.append(tid)
-        session.enqueue({"kind": "run_template", "template": self.tid, "inputs": inputs, "scalars": scalars,
-                         "out": ids}, _Origin("run_template", where(), [weakref.ref(o) for o in outs]))
+        session.enqueue(make_step(RunTemplateStep, template=self.tid, inputs=inputs, scalars=scalars, out=ids),
+                        _Origin("run_template", where(), [weakref.ref(o) for o in outs]))
         for r, times, rg, leaf_inputs in plan.bumps:
             leaves = frozenset().union(*(handles[j]._leaves for j in leaf_inputs)) if rg else frozenset()
             for _ in range(times):

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
-from ..session import _callsite
 from .._core import RemoteTensor, _Origin
+from ..session import _callsite
+from ._function_step import function_step
 
 _ORDER = itertools.count()  # creation order, a topological order of the client-run nodes
 MADE: weakref.WeakSet = weakref.WeakSet()  # the sessions that made one (a backward in the others looks for none)
@@ -124,11 +125,7 @@ def make(cls: type, backward: Any, ctx: Any, args: tuple, outputs: tuple, tensor
                for o in outputs]
     record = ClientRun(name, node, backward, ctx, args, layouts,
                        getattr(ctx, "_remote_autograd_materialize_grads", True) is not False, session, line)
-    step: dict[str, Any] = {"kind": "function", "name": name[:256], "inputs": [], "outputs": [o._id for o in tensors],
-                            "grads": [], "node": node, "client_backward": True}
-    non_differentiable = [j for j, n in enumerate(nodes) if n is None]
-    if non_differentiable:
-        step["non_differentiable"] = non_differentiable
+    step = function_step(name, [], tensors, nodes, [], node=node, client_backward=True)
     session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
     MADE.add(session)
     leaves = frozenset({record})

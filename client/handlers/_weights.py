@@ -23,9 +23,11 @@ from urllib.parse import quote
 import torch
 
 from remote_autograd.proto.dtypes import DTYPES
+from remote_autograd.proto.messages import LoadStep
 
-from ..session._callsite import where
 from .._core import RemoteTensor, SessionCore, _Origin
+from ..session._callsite import where
+from ..session._steps import make_step
 
 
 def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, strict: bool = True):
@@ -41,7 +43,7 @@ def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, st
         raise RuntimeError(f"{name} holds tensors of dtypes remote-autograd cannot hold: {', '.join(odd)}")
     loaded = {t["key"]: RemoteTensor._new(session, session.new_id(), tuple(t["shape"]), DTYPES[t["dtype"]])
               for t in info["tensors"]}
-    step = {"kind": "load", "file": name, "tensors": {key: r._id for key, r in loaded.items()}}
+    step = make_step(LoadStep, file=name, tensors={key: r._id for key, r in loaded.items()})
     session.enqueue(step, _Origin("load", where(), [weakref.ref(r) for r in loaded.values()]))
     try:
         return module.load_state_dict(loaded, strict=strict)  # torch's checks and copies

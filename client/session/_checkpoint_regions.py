@@ -24,7 +24,10 @@ from typing import Any
 import torch
 from torch.utils import checkpoint as _torch_checkpoint
 
+from remote_autograd.proto.messages import CheckpointEndStep, CheckpointStep
+
 from ._callsite import where
+from ._steps import make_step
 
 TOP_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 _PACK = "_checkpoint_hook.__init__.<locals>.pack_hook"
@@ -79,7 +82,7 @@ def _close(session: Any, depth: int, origin: type) -> None:
         return
     rid = regions.open[depth][1]
     del regions.open[depth:]
-    step = {"kind": "checkpoint_end", "region": rid}
+    step = make_step(CheckpointEndStep, region=rid)
 
     def undo() -> None:  # its program failed before it: the server may hold the region open, so say it again
         session._queue.append(step)
@@ -98,10 +101,9 @@ def _open(session: Any, frame: Any, gen: Any, origin: type) -> None:
     rid = session.new_id()
     inputs = [a._id for a in locals_["args"]
               if getattr(a, "_session", None) is session and a._grad_owner is None and a._error is None]
-    step = {"kind": "checkpoint", "region": rid, "inputs": inputs,
-            "preserve_rng_state": bool(locals_["preserve_rng_state"]),
-            "determinism_check": check if check in ("default", "none") else "default",
-            "early_stop": bool(frame.early_stop)}
+    step = make_step(CheckpointStep, region=rid, inputs=inputs, preserve_rng_state=bool(locals_["preserve_rng_state"]),
+                     determinism_check=check if check in ("default", "none") else "default",
+                     early_stop=bool(frame.early_stop))
     regions: Regions = session._regions
     regions.open.append((frame, rid))
 
