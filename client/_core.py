@@ -13,26 +13,30 @@ sends its queue as a program, and a failed program marks the tensors its steps m
               are marked failed: the error is raised there and again wherever a failed tensor is used.
               The public ``Session`` (``client/_session.py``) adds uploads, factories, ops by name.
     builder:  ``call_op``: a torch callable or an op name made a step: arguments encoded (handles
-              become refs; ``Encoder``), outputs' metadata inferred, ids given, the step queued.
-              Nothing waits unless metadata depends on values (or only the server knows it:
-              autocast's dtypes, a named op without a cheap rule). Local tensors follow torch's device
-              rule (``device/_device_rule``).
+              become refs; ``Encoder``), outputs' metadata inferred, ids given, the step built once
+              (``session/_steps.make_step``, which builds every step of the client from its
+              ``proto/messages`` type) and queued. Nothing waits unless metadata depends on values
+              (or only the server knows it: autocast's dtypes, a named op without a cheap rule). Local
+              tensors follow torch's device rule (``device/_device_rule``). ``tensors_of`` is the
+              client's one walker of nested arguments.
 
 Everything else sits around this module: below it the pure pieces it imports (``transport/``,
-``device/``, ``session/`` (routes, the user's line, torch's settings), ``tensor/`` (views,
-torch.compile's traced wrapper)); above it what imports it (``dispatch/`` inference and user
-Functions, ``handlers/``, ``capture/``, the public ``Session``). It imports none of those above.
-Two things above it are called from here, each through a table this module defines and the outer
-module fills as it is imported (as libraries fill torch's own override tables), never through a
-slot the package wires:
+``device/``, ``session/`` (routes, the step builder and ``Origin``, the user's line, torch's
+settings), ``tensor/`` (views, torch.compile's traced wrapper, the C++ autograd flags)); above it
+what imports it (``dispatch/`` inference and user Functions, ``handlers/``, ``capture/``, the
+public ``Session``). It imports none of those above.
+
+Two things above it are called from here, each through a table this module defines and the module
+above fills as it is imported (as libraries fill torch's own override tables), never through a slot
+the package wires:
 
 - ``LOCAL_HANDLERS``: torch callable -> the function a handle answers it with (metadata, autograd,
-  moves...). ``handlers/`` fills it: a handler needs RemoteTensor, and there are dozens, one family
-  per module, so they are registered by the families rather than held here.
+  moves...), filled by ``handlers/``. A table, not code held here: dozens of handlers in families,
+  one module each; they use the core, and the core reaches them by this look-up alone.
 - ``INFERENCE["outputs"]``: what a call makes (shapes, dtypes, which outputs are views of which
-  inputs), ``dispatch/_meta_memo``'s answer. Inference reads handles (it must know one from a
-  local tensor), so it sits above; it is one function, but a speed path (the memo) wraps the plain
-  rules, which is why it is looked up, not imported.
+  inputs), filled by ``dispatch/_meta_memo`` with its answer. Inference tells a handle from a local
+  tensor by its class, so it imports this module; its rules and its memo (a speed path with its own
+  switch) are not mutual with the tensor and the queue, so they sit above and register.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from .session._banner import announce
 from .session._callsite import refuse_custom_function, where
 from .session._queue_globals import QueueGlobals
 from .session._routes import Route, route_table
-from .session._steps import OMIT, make_step
+from .session._steps import OMIT, Origin, make_step
 from .session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from .tensor import _foreach, _func_transforms, _traced, _views
 from .tensor._autograd_flags import set_has_grad, set_requires_grad_flag
@@ -135,7 +139,7 @@ class RemoteTensor(torch.Tensor):
         r = cls._new(session, tid, t.shape, t.dtype, requires_grad=requires_grad, is_leaf=True)
         if grad is not None:
             set_has_grad(r, True)
-        session.enqueue(put, _Origin("put", where(), [weakref.ref(r)]), nbytes)
+        session.enqueue(put, Origin("put", where(), [weakref.ref(r)]), nbytes)
         if send_now and session.pipeline:
             session.flush()
         return r
@@ -347,19 +351,6 @@ def tensors_of(v: Any, found: list, *, local: bool = False) -> list:
 _TOP_HOOKS = _checkpoint_regions.TOP_HOOKS
 
 
-class _Origin:
-    """Where a queued step came from, what it makes, and how to undo local predictions."""
-
-    __slots__ = ("op", "where", "outputs", "undo", "on_result")
-
-    def __init__(self, op: str, where: str | None, outputs: list | tuple = (),
-                 undo: Callable[[], None] | None = None, on_result: Callable[[Any], None] | None = None) -> None:
-        self.op, self.where = op, where
-        self.outputs = outputs  # weakrefs to RemoteTensors this step creates
-        self.undo = undo
-        self.on_result = on_result  # corrects local predictions from the step's result
-
-
 class SessionCore:
     """A session on a remote-autograd server: its queue of steps, flushed as programs."""
 
@@ -382,7 +373,7 @@ class SessionCore:
         self._programs = itertools.count(1)
         self._ids = itertools.count(1)
         self._queue: list[dict] = []
-        self._origins: list[_Origin | None] = []
+        self._origins: list[Origin | None] = []
         self._queued_bytes = 0
         self._frees: list[str] = []
         # the default dtype the queued ops were inferred under (None: no op queued), and torch's other
@@ -448,16 +439,16 @@ class SessionCore:
     def new_id(self) -> str:
         return f"t{next(self._ids)}"
 
-    def enqueue(self, step: dict, origin: _Origin | None, nbytes: int = 0) -> int:
+    def enqueue(self, step: dict, origin: Origin | None, nbytes: int = 0) -> int:
         """Queue a step; returns its index in the next program. Eager sessions send at once."""
         if self._closed:
             self._check_open()
         hooks = _TOP_HOOKS(False)  # a checkpointed function's region begins or ends here? (_checkpoint_regions)
         if hooks is None:
             if self._regions.open:
-                _checkpoint_regions.sync(self, hooks, _Origin)
+                _checkpoint_regions.sync(self, hooks)
         elif hooks[0] is not self._regions.pack:
-            _checkpoint_regions.sync(self, hooks, _Origin)
+            _checkpoint_regions.sync(self, hooks)
         queue = self._queue
         if queue and (len(queue) >= self._max_steps or self._queued_bytes + nbytes > self._max_bytes):
             self.flush()
@@ -492,7 +483,7 @@ class SessionCore:
         if tid not in self._templates:
             self._templates[tid] = step
             # a program failing at or before it leaves the server without it: sent again at its next use
-            self.enqueue(step, _Origin("template", None, undo=lambda: self._templates.pop(tid, None)))
+            self.enqueue(step, Origin("template", None, undo=lambda: self._templates.pop(tid, None)))
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
@@ -541,7 +532,7 @@ class SessionCore:
                 origin.on_result(result)
         return results
 
-    def _fail(self, status: int, body: Any, origins: list[_Origin | None]) -> None:
+    def _fail(self, status: int, body: Any, origins: list[Origin | None]) -> None:
         err = (body or {}).get("error") or {}
         k = err.get("step")
         k = 0 if k is None else min(k, len(origins))
@@ -553,7 +544,7 @@ class SessionCore:
             self._globals.name_forward(error, err["forward"])
         self._fail_all(error, origins, k)
 
-    def _fail_all(self, error: RemoteError, origins: list[_Origin | None], k: int) -> None:
+    def _fail_all(self, error: RemoteError, origins: list[Origin | None], k: int) -> None:
         """Raise ``error``, the steps from ``k`` on marked failed: their outputs raise it where used."""
         for o in origins[k:]:
             if o is None:
@@ -585,12 +576,12 @@ class SessionCore:
     def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
         if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
             refuse_custom_function(None)
-        index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), _Origin("fetch", None))
+        index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), Origin("fetch", None))
         message = self.take_result(index)["tensor"]
         return message
 
 
-_RESENT = _Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
+_RESENT = Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
 
 
 def _kept(results: list, origins: list) -> list:
@@ -735,7 +726,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         refuse_saved_tensors_hooks(_SAVED_TENSORS_HOOKS(False), route.torch_name, origin_where)
 
     if n_out == 0:  # a session op: nothing made, nothing written
-        session.enqueue(call(out=[]), _Origin(route.wire_name, origin_where), enc.nbytes)
+        session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), enc.nbytes)
         return None
     if inplace:
         target = wire_args_src[0]
@@ -799,7 +790,7 @@ def _queue_inplace(session: SessionCore, step: dict, origin_where: str | None, t
         _views.check_inplace(target, op, rg, leaves)
     # the wire names torch's spelling (``Tensor.t_``): the op is known by its last part
     layout = _views.reshape_inplace_meta(op, target, tuple(op_args), op_kwargs or {}) if is_shape_inplace(op) else None
-    session.enqueue(step, _Origin(op, origin_where), nbytes)
+    session.enqueue(step, Origin(op, origin_where), nbytes)
     if layout is not None:
         _views.set_layout(target, layout, type(target))
     _views.after_inplace(target, rg, leaves)
@@ -835,7 +826,7 @@ def _queue_foreach_inplace(session: SessionCore, call: Callable, origin_where: s
     if grad_on and any(t._rg for t in enc.inputs):
         raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
                            "enabled; call it under torch.no_grad() (as torch's optimizers do)")
-    session.enqueue(call(out=[]), _Origin(route.wire_name, origin_where), enc.nbytes)
+    session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), enc.nbytes)
     # Which arguments an op of this kind writes is not declared (GradScaler's found_inf is written
     # too), so every tensor argument's version is bumped: read-only ones then read one more than torch's.
     for t in enc.inputs:
@@ -862,7 +853,7 @@ def _queue_outputs(session: SessionCore, call: Callable, op: str, origin_where: 
         ids.append(tid)
         outs.append(o)
         refs.append(weakref.ref(o))
-    session.enqueue(call(out=ids), _Origin(op, origin_where, refs), nbytes)
+    session.enqueue(call(out=ids), Origin(op, origin_where, refs), nbytes)
     return outs[0] if container is None else container(outs)
 
 
@@ -870,7 +861,7 @@ def _apply_waiting(session: SessionCore, call: Callable, op: str, origin_where: 
                    leaves: frozenset, nbytes: int) -> Any:
     """An op whose output metadata only the server knows (``call(out=[prefix], out_many=True)``): send now and
     read it from the result."""
-    index = session.enqueue(call(out=[session.new_id()], out_many=True), _Origin(op, origin_where), nbytes)
+    index = session.enqueue(call(out=[session.new_id()], out_many=True), Origin(op, origin_where), nbytes)
     result = session.take_result(index)
     outs = [RemoteTensor._new(session, tid, shape, dtype, requires_grad=req, leaves=leaves if req else frozenset(),
                               is_leaf=not req)

@@ -15,11 +15,11 @@ from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.op_contract import FACTORIES, RANDOM_FACTORIES
 from remote_autograd.proto.messages import CallStep
 
-from ._core import RemoteTensor, SessionCore, _Origin, call_op
+from ._core import RemoteTensor, SessionCore, call_op
 from ._ops import OpsNamespace
 from .handlers._weights import load_weights
 from .session._callsite import where
-from .session._steps import make_step
+from .session._steps import Origin, make_step
 from .transport._transport import Transport
 
 
@@ -62,7 +62,7 @@ class Session(SessionCore):
     def rng_state(self) -> torch.Tensor:
         """The session generator's state as a uint8 CPU tensor (``torch.remote.get_rng_state``): one round trip."""
         tid = self.new_id()
-        self.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[tid]), _Origin("get_rng_state", where()))
+        self.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[tid]), Origin("get_rng_state", where()))
         message = self.fetch(tid)
         self._free_later(tid)
         return decode_tensor(message["value"])

@@ -18,11 +18,11 @@ from torch.fx.node import map_aggregate
 
 from remote_autograd.proto.messages import RunTemplateStep
 
-from .._core import RemoteTensor, _Origin
+from .._core import RemoteTensor
 from ..device._device import session_for
 from ..device._device_rule import mixed_devices
 from ..session._callsite import where
-from ..session._steps import make_step
+from ..session._steps import Origin, make_step
 from ..tensor import _views
 from ._symbols import evaluate
 from ._translate import Plan
@@ -83,7 +83,7 @@ class CompiledGraph:
             outs.append(o)
             ids.append(tid)
         session.enqueue(make_step(RunTemplateStep, template=self.tid, inputs=inputs, scalars=scalars, out=ids),
-                        _Origin("run_template", where(), [weakref.ref(o) for o in outs]))
+                        Origin("run_template", where(), [weakref.ref(o) for o in outs]))
         for r, times, rg, leaf_inputs in plan.bumps:
             leaves = frozenset().union(*(handles[j]._leaves for j in leaf_inputs)) if rg else frozenset()
             for _ in range(times):

@@ -30,8 +30,8 @@ from torch.utils.checkpoint import CheckpointFunction
 
 from remote_autograd.proto.messages import CallStep
 
-from .._core import RemoteTensor, _Origin, call_op
-from ..session._steps import make_step
+from .._core import RemoteTensor, call_op
+from ..session._steps import Origin, make_step
 
 UNSAVED = ("torch.utils.checkpoint(..., use_reentrant=True): the checkpointed function reads a remote tensor that is "
            "neither its argument nor a parameter or buffer of the module it is (or is a method of), which the SDK "
@@ -54,7 +54,7 @@ def rng_state_at_forward(cls: type, args: tuple) -> RemoteTensor | None:
     state = RemoteTensor._new(session, tid, _CPU_STATE if session.remote_device == "cpu" else _CUDA_STATE,
                               torch.uint8)
     session.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[tid], grad_enabled=False),
-                    _Origin("get_rng_state", None, [weakref.ref(state)]))
+                    Origin("get_rng_state", None, [weakref.ref(state)]))
     return state
 
 

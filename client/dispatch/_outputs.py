@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..tensor import _views
 from .._core import RemoteTensor, tensors_of
+from ..tensor import _views
 from . import _infer
 
 # (metas, container type or None, views): metas are (shape, dtype) pairs; views one

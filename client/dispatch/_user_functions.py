@@ -41,11 +41,11 @@ from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from remote_autograd.proto import dtype_name
 from remote_autograd.proto.messages import TemplateStep
 
-from .._core import RemoteTensor, _Origin
+from .._core import RemoteTensor
 from ..device._device import recording_into
 from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
-from ..session._steps import make_step
+from ..session._steps import Origin, make_step
 from ..tensor import _views
 from ..tensor._autograd_flags import set_requires_grad_flag
 from . import _checkpoint, _client_run
@@ -230,7 +230,7 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
     step = function_step(name, inputs, tensors, nodes, index, saved=bindings, backward=template, live=live,
                          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None,
                          materialize_grads=materialize, variants=variants, node=node)
-    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    session.enqueue(step, Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
     _mark_outputs([*inputs, *live], tensors, nodes)
     if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
         layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])

@@ -22,7 +22,6 @@ import weakref
 import torch
 
 from ..tensor import _views
-from .._core import RemoteTensor
 from ._handler_table import HandlerTable
 
 T = torch.Tensor

@@ -14,11 +14,11 @@ import torch
 from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, RetainGradStep, SetGradStep,
                                             SetRequiresGradStep)
 
-from .._core import Encoder, RemoteTensor, _Origin
+from .._core import Encoder, RemoteTensor
 from ..session import _caller_memo
 from ..session._answers import meta_from_result
 from ..session._callsite import refuse_custom_function, where
-from ..session._steps import OMIT, make_step
+from ..session._steps import OMIT, Origin, make_step
 from ..tensor import _views
 from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from . import _staged
@@ -53,7 +53,7 @@ def _requires_grad_(t, requires_grad=True):
     if requires_grad and not (t._dtype.is_floating_point or t._dtype.is_complex):
         raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
     t._session.enqueue(make_step(SetRequiresGradStep, id=t._id, requires_grad=requires_grad),
-                       _Origin("requires_grad_", where()))
+                       Origin("requires_grad_", where()))
     t._rg, t._is_leaf = requires_grad, True
     set_requires_grad_flag(t, requires_grad)
     if requires_grad:
@@ -72,7 +72,7 @@ def _detach(t):
     tid = t._session.new_id()
     out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
     t._session.enqueue(make_step(CallStep, op="detach", args=[t._ref()], out=[tid]),
-                       _Origin("detach", where(), [weakref.ref(out)]))
+                       Origin("detach", where(), [weakref.ref(out)]))
     if t._grad_owner is None:  # shares t's memory and version counter on the server, as torch's detach does
         _views.alias(out, t, differentiable=False)
     return out
@@ -84,7 +84,7 @@ def _retain_grad(t):
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
     if t._is_leaf or t._retains:
         return
-    t._session.enqueue(make_step(RetainGradStep, id=t._id), _Origin("retain_grad", where()))
+    t._session.enqueue(make_step(RetainGradStep, id=t._id), Origin("retain_grad", where()))
     t._retains = True
     t._leaves = t._leaves | {t._id}
     t._session._grad_tracked[t._id] = t
@@ -126,7 +126,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), _Origin("set_grad", _caller_memo.where()))
+    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", _caller_memo.where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 
@@ -186,7 +186,7 @@ def _autograd_fields(session, backward: bool, roots: list) -> tuple[dict, dict]:
     return fields, observed
 
 
-def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> int:
+def _enqueue_hooked(session, step: dict, origin: Origin, nbytes: int, observed: dict) -> int:
     """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``) and forget
     the nodes it answers gone (``_node_hooks``); with observed hooks or module hooks, wait for its answer and
     run the observed ones on what it kept."""
@@ -276,7 +276,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
-    return _enqueue_hooked(session, step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
+    return _enqueue_hooked(session, step, Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
                            observed)
 
 
@@ -310,7 +310,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         for t in (*outputs, *inputs):
             leaves = leaves | t._leaves
     if allow_unused or materialize_grads:  # which grads are None only the server knows
-        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+        index = session.enqueue(step, Origin("grad", where()), enc.nbytes)
         result = session.take_result(index)
         metas = meta_from_result(result)
         forget(session, result.get("gone"))
@@ -326,7 +326,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         return tuple(grads)
     grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
                                     leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
-    _enqueue_hooked(session, step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
+    _enqueue_hooked(session, step, Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
     return grads
 
 
@@ -347,7 +347,7 @@ def _staged_grad(runs: list, outputs: list, inputs: list, grad_outputs, retain_g
         step = _grad_step(enc, roots, inputs, session.autograd_fields(),
                           given if any(g is not None for g in given) else None, retain, False, True, ids,
                           capture)
-        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+        index = session.enqueue(step, Origin("grad", where()), enc.nbytes)
 
         def read(result: dict) -> list:
             return [None if m is None else RemoteTensor._new(session, m[0], m[1], m[2])

@@ -25,8 +25,8 @@ import re
 
 import torch
 
-from ..device._device import DEVICE_TYPE, session_for
 from .._core import HANDLE_FIELDS, call_op
+from ..device._device import DEVICE_TYPE, session_for
 from ..session._unsupported import not_in_table
 from ..tensor import _views
 from ..tensor._views import contiguous_strides

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..device._device import session_for
 from .._core import RemoteTensor, call_op
+from ..device._device import session_for
 from ..tensor._factory_outputs import MADE
 from ._moves import upload_move
 

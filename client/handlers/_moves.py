@@ -27,10 +27,10 @@ from torch.nn.parameter import is_lazy
 
 from remote_autograd.proto.messages import CallStep
 
-from .._core import RemoteTensor, SessionCore, _Origin, call_op
+from .._core import RemoteTensor, SessionCore, call_op
 from ..device._device import DEVICE_TYPE
 from ..session._callsite import refuse_custom_function, where
-from ..session._steps import make_step
+from ..session._steps import Origin, make_step
 from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 
@@ -328,7 +328,7 @@ def _data_get(t):
     out._strides = t._strides
     share_memory(out, t)
     t._session.enqueue(make_step(CallStep, op="data", args=[t._ref()], out=[out._id]),
-                       _Origin("data", where(), [weakref.ref(out)]))
+                       Origin("data", where(), [weakref.ref(out)]))
     return out
 
 

@@ -1,4 +1,5 @@
-"""The client's one builder of a step, from ``proto/messages``' step types: ``make_step(CallStep, op=..., args=...)``.
+"""The client's one builder of a step, from ``proto/messages``' step types: ``make_step(CallStep, op=..., args=...)``;
+and a queued step's ``Origin`` (the user's line, what it makes, how to undo what was predicted of it).
 
 A step goes on the wire as a dict: ``{"kind": <the type's kind>, **fields}``, its fields in the order
 given and only those given (a field left out takes its default on the server). The kind is read from
@@ -13,7 +14,7 @@ whole path on the client.
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from remote_autograd.proto import messages
 
@@ -49,3 +50,16 @@ def make_step(message: type, /, **fields: Any) -> dict:
             raise TypeError(f"{message.__name__} has no field {name!r}")
         made[name] = value
     return made
+
+
+class Origin:
+    """Where a queued step came from, what it makes, and how to undo local predictions."""
+
+    __slots__ = ("op", "where", "outputs", "undo", "on_result")
+
+    def __init__(self, op: str, where: str | None, outputs: list | tuple = (),
+                 undo: Callable[[], None] | None = None, on_result: Callable[[Any], None] | None = None) -> None:
+        self.op, self.where = op, where
+        self.outputs = outputs  # weakrefs to RemoteTensors this step creates
+        self.undo = undo
+        self.on_result = on_result  # corrects local predictions from the step's result
