@@ -43,20 +43,20 @@ def run(url: str | None = None) -> None:
 @contextlib.contextmanager
 def torch_clone_copies() -> Iterator[None]:
     """The SDK's upload copy as it was before: torch's ``clone`` (the plain path ``private=`` replaces)."""
-    from remote_autograd.client.tensor import _tensor
+    from remote_autograd.client import _core
 
-    shipped = _tensor.encode_tensor
+    shipped = _core.encode_tensor
 
     def encode(t: torch.Tensor, **kw):
         if kw.pop("private", False):
             t = t.detach().clone(memory_format=torch.contiguous_format)
         return shipped(t, **kw)
 
-    _tensor.encode_tensor = encode
+    _core.encode_tensor = encode
     try:
         yield
     finally:
-        _tensor.encode_tensor = shipped
+        _core.encode_tensor = shipped
 
 
 def mlp_step(sess) -> Callable[[bool], float]:

@@ -5,34 +5,36 @@
         loss = (x @ w).relu().sum(); loss.backward(); w.grad.to_torch()
 
 The package's rooms are layered, lowest first: each subpackage (and each module at the top)
-imports only from rooms below its own, at the top of the file (an ``if TYPE_CHECKING:`` import,
-for annotations only, may point anywhere); inside a room, modules import each other without
-circles. ``tests/client/test_layers.py`` reads this list and checks every import:
+imports only from rooms below its own, at the top of the file (an ``if TYPE_CHECKING:`` import too);
+inside a room, modules import each other without circles. ``tests/client/test_layers.py`` reads this
+list and checks every import:
 
     wire:       transport/
     device:     device/
-    queue:      session/
+    session:    session/
     handle:     tensor/
-    steps:      dispatch/
+    core:       _core
+    outputs:    dispatch/
     handlers:   handlers/
     capture:    capture/
     by name:    _ops
     public:     _session
-    wiring:     __init__
+    package:    __init__
 
-``transport/`` speaks HTTP to a server; ``device/`` is torch's ``remote`` device and its rules;
-``session/`` the server session's queue of steps and op routes; ``tensor/`` the ``RemoteTensor``
-handle and its shared-memory bookkeeping; ``dispatch/`` the one builder of steps (``call_op``);
-``handlers/`` what a handle answers itself and the device's factory kernels; ``capture/``
-``torch.compile(..., backend="remote")`` (loaded by its entry point, never here: dynamo is slow to
-import); ``_session`` the
-public ``Session`` (uploads, factories, ops by name) and ``_ops`` its ``sess.ops`` namespace.
+``_core`` is the SDK's core, one module because its parts are mutual: ``RemoteTensor``, the
+session's queue of steps (``SessionCore``) and ``call_op``, the one builder of an op's step.
+Below it, the pure pieces it imports: ``transport/`` speaks HTTP to a server; ``device/`` is
+torch's ``remote`` device and its rules; ``session/`` the session's rules (op routes, the user's
+line, torch's settings a program carries); ``tensor/`` what a handle keeps locally (views,
+torch.compile's traced wrapper). Above it, what imports it: ``dispatch/`` the outputs' metadata
+(inference) and a user's ``autograd.Function``; ``handlers/`` what a handle answers itself and the
+device's factory kernels; ``capture/`` ``torch.compile(..., backend="remote")`` (loaded by its entry
+point, never here: dynamo is slow to import); ``_session`` the public ``Session`` (uploads,
+factories, ops by name) and ``_ops`` its ``sess.ops`` namespace.
 
-``RemoteTensor.__torch_function__`` needs the handlers and dispatch, which sit above it
-(they make and read RemoteTensors). So the tensor holds slots, and this file, the one
-place that wires, fills them as the package is imported: Python runs a package's
-``__init__`` before any of its modules can be used, so no one meets a half-wired tensor,
-whichever module they import. It also registers the device kernels with torch's dispatcher.
+Where the core calls something above it (the handlers, inference), it defines a table and the
+module above fills it as it is imported (``_core``'s docstring lists them); this file only imports
+the rooms whose import registers them, and wires nothing.
 """
 
 from __future__ import annotations
@@ -42,24 +44,13 @@ import os
 import httpx
 import torch
 
+from . import dispatch, handlers  # their imports register into the core's tables (handlers, inference)
+from ._core import RemoteTensor
 from ._session import Session
-from .device import _autocast
-from .dispatch import _dispatch, _user_functions
-from .handlers import LOCAL_HANDLERS, _kernels
-from .session import _callsite
-from .tensor import _foreach, _tensor
-from .tensor._tensor import RemoteTensor
 from .transport._embedded import embedded_url
 from .transport._errors import RemoteError, SessionLost
 from .transport._inprocess import IN_PROCESS_URL, InProcessTransport
 from .transport._transport import Transport
-
-_tensor.wire(local_handlers=LOCAL_HANDLERS, call_op=_dispatch.call_op)
-_kernels.register_kernels()
-_autocast.pass_other_ops_through()  # a compiled region under torch.autocast("remote")
-_callsite.ATTACH.append(_user_functions.attach)  # a user's Function on remote tensors: its backward on the server
-_callsite.BEFORE_FORWARD.append(_user_functions.before_forward)  # undone as apply returns
-_foreach.take_foreach_paths(RemoteTensor)  # torch's optimizers choose for sess.device what they choose for cuda
 
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 

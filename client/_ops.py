@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .dispatch._dispatch import call_op
-
-if TYPE_CHECKING:
-    from ._session import Session
+from ._core import SessionCore, call_op
 
 
 class OpsNamespace:
     """Attribute access maps to the server's op names; unknown names raise at once."""
 
-    def __init__(self, session: "Session") -> None:
+    def __init__(self, session: SessionCore) -> None:
         self._session = session
 
     def __getattr__(self, name: str):

@@ -1,7 +1,7 @@
 """``Session``: the public session, with uploads, factories and ops by name.
 
-It builds on ``SessionCore`` (``session/_session_core``: the server session and its queue of
-steps), adding what makes tensors, which the core below the tensor type cannot do. Its
+It builds on ``SessionCore`` (``_core``: the server session and its queue of
+steps), adding what makes tensors: uploads, the factories, seeds and weights. Its
 factories are the op contract's (``proto/op_contract.FACTORIES``), one method each.
 """
 
@@ -13,13 +13,13 @@ import torch
 
 from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.op_contract import FACTORIES, RANDOM_FACTORIES
+from remote_autograd.proto.messages import CallStep
 
+from ._core import RemoteTensor, SessionCore, call_op
 from ._ops import OpsNamespace
-from .dispatch._dispatch import call_op
 from .handlers._weights import load_weights
 from .session._callsite import where
-from .session._session_core import SessionCore, _Origin
-from .tensor._tensor import RemoteTensor
+from .session._steps import Origin, make_step
 from .transport._transport import Transport
 
 
@@ -62,8 +62,7 @@ class Session(SessionCore):
     def rng_state(self) -> torch.Tensor:
         """The session generator's state as a uint8 CPU tensor (``torch.remote.get_rng_state``): one round trip."""
         tid = self.new_id()
-        step = {"kind": "call", "op": "get_rng_state", "args": [], "out": [tid]}
-        self.enqueue(step, _Origin("get_rng_state", where()))
+        self.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[tid]), Origin("get_rng_state", where()))
         message = self.fetch(tid)
         self._free_later(tid)
         return decode_tensor(message["value"])

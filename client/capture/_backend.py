@@ -25,11 +25,11 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch._dynamo import trace_rules
 
+from .._core import RemoteTensor
 from ..device._device import DEVICE_TYPE, session_for
-from ..tensor._tensor import RemoteTensor
+from ..session._recorder import Untranslatable
 from . import _functorch
 from ._compiled import CompiledGraph
-from ..session._recorder import Untranslatable
 from ._translate import translate
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

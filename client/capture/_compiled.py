@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
+from remote_autograd.proto.messages import RunTemplateStep
+
+from .._core import RemoteTensor
 from ..device._device import session_for
 from ..device._device_rule import mixed_devices
 from ..session._callsite import where
-from ..session._session_core import _Origin
+from ..session._steps import Origin, make_step
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from ._symbols import evaluate
 from ._translate import Plan
 
@@ -80,8 +82,8 @@ class CompiledGraph:
             o._strides = spec.strides
             outs.append(o)
             ids.append(tid)
-        session.enqueue({"kind": "run_template", "template": self.tid, "inputs": inputs, "scalars": scalars,
-                         "out": ids}, _Origin("run_template", where(), [weakref.ref(o) for o in outs]))
+        session.enqueue(make_step(RunTemplateStep, template=self.tid, inputs=inputs, scalars=scalars, out=ids),
+                        Origin("run_template", where(), [weakref.ref(o) for o in outs]))
         for r, times, rg, leaf_inputs in plan.bumps:
             leaves = frozenset().union(*(handles[j]._leaves for j in leaf_inputs)) if rg else frozenset()
             for _ in range(times):

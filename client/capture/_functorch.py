@@ -27,8 +27,12 @@ from typing import Any
 import torch
 from torch._functorch import eager_transforms, predispatch
 
+from remote_autograd.proto.messages import FunctorchStep
+
+from .._core import RemoteTensor
 from ..session._recorder import Untranslatable
-from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
+from ..session._steps import make_step
+from ..tensor._autograd_flags import set_requires_grad_flag
 
 _C = torch._C._functorch
 # what each functorch call of a graph is recorded as (both spellings dynamo may write)
@@ -225,7 +229,7 @@ class Regions:
         return x
 
     def _enqueue(self, **step: Any) -> None:
-        self.recorder.enqueue({"kind": "functorch", **step})
+        self.recorder.enqueue(make_step(FunctorchStep, **step))
 
     def finish(self) -> None:
         if self.frames:

@@ -36,13 +36,14 @@ from torch.fx.node import map_aggregate
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import dtype_name
+from remote_autograd.proto.messages import TemplateStep
 
+from .._core import RemoteTensor, call_op
 from ..device._device import DEVICE_TYPE, recording_into
-from ..dispatch._dispatch import call_op
-from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
-from . import _functorch, _symbols
 from ..session._recorder import Recorder, Untranslatable
+from ..session._steps import OMIT, make_step
+from ..tensor import _views
+from . import _functorch, _symbols
 from ._symbols import Symbols, hint, is_symbolic
 
 # Global state a graph sets for the calls after it: set while recording, and set again by each call
@@ -147,11 +148,10 @@ class _Translation:
             torch.set_grad_enabled(grad_mode)
         self._bumps(before)
         tid = f"c{_PROCESS}-{next(_TEMPLATE_IDS)}"
-        plan.template = {"kind": "template", "id": tid, "inputs": self.inputs, "scalars": self.scalars,
-                         "steps": [_with_scalars(s) for s in self.recorder.steps],
-                         "outputs": [self._output_names[j] for j in range(len(plan.outputs))]}
-        if mode is not None:
-            plan.template["mode"] = mode
+        plan.template = make_step(TemplateStep, id=tid, inputs=self.inputs, scalars=self.scalars,
+                                  steps=[_with_scalars(s) for s in self.recorder.steps],
+                                  outputs=[self._output_names[j] for j in range(len(plan.outputs))],
+                                  mode=OMIT if mode is None else mode)
         if not plan.template["steps"]:
             raise Untranslatable("the graph makes no remote call")
         return plan

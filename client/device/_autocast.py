@@ -38,8 +38,11 @@ def pass_other_ops_through() -> None:
     Eager remote ops never reach that key (``__torch_function__`` answers them), but dynamo tracing a compiled
     region under ``torch.autocast("remote")`` runs fake tensors of the device through it, and stopped at the
     first op without a rule ("could not find kernel for aten.reshape.default at dispatch key
-    AutocastPrivateUse1"). The package's wiring calls this once."""
+    AutocastPrivateUse1"). Called once, as this module is imported."""
     global _PASS_THROUGH
     if _PASS_THROUGH is None:
         _PASS_THROUGH = torch.library.Library("_", "IMPL", "AutocastPrivateUse1")
         _PASS_THROUGH.fallback(torch.library.fallthrough_kernel)
+
+
+pass_other_ops_through()  # a compiled region under torch.autocast("remote")

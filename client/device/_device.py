@@ -6,6 +6,9 @@ exists and a RemoteTensor reports it as its ``device``. Each open session takes 
 lowest free index ``k``; closing it frees the index. The registration is global to the
 process, as every torch backend is; it fails loudly if another library already renamed
 PrivateUse1.
+
+A session here is the core's ``SessionCore`` (``client/_core.py``, above this module): it is held
+and typed as ``Any`` so the device imports nothing of the core.
 """
 
 from __future__ import annotations
@@ -14,13 +17,10 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-if TYPE_CHECKING:
-    from .._session import Session
 
 DEVICE_TYPE = "remote"
 
@@ -110,7 +110,7 @@ def _as_device(device: torch.device | str | int) -> torch.device:
     return device
 
 
-def _open(ref: "weakref.ReferenceType[Session]") -> bool:
+def _open(ref: "weakref.ReferenceType[Any]") -> bool:
     session = ref()
     return session is not None and not session._closed
 
@@ -123,12 +123,12 @@ def _register() -> None:
 
 _register()
 
-_SESSIONS: dict[int, "weakref.ReferenceType[Session]"] = {}
+_SESSIONS: dict[int, "weakref.ReferenceType[Any]"] = {}
 _PID = os.getpid()
 _LOCK = threading.Lock()
 
 
-def claim_index(session: "Session") -> torch.device:
+def claim_index(session: Any) -> torch.device:
     """The lowest free device index, now naming ``session``."""
     with _LOCK:
         k = 0
@@ -156,7 +156,7 @@ def recording_into(device: torch.device, recorder: object) -> Iterator[None]:
         _RECORDERS.pop(device.index, None)
 
 
-def session_for(device: torch.device | str | int | None, what: str) -> "Session":
+def session_for(device: torch.device | str | int | None, what: str) -> Any:
     """The open session a ``remote`` device names; a clear error for any other index."""
     device = torch.device(device) if not isinstance(device, torch.device) else device
     index = 0 if device.index is None else device.index

@@ -28,9 +28,10 @@ from torch import nn
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.checkpoint import CheckpointFunction
 
-from ..session._session_core import _Origin
-from ..tensor._tensor import RemoteTensor
-from ._dispatch import call_op
+from remote_autograd.proto.messages import CallStep
+
+from .._core import RemoteTensor, call_op
+from ..session._steps import Origin, make_step
 
 UNSAVED = ("torch.utils.checkpoint(..., use_reentrant=True): the checkpointed function reads a remote tensor that is "
            "neither its argument nor a parameter or buffer of the module it is (or is a method of), which the SDK "
@@ -52,8 +53,8 @@ def rng_state_at_forward(cls: type, args: tuple) -> RemoteTensor | None:
     tid = session.new_id()
     state = RemoteTensor._new(session, tid, _CPU_STATE if session.remote_device == "cpu" else _CUDA_STATE,
                               torch.uint8)
-    session.enqueue({"kind": "call", "op": "get_rng_state", "args": [], "out": [tid], "grad_enabled": False},
-                    _Origin("get_rng_state", None, [weakref.ref(state)]))
+    session.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[tid], grad_enabled=False),
+                    Origin("get_rng_state", None, [weakref.ref(state)]))
     return state
 
 
@@ -92,9 +93,8 @@ class Extras:
                                                           tie_weights=True, strict=False))
             if state is not None:
                 now = recorder.new_id()
-                recorder.enqueue({"kind": "call", "op": "get_rng_state", "args": [], "out": [now],
-                                  "grad_enabled": False})
+                recorder.enqueue(make_step(CallStep, op="get_rng_state", args=[], out=[now], grad_enabled=False))
                 call_op(recorder, "set_rng_state", [state], {}, n_out=0)
-                stack.callback(lambda: recorder.enqueue({"kind": "call", "op": "set_rng_state",
-                                                         "args": [{"ref": now}], "out": [], "grad_enabled": False}))
+                stack.callback(lambda: recorder.enqueue(make_step(CallStep, op="set_rng_state", args=[{"ref": now}],
+                                                                  out=[], grad_enabled=False)))
             yield

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
+from .._core import RemoteTensor
 from ..session import _callsite
-from ..session._session_core import _Origin
-from ..tensor._tensor import RemoteTensor
+from ..session._steps import Origin
+from ._function_step import function_step
 
 _ORDER = itertools.count()  # creation order, a topological order of the client-run nodes
 MADE: weakref.WeakSet = weakref.WeakSet()  # the sessions that made one (a backward in the others looks for none)
@@ -125,12 +126,8 @@ def make(cls: type, backward: Any, ctx: Any, args: tuple, outputs: tuple, tensor
                for o in outputs]
     record = ClientRun(name, node, backward, ctx, args, layouts,
                        getattr(ctx, "_remote_autograd_materialize_grads", True) is not False, session, line)
-    step: dict[str, Any] = {"kind": "function", "name": name[:256], "inputs": [], "outputs": [o._id for o in tensors],
-                            "grads": [], "node": node, "client_backward": True}
-    non_differentiable = [j for j, n in enumerate(nodes) if n is None]
-    if non_differentiable:
-        step["non_differentiable"] = non_differentiable
-    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    step = function_step(name, [], tensors, nodes, [], node=node, client_backward=True)
+    session.enqueue(step, Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
     MADE.add(session)
     leaves = frozenset({record})
     for o, n in zip(tensors, nodes):

@@ -9,7 +9,7 @@ shapes) and anything meta cannot tell: the caller asks the server.
 
 This is the plain path; ``_meta_memo`` keeps its answers for arguments it has seen.
 An answer names a view's source by its position among the call's RemoteTensors
-(``tensors_of``), so that it holds no handle and fits any call with the same metadata.
+(``_core.tensors_of``), so that it holds no handle and fits any call with the same metadata.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import torch
 
+from .._core import RemoteTensor, tensors_of
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from . import _infer
 
 # (metas, container type or None, views): metas are (shape, dtype) pairs; views one
@@ -72,20 +72,6 @@ def on_meta(func: Callable, args: tuple, kwargs: dict, tensors: list) -> Answer:
     return tuple(metas), container, views
 
 
-def tensors_of(v: Any, tensors: list) -> None:
-    """The RemoteTensors of ``v`` (arguments, then keyword arguments) in order, each once."""
-    if isinstance(v, RemoteTensor):
-        if not any(seen is v for seen in tensors):
-            tensors.append(v)
-    elif isinstance(v, dict):
-        tensors_of(tuple(v.values()), tensors)
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            tensors_of(x, tensors)
-    elif type(v) is slice:
-        tensors_of((v.start, v.stop, v.step), tensors)
-
-
 def with_sources(found: Answer, tensors: list) -> Answer:
     """``found`` with each view's source as the RemoteTensor itself (``_views.settle`` takes those)."""
     metas, container, views = found
@@ -111,13 +97,7 @@ def _shape_dtype(v: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
 
 
 def _any_requires_grad(v: Any) -> bool:
-    if isinstance(v, RemoteTensor):
-        return v._rg
-    if isinstance(v, torch.Tensor):
-        return v.requires_grad
-    if isinstance(v, dict):
-        return _any_requires_grad(tuple(v.values()))
-    return isinstance(v, (list, tuple)) and any(_any_requires_grad(x) for x in v)
+    return any(t._rg if isinstance(t, RemoteTensor) else t.requires_grad for t in tensors_of(v, [], local=True))
 
 
 def _to_grad_meta(v: Any) -> Any:

@@ -39,15 +39,18 @@ from torch._C import DisableTorchFunctionSubclass
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from remote_autograd.proto import dtype_name
+from remote_autograd.proto.messages import TemplateStep
 
+from .._core import RemoteTensor
 from ..device._device import recording_into
 from ..session import _callsite
 from ..session._recorder import Recorder, Untranslatable
-from ..session._session_core import _Origin
+from ..session._steps import Origin, make_step
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor, set_requires_grad_flag
+from ..tensor._autograd_flags import set_requires_grad_flag
 from . import _checkpoint, _client_run
 from ._closure_saved import bound, closure_saved
+from ._function_step import function_step
 
 _GRAD_FN = torch.Tensor.grad_fn.__get__
 
@@ -89,7 +92,7 @@ class BackwardRecorder(Recorder):
                             "requires_grad": h._rg} for h in inputs],
                 "steps": self.steps, "outputs": [o if isinstance(o, str) else o._id for o in outputs]}
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:32]
-        return {"kind": "template", "id": f"fn-{digest}", **body}
+        return make_step(TemplateStep, id=f"fn-{digest}", **body)
 
     def flush(self) -> list:
         raise Untranslatable("it reads a remote tensor's values on the client (.item(), .tolist(), .cpu(), "
@@ -220,16 +223,14 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
                     for s, b in zip(saved[:n_saved], bindings[:n_saved]))
         _client_run.make(cls, backward, _Ctx(ctx, own, {}), args, outputs, tensors, nodes, session, line)
         return
-    step = _function_step(name, inputs, tensors, nodes, bindings, live,
-                          _backward_of(session, recorder, grads, handles, live_handles, grad_of),
-                          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None)
-    if getattr(ctx, "_remote_autograd_materialize_grads", True) is False:  # ctx.set_materialize_grads(False)
-        step["materialize_grads"] = False
-        step["variants"] = _variants(session, recorded, outputs, tensors)
+    template, index = _backward_of(session, recorder, grads, handles, live_handles, grad_of)
+    materialize = getattr(ctx, "_remote_autograd_materialize_grads", True) is not False  # set_materialize_grads
+    variants = None if materialize else _variants(session, recorded, outputs, tensors)
     node = session.new_id() if cls is _BACKWARD_HOOK else None
-    if node is not None:
-        step["node"] = node
-    session.enqueue(step, _Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    step = function_step(name, inputs, tensors, nodes, index, saved=bindings, backward=template, live=live,
+                         once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None,
+                         materialize_grads=materialize, variants=variants, node=node)
+    session.enqueue(step, Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
     _mark_outputs([*inputs, *live], tensors, nodes)
     if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
         layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])
@@ -419,32 +420,6 @@ def _backward_of(session: Any, recorder: Recorder, grads: list, handles: list, l
     return template["id"], index
 
 
-def _function_step(name: str, inputs: list, outputs: list, nodes: list,
-                   bindings: list, live: list, backward: tuple[str | None, list], once: bool, reentrant: bool
-                   ) -> dict[str, Any]:
-    template, index = backward
-    step: dict[str, Any] = {"kind": "function", "name": name[:256], "inputs": [a._id for a in inputs],
-                            "outputs": [o._id for o in outputs],
-                            "saved": [b for b in bindings if b is not None],  # the remote ones (a local one binds None)
-                            "grads": index}
-    if template is not None:
-        step["backward"] = template
-    position = {id(a): i for i, a in enumerate(inputs)}
-    dirty = [position[id(o)] for o in outputs if id(o) in position]
-    if dirty:
-        step["dirty"] = dirty
-    non_differentiable = [j for j, n in enumerate(nodes) if n is None]
-    if non_differentiable:
-        step["non_differentiable"] = non_differentiable
-    if live:
-        step["live"] = [t._id for t in live]
-    if once:
-        step["once_differentiable"] = True
-    if reentrant:
-        step["reentrant"] = True
-    return step
-
-
 def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:
     """The outputs' handles as torch's: non-leaves requiring grad, on the leaves of the inputs that need it."""
     leaves = frozenset().union(*(a._leaves for a in inputs if a._rg))
@@ -453,3 +428,7 @@ def _mark_outputs(inputs: list, outputs: list, nodes: list) -> None:
             continue
         o._rg, o._is_leaf, o._leaves = True, False, leaves  # (torch set its C++ requires_grad, with the node)
 
+
+# registered into the user's-line watch (session/_callsite), which calls them for a Function on remote tensors
+_callsite.ATTACH.append(attach)  # its backward recorded on the server
+_callsite.BEFORE_FORWARD.append(before_forward)  # undone as apply returns

@@ -22,7 +22,6 @@ import weakref
 import torch
 
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from ._handler_table import HandlerTable
 
 T = torch.Tensor

@@ -8,16 +8,19 @@ Whether a leaf's ``.grad`` is None is predicted from which leaves a backward rea
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
-from ..dispatch._dispatch import Encoder
+from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, RetainGradStep, SetGradStep,
+                                            SetRequiresGradStep)
+
+from .._core import Encoder, RemoteTensor
 from ..session import _caller_memo
+from ..session._answers import meta_from_result
 from ..session._callsite import refuse_custom_function, where
-from ..session._session_core import _Origin, meta_from_result
+from ..session._steps import OMIT, Origin, make_step
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor, set_has_grad, set_requires_grad_flag
+from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from . import _staged
 from ._handler_table import HandlerTable
 from ._hooks import NOT_ACCUMULATED, hook_steps, let_go, run_observed
@@ -49,8 +52,8 @@ def _requires_grad_(t, requires_grad=True):
         )
     if requires_grad and not (t._dtype.is_floating_point or t._dtype.is_complex):
         raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
-    t._session.enqueue({"kind": "set_requires_grad", "id": t._id, "requires_grad": requires_grad},
-                       _Origin("requires_grad_", where()))
+    t._session.enqueue(make_step(SetRequiresGradStep, id=t._id, requires_grad=requires_grad),
+                       Origin("requires_grad_", where()))
     t._rg, t._is_leaf = requires_grad, True
     set_requires_grad_flag(t, requires_grad)
     if requires_grad:
@@ -68,8 +71,8 @@ def _detach(t):
         refuse_custom_function(T.detach)
     tid = t._session.new_id()
     out = RemoteTensor._new(t._session, tid, t._shape, t._dtype)
-    t._session.enqueue({"kind": "call", "op": "detach", "args": [t._ref()], "out": [tid]},
-                       _Origin("detach", where(), [weakref.ref(out)]))
+    t._session.enqueue(make_step(CallStep, op="detach", args=[t._ref()], out=[tid]),
+                       Origin("detach", where(), [weakref.ref(out)]))
     if t._grad_owner is None:  # shares t's memory and version counter on the server, as torch's detach does
         _views.alias(out, t, differentiable=False)
     return out
@@ -81,7 +84,7 @@ def _retain_grad(t):
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
     if t._is_leaf or t._retains:
         return
-    t._session.enqueue({"kind": "retain_grad", "id": t._id}, _Origin("retain_grad", where()))
+    t._session.enqueue(make_step(RetainGradStep, id=t._id), Origin("retain_grad", where()))
     t._retains = True
     t._leaves = t._leaves | {t._id}
     t._session._grad_tracked[t._id] = t
@@ -123,7 +126,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue({"kind": "set_grad", "id": t._id, "grad": ref}, _Origin("set_grad", _caller_memo.where()))
+    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", _caller_memo.where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 
@@ -162,26 +165,28 @@ def _staged_or_queued(tensors: list, grads: list, retain_graph, create_graph: bo
     _staged.staged_backward(tensors[0]._session, runs, tensors, grads, retain_graph, create_graph, queue)
 
 
-def _with_hooks(session, step: dict, roots: list) -> dict:
-    """The session's tensor hooks, recorded now, and the module backward hooks a backward from ``roots``
-    reaches, named in ``step`` (``_hooks``, ``_node_hooks``); what runs the observed ones, by id."""
+def _autograd_fields(session, backward: bool, roots: list) -> tuple[dict, dict]:
+    """The fields a backward (or grad) step from ``roots`` takes from now: anomaly detection as torch's
+    (first: it may send what is queued), the session's tensor hooks, recorded now, and the module backward
+    hooks it reaches (``_hooks``, ``_node_hooks``); and what runs the observed ones, by id."""
+    fields = session.autograd_fields()
     observed: dict = {}
     if session._hooked:
-        hooks, observed = hook_steps(session, step["kind"] == "backward")
+        hooks, observed = hook_steps(session, backward)
         if hooks:
-            step["hooks"] = hooks
+            fields["hooks"] = hooks
     if session._node_hooks:
         reached = frozenset().union(*(t._leaves for t in roots if t._rg))
         node_hooks, module_hooks, more = node_hook_steps(session, reached)
         if node_hooks:
-            step["node_hooks"] = node_hooks
+            fields["node_hooks"] = node_hooks
         if module_hooks:
-            step["module_hooks"] = module_hooks
+            fields["module_hooks"] = module_hooks
         observed.update(more)
-    return observed
+    return fields, observed
 
 
-def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed: dict) -> int:
+def _enqueue_hooked(session, step: dict, origin: Origin, nbytes: int, observed: dict) -> int:
     """Queue ``step``; with hooks, let go of the tensors kept for those it runs (``_hooks.let_go``) and forget
     the nodes it answers gone (``_node_hooks``); with observed hooks or module hooks, wait for its answer and
     run the observed ones on what it kept."""
@@ -206,6 +211,17 @@ def _enqueue_hooked(session, step: dict, origin: _Origin, nbytes: int, observed:
     return index
 
 
+def _grad_step(enc: Encoder, outputs: list, inputs: list, fields: dict, grad_outputs: list | None, retain_graph,
+               create_graph: bool, allow_unused: bool, out: list, capture: list | None = None) -> dict:
+    """The one builder of a ``grad`` step (``torch.autograd.grad``, and each stage of a staged one): ``fields``
+    from ``_autograd_fields`` (or the session's alone), the rest as torch's arguments."""
+    return make_step(GradStep, outputs=[o._id for o in outputs], inputs=[i._id for i in inputs], **fields,
+                     grad_outputs=OMIT if grad_outputs is None else _gradients(enc, grad_outputs),
+                     retain_graph=OMIT if retain_graph is None else bool(retain_graph),
+                     create_graph=True if create_graph else OMIT, allow_unused=True if allow_unused else OMIT,
+                     out=out, capture=capture or OMIT)
+
+
 def _gradients(enc: Encoder, grads: list) -> list:
     """The given output gradients as wire values; a local one is refused with torch's words (as for CUDA outputs)."""
     for i, g in enumerate(grads):
@@ -225,20 +241,15 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
         if not isinstance(t, RemoteTensor):
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
         enc.value(t)
-    step: dict[str, Any] = {"kind": "backward", "tensors": [t._id for t in tensors]}
-    session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step, tensors)
-    if any(g is not None for g in grads):
-        step["grad_tensors"] = _gradients(enc, grads)
-    if retain_graph is not None:
-        step["retain_graph"] = bool(retain_graph)
-    if create_graph:
-        step["create_graph"] = True
-    if capture:
-        step["capture"] = capture
+    fields, observed = _autograd_fields(session, True, tensors)
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-        step["inputs"] = [i._id for i in inputs]
+    step = make_step(BackwardStep, tensors=[t._id for t in tensors], **fields,
+                     grad_tensors=_gradients(enc, grads) if any(g is not None for g in grads) else OMIT,
+                     retain_graph=OMIT if retain_graph is None else bool(retain_graph),
+                     create_graph=True if create_graph else OMIT, capture=capture or OMIT,
+                     inputs=OMIT if inputs is None else [i._id for i in inputs])
+    if inputs is not None:
         reached = [i for i in inputs]
     else:
         ids: frozenset = frozenset()
@@ -265,7 +276,7 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
-    return _enqueue_hooked(session, step, _Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
+    return _enqueue_hooked(session, step, Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
                            observed)
 
 
@@ -288,26 +299,18 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
     enc = Encoder(session)
     for t in (*outputs, *inputs):
         enc.value(t)
-    step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in outputs], "inputs": [i._id for i in inputs]}
-    session.autograd_step(step)  # first: it may send what is queued
-    observed = _with_hooks(session, step, outputs)
+    fields, observed = _autograd_fields(session, False, outputs)
     if grad_outputs is not None:
         grad_outputs = [grad_outputs] if isinstance(grad_outputs, torch.Tensor) else list(grad_outputs)
-        step["grad_outputs"] = _gradients(enc, grad_outputs)
-    if retain_graph is not None:
-        step["retain_graph"] = bool(retain_graph)
-    if create_graph:
-        step["create_graph"] = True
-    if allow_unused or materialize_grads:
-        step["allow_unused"] = True
     ids = [session.new_id() for _ in inputs]
-    step["out"] = ids
+    step = _grad_step(enc, outputs, inputs, fields, grad_outputs, retain_graph, create_graph,
+                      allow_unused or materialize_grads, ids)
     leaves: frozenset = frozenset()
     if create_graph:
         for t in (*outputs, *inputs):
             leaves = leaves | t._leaves
     if allow_unused or materialize_grads:  # which grads are None only the server knows
-        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+        index = session.enqueue(step, Origin("grad", where()), enc.nbytes)
         result = session.take_result(index)
         metas = meta_from_result(result)
         forget(session, result.get("gone"))
@@ -323,7 +326,7 @@ def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create
         return tuple(grads)
     grads = tuple(RemoteTensor._new(session, tid, i._shape, i._dtype, requires_grad=create_graph,
                                     leaves=leaves, is_leaf=not create_graph) for tid, i in zip(ids, inputs))
-    _enqueue_hooked(session, step, _Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
+    _enqueue_hooked(session, step, Origin("grad", where(), [weakref.ref(g) for g in grads]), enc.nbytes, observed)
     return grads
 
 
@@ -341,14 +344,10 @@ def _staged_grad(runs: list, outputs: list, inputs: list, grad_outputs, retain_g
         for t in (*roots, *inputs):
             enc.value(t)
         ids = [session.new_id() for _ in inputs]
-        step: dict[str, Any] = {"kind": "grad", "outputs": [o._id for o in roots], "inputs": [i._id for i in inputs],
-                                "retain_graph": retain, "allow_unused": True, "out": ids}
-        session.autograd_step(step)
-        if any(g is not None for g in given):
-            step["grad_outputs"] = _gradients(enc, given)
-        if capture:
-            step["capture"] = capture
-        index = session.enqueue(step, _Origin("grad", where()), enc.nbytes)
+        step = _grad_step(enc, roots, inputs, session.autograd_fields(),
+                          given if any(g is not None for g in given) else None, retain, False, True, ids,
+                          capture)
+        index = session.enqueue(step, Origin("grad", where()), enc.nbytes)
 
         def read(result: dict) -> list:
             return [None if m is None else RemoteTensor._new(session, m[0], m[1], m[2])

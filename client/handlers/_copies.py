@@ -25,11 +25,10 @@ import re
 
 import torch
 
+from .._core import HANDLE_FIELDS, call_op
 from ..device._device import DEVICE_TYPE, session_for
-from ..dispatch._dispatch import call_op
 from ..session._unsupported import not_in_table
 from ..tensor import _views
-from ..tensor._tensor import HANDLE_FIELDS
 from ..tensor._views import contiguous_strides
 from ._addresses import took_memory
 from ._handler_table import HandlerTable

@@ -2,8 +2,8 @@
 
 Each handler module (``_metadata``, ``_autograd``, ``_moves``, ``_packed``, ``_composites``,
 ``_copies``) fills a table of its own as it is imported; ``handlers.LOCAL_HANDLERS`` merges them
-into the one ``RemoteTensor.__torch_function__`` consults (the package's wiring fills the tensor's
-slot with it), and refuses a callable claimed twice (which table won would otherwise depend on
+into the one ``RemoteTensor.__torch_function__`` consults (``client/_core``'s ``LOCAL_HANDLERS``, which the
+handlers package fills as it is imported), and refuses a callable claimed twice (which table won would otherwise depend on
 import order).
 """
 

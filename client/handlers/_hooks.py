@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .._core import RemoteTensor
 from ..dispatch._user_functions import BackwardRecorder, record, stand_in
 from ..session._callsite import where
 from ..session._recorder import Recorder, Untranslatable
-from ..tensor._tensor import RemoteTensor
 from ._handler_table import HandlerTable
 
 T = torch.Tensor

@@ -21,10 +21,9 @@ from typing import Any, Callable
 
 import torch
 
+from .._core import RemoteTensor, call_op
 from ..device._device import session_for
-from ..dispatch._dispatch import call_op
 from ..tensor._factory_outputs import MADE
-from ..tensor._tensor import RemoteTensor
 from ._moves import upload_move
 
 KERNELS: dict[str, Callable] = {}  # aten overload name -> our kernel for it on the PrivateUse1 key
@@ -135,10 +134,13 @@ def _to_copy(src: torch.Tensor, **kw):
 
 
 def register_kernels() -> None:
-    """Register every kernel of ``KERNELS`` with torch's dispatcher (the package's wiring calls this once)."""
+    """Register every kernel of ``KERNELS`` with torch's dispatcher (once, as this module is imported)."""
     global _LIB
     if _LIB is not None:
         return
     _LIB = torch.library.Library("aten", "IMPL")
     for name, fn in KERNELS.items():
         _LIB.impl(name, fn, "PrivateUse1")
+
+
+register_kernels()

@@ -12,10 +12,10 @@ import numbers
 import torch
 from torch import _tensor_str
 
+from .._core import RemoteTensor
 from ..device._device import DEVICE_TYPE
 from ..dispatch._user_functions import HOOK_NODE
 from ..tensor import _views
-from ..tensor._tensor import RemoteTensor
 from ._handler_table import HandlerTable
 from ._node_hooks import HookNode
 

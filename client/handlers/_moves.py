@@ -25,11 +25,12 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from remote_autograd.proto.messages import CallStep
+
+from .._core import RemoteTensor, SessionCore, call_op
 from ..device._device import DEVICE_TYPE
-from ..dispatch._dispatch import call_op
 from ..session._callsite import refuse_custom_function, where
-from ..session._session_core import SessionCore, _Origin
-from ..tensor._tensor import RemoteTensor
+from ..session._steps import Origin, make_step
 from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 
@@ -326,8 +327,8 @@ def _data_get(t):
     out = RemoteTensor._new(t._session, t._session.new_id(), t._shape, t._dtype)
     out._strides = t._strides
     share_memory(out, t)
-    t._session.enqueue({"kind": "call", "op": "data", "args": [t._ref()], "out": [out._id]},
-                       _Origin("data", where(), [weakref.ref(out)]))
+    t._session.enqueue(make_step(CallStep, op="data", args=[t._ref()], out=[out._id]),
+                       Origin("data", where(), [weakref.ref(out)]))
     return out
 
 

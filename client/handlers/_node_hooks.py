@@ -29,10 +29,10 @@ from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
+from .._core import RemoteTensor
 from ..dispatch._user_functions import BackwardRecorder, record
 from ..session._callsite import where
 from ..session._recorder import Untranslatable
-from ..tensor._tensor import RemoteTensor
 from ._hooks import Answer, rebind
 
 # what each of torch's BackwardHook closures reads (torch.utils.hooks): the grads its node passes on, or those

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch._dispatch import call_op
-from ..tensor._tensor import RemoteTensor
+from .._core import RemoteTensor, call_op
 from ._handler_table import HandlerTable
 
 HANDLERS = HandlerTable()

@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from .._core import RemoteTensor
 from ..dispatch._client_run import FREED, MADE, ClientRun
 from ..session._callsite import where
-from ..tensor._tensor import RemoteTensor
 from ._hooks import any_hooks
 
 

@@ -23,10 +23,11 @@ from urllib.parse import quote
 import torch
 
 from remote_autograd.proto.dtypes import DTYPES
+from remote_autograd.proto.messages import LoadStep
 
+from .._core import RemoteTensor, SessionCore
 from ..session._callsite import where
-from ..session._session_core import SessionCore, _Origin
-from ..tensor._tensor import RemoteTensor
+from ..session._steps import Origin, make_step
 
 
 def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, strict: bool = True):
@@ -42,8 +43,8 @@ def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, st
         raise RuntimeError(f"{name} holds tensors of dtypes remote-autograd cannot hold: {', '.join(odd)}")
     loaded = {t["key"]: RemoteTensor._new(session, session.new_id(), tuple(t["shape"]), DTYPES[t["dtype"]])
               for t in info["tensors"]}
-    step = {"kind": "load", "file": name, "tensors": {key: r._id for key, r in loaded.items()}}
-    session.enqueue(step, _Origin("load", where(), [weakref.ref(r) for r in loaded.values()]))
+    step = make_step(LoadStep, file=name, tensors={key: r._id for key, r in loaded.items()})
+    session.enqueue(step, Origin("load", where(), [weakref.ref(r) for r in loaded.values()]))
     try:
         return module.load_state_dict(loaded, strict=strict)  # torch's checks and copies
     finally:

@@ -1,9 +1,11 @@
-"""One server session below the tensor type: its queue of steps, the op table it routes by.
+"""Below the core's queue (``client/_core``'s ``SessionCore``): the session's rules, as pure helpers it imports.
 
-``_session_core`` (``SessionCore``: the session's ids and its queue of steps, flushed as
-programs; ``_Origin``: where a queued step came from), ``_routes`` (the server's op table as
-``Route``s: which op a torch callable becomes), ``_callsite`` and ``_caller_memo`` (the user's
-line a step is reported at, and its speed path), ``_unsupported`` (the error for a callable the
-table lacks), ``_banner`` (the one line a notebook shows on connect). The public ``Session``,
-which makes tensors, is ``client/_session.py``, above the tensor.
+``_routes`` (the server's op table as ``Route``s: which op a torch callable becomes), ``_steps`` (the
+one builder of a step, from ``proto/messages``' types, and a queued step's ``Origin``), ``_answers``
+(reading a program's answer), ``_callsite`` and ``_caller_memo`` (the user's line a step is reported
+at, and its speed path), ``_queue_globals`` (torch's settings a program runs under),
+``_checkpoint_regions`` (``torch.utils.checkpoint(use_reentrant=False)``'s regions), ``_recorder``
+(what a capture records into), ``_unsupported`` (the error for a callable the table lacks),
+``_banner`` (the one line a notebook shows on connect). The public ``Session``, which makes tensors,
+is ``client/_session.py``, above the core.
 """

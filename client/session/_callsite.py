@@ -86,7 +86,8 @@ def refuse_custom_function(func: Callable) -> None:
         f = f.f_back
 
 
-# ``dispatch/_user_functions``' ``attach`` and ``before_forward``, above this room: the wiring fills them.
+# ``dispatch/_user_functions``' ``attach`` and ``before_forward``, above this room: it registers them as it is
+# imported (a table this module defines and that one fills, not a slot the package wires).
 # ``attach`` makes a recorded call on remote outputs a node of the server's autograd, or raises;
 # ``before_forward(cls, args)`` runs as the forward's first remote op is queued: what it gives is
 # restored as apply returns, whatever happens, then goes to ``attach``.

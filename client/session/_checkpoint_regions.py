@@ -24,7 +24,10 @@ from typing import Any
 import torch
 from torch.utils import checkpoint as _torch_checkpoint
 
+from remote_autograd.proto.messages import CheckpointEndStep, CheckpointStep
+
 from ._callsite import where
+from ._steps import Origin, make_step
 
 TOP_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 _PACK = "_checkpoint_hook.__init__.<locals>.pack_hook"
@@ -42,24 +45,24 @@ class Regions:
         self.pack = None
 
 
-def sync(session: Any, hooks: tuple | None, origin: type) -> None:
+def sync(session: Any, hooks: tuple | None) -> None:
     """Queue the ``checkpoint_end`` and ``checkpoint`` steps that make the session's regions those of the
-    hooks now on top (see the module's docstring); ``origin``: the queue's ``_Origin``."""
+    hooks now on top (see the module's docstring)."""
     regions: Regions = session._regions
     pack = None if hooks is None else hooks[0]
     frame = _frame_of(pack)
     depth = next((k for k, (f, _) in enumerate(regions.open) if f is frame), None) if frame is not None else None
     regions.pack = pack  # first: the steps queued below find the regions in sync (a save_on_cpu's pack too)
     if frame is None:
-        _close(session, 0, origin)
+        _close(session, 0)
     elif depth is not None:
-        _close(session, depth + 1, origin)
+        _close(session, depth + 1)
     else:
         done = next((k for k, (f, _) in enumerate(regions.open) if f.forward_completed), len(regions.open))
-        _close(session, done, origin)
+        _close(session, done)
         try:
             for outer_first, gen in _unopened(frame, regions):
-                _open(session, outer_first, gen, origin)
+                _open(session, outer_first, gen)
         except BaseException:  # refused: each later op of the function is refused too, none runs unrecorded
             regions.pack = None
             raise
@@ -72,23 +75,23 @@ def _frame_of(pack: Any) -> Any:
     return pack.__closure__[pack.__code__.co_freevars.index("frame")].cell_contents
 
 
-def _close(session: Any, depth: int, origin: type) -> None:
+def _close(session: Any, depth: int) -> None:
     """Close the regions from ``depth`` in (the server closes those inside the one it is told of)."""
     regions: Regions = session._regions
     if depth >= len(regions.open):
         return
     rid = regions.open[depth][1]
     del regions.open[depth:]
-    step = {"kind": "checkpoint_end", "region": rid}
+    step = make_step(CheckpointEndStep, region=rid)
 
     def undo() -> None:  # its program failed before it: the server may hold the region open, so say it again
         session._queue.append(step)
         session._origins.append(None)
 
-    session.enqueue(step, origin("checkpoint_end", where(), undo=undo))
+    session.enqueue(step, Origin("checkpoint_end", where(), undo=undo))
 
 
-def _open(session: Any, frame: Any, gen: Any, origin: type) -> None:
+def _open(session: Any, frame: Any, gen: Any) -> None:
     locals_ = gen.gi_frame.f_locals
     if locals_["context_fn"] is not _torch_checkpoint.noop_context_fn or frame.unpack_error_cb is not None:
         raise RuntimeError("torch.utils.checkpoint(..., use_reentrant=False) with context_fn (selective "
@@ -98,10 +101,9 @@ def _open(session: Any, frame: Any, gen: Any, origin: type) -> None:
     rid = session.new_id()
     inputs = [a._id for a in locals_["args"]
               if getattr(a, "_session", None) is session and a._grad_owner is None and a._error is None]
-    step = {"kind": "checkpoint", "region": rid, "inputs": inputs,
-            "preserve_rng_state": bool(locals_["preserve_rng_state"]),
-            "determinism_check": check if check in ("default", "none") else "default",
-            "early_stop": bool(frame.early_stop)}
+    step = make_step(CheckpointStep, region=rid, inputs=inputs, preserve_rng_state=bool(locals_["preserve_rng_state"]),
+                     determinism_check=check if check in ("default", "none") else "default",
+                     early_stop=bool(frame.early_stop))
     regions: Regions = session._regions
     regions.open.append((frame, rid))
 
@@ -112,7 +114,7 @@ def _open(session: Any, frame: Any, gen: Any, origin: type) -> None:
                 break
         regions.pack = None  # the next step queued under any hooks looks again
 
-    session.enqueue(step, origin("checkpoint", where(), undo=undo))
+    session.enqueue(step, Origin("checkpoint", where(), undo=undo))
 
 
 def _unopened(frame: Any, regions: Regions) -> list[tuple[Any, Any]]:

@@ -49,13 +49,12 @@ class QueueGlobals:
         """The queue's first op: torch's settings now (raises, at the user's line, when unreadable)."""
         self.flags = torch_globals.read_flags()
 
-    def autograd_step(self, step: dict) -> None:
-        """A backward or grad step runs under anomaly detection as torch's would now."""
-        if _ANOMALY():
-            step["detect_anomaly"] = True
-            if not _CHECK_NAN():
-                step["check_nan"] = False
-            self.anomaly = True
+    def autograd_fields(self) -> dict:
+        """A backward or grad step's fields that make it run under anomaly detection as torch's would now."""
+        if not _ANOMALY():
+            return {}
+        self.anomaly = True
+        return {"detect_anomaly": True} if _CHECK_NAN() else {"detect_anomaly": True, "check_nan": False}
 
     def fields(self, dtype: torch.dtype, program_id: str, origins: list) -> dict:
         """The program's ``torch_globals`` and ``detect_anomaly`` (only those not at their defaults);

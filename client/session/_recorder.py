@@ -76,8 +76,8 @@ class Recorder:
     def globals_changed(self, dtype: torch.dtype) -> None:
         self._queue_dtype = dtype
 
-    def autograd_step(self, step: dict) -> None:
-        pass
+    def autograd_fields(self) -> dict:
+        return {}
 
     def enqueue(self, step: dict, origin: Any = None, nbytes: int = 0) -> int:
         kind = step["kind"]

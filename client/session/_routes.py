@@ -131,3 +131,17 @@ def torch_name(func: Callable) -> str:
         return _name_of(func) or getattr(func, "__qualname__", repr(func))
     except Exception:
         return repr(func)
+
+
+_ROUTE_TABLES: dict[str, RouteTable] = {}
+
+
+def route_table(transport: Any) -> RouteTable:
+    """The server's op table of ``transport`` (a ``Transport``), fetched once per URL over sockets. A given
+    transport's is not cached: two in-process apps may share a placeholder URL and not their ops."""
+    if not transport.own_socket_layer:
+        return RouteTable(transport.call("GET", "/v1/ops")["ops"])
+    table = _ROUTE_TABLES.get(transport.base_url)
+    if table is None:
+        table = _ROUTE_TABLES[transport.base_url] = RouteTable(transport.call("GET", "/v1/ops")["ops"])
+    return table

@@ -7,7 +7,12 @@ parsed with ``ast``: an import of another client module must sit at the top of t
 function, not at the bottom after the code that needs it) and point to a lower room. Inside one
 room the modules may import each other, but never in a circle. A circle between rooms needs at
 least one import that points up or sideways, so a new circle fails here. ``if TYPE_CHECKING:``
-imports never run and are exempt.
+imports count as any other: an annotation that needs a module above is a circle hidden, not gone.
+
+The core (``client/_core.py``) calls what lives above it only through tables it defines, which the
+modules above fill as they are imported; nothing is wired from outside: no ``wire()`` function, no
+module-level placeholder a function rebinds with ``global``, no statement in ``client/__init__``
+besides imports and its own definitions.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from remote_autograd import client
-from remote_autograd.client.dispatch import _dispatch
+from remote_autograd.client import _core
+from remote_autograd.client.dispatch import _meta_memo, _user_functions
 from remote_autograd.client.handlers import HANDLER_MODULES, _kernels
 from remote_autograd.client.handlers._handler_table import HandlerTable, merge
-from remote_autograd.client.tensor import _tensor
+from remote_autograd.client.session import _callsite
 
 CLIENT = Path(client.__file__).parent
 PACKAGE = "remote_autograd.client"
@@ -144,7 +150,7 @@ def layer_violations(layers: dict[str, int], module: str, imports: list[tuple[st
                 problems.append(f"{where}: `{name}` imported inside a function or class, or below one; "
                                 "import it at the top")
             continue
-        if target is None or type_checking:
+        if target is None:
             continue
         target_room = room_of(target)
         if target_room == room:
@@ -158,8 +164,8 @@ def layer_violations(layers: dict[str, int], module: str, imports: list[tuple[st
 
 
 def circles_inside_rooms(imports: dict[str, list[tuple[str, int, bool, bool]]]) -> list[list[str]]:
-    """Circles among the modules of one room (top-level imports that run, within the room)."""
-    graph = {m: {client_module(n) for n, _, top, tc in found if top and not tc} for m, found in imports.items()}
+    """Circles among the modules of one room (top-level imports, ``TYPE_CHECKING`` ones too, within the room)."""
+    graph = {m: {client_module(n) for n, _, top, _tc in found if top} for m, found in imports.items()}
     graph = {m: {t for t in targets if t and t != m and room_of(t) == room_of(m) and not t.endswith("__init__")}
              for m, targets in graph.items()}
     circles, done = [], set()
@@ -178,6 +184,33 @@ def circles_inside_rooms(imports: dict[str, list[tuple[str, int, bool, bool]]]) 
     return circles
 
 
+def slots(path: Path, module: str) -> list[str]:
+    """What wires a module from outside, as lines a reader can act on: a function named ``wire``; a module-level
+    name bound to one of the module's functions (a placeholder) that a function rebinds with ``global``; in the
+    package's ``__init__``, any module-level statement but imports, definitions and ``__all__``."""
+    tree = ast.parse(path.read_text())
+    where = f"client/{module.replace('.', '/')}.py"
+    found = [f"{where}:{n.lineno}: a `wire` function" for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "wire"]
+    functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    placeholders = {}
+    for n in tree.body:
+        target, value = ((n.targets[0], n.value) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                         else (n.target, n.value) if isinstance(n, ast.AnnAssign) else (None, None))
+        if isinstance(target, ast.Name) and isinstance(value, ast.Name) and value.id in functions:
+            placeholders[target.id] = n.lineno
+    found += [f"{where}:{n.lineno}: `global {name}` rebinds a placeholder (line {placeholders[name]}): a slot"
+              for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names if name in placeholders]
+    if module == "__init__":
+        allowed = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+        for n in tree.body:
+            docstring = isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and n is tree.body[0]
+            all_list = isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"]
+            if not (isinstance(n, allowed) or docstring or all_list):
+                found.append(f"{where}:{n.lineno}: a statement in the package's __init__ (it only imports)")
+    return found
+
+
 def _all_imports() -> dict[str, list[tuple[str, int, bool, bool]]]:
     return {m: imports_of(CLIENT.joinpath(*m.split(".")).with_suffix(".py"), m) for m in modules()}
 
@@ -191,20 +224,39 @@ def test_every_room_has_a_layer_and_imports_only_downward():
     assert not circles_inside_rooms(imports)
 
 
+def test_nothing_is_wired_from_outside():
+    problems = [p for m in modules() for p in slots(CLIENT.joinpath(*m.split(".")).with_suffix(".py"), m)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_slot_check_catches_a_wire_function_a_global_placeholder_and_wiring_in_init(tmp_path):
+    slot = tmp_path / "_tensor.py"
+    slot.write_text("def _not_wired(*a):\n    raise RuntimeError\n\n_call_op = _not_wired\n\n"
+                    "def wire(*, call_op):\n    global _call_op\n    _call_op = call_op\n")
+    problems = slots(slot, "tensor._tensor")
+    assert len(problems) == 2 and "a `wire` function" in problems[0] and "`global _call_op`" in problems[1], problems
+    init = tmp_path / "__init__.py"
+    init.write_text('"""doc"""\nfrom . import _core, handlers\n__all__ = ["x"]\n'
+                    "_core.wire(handlers=handlers.LOCAL_HANDLERS)\n_core.ATTACH.append(print)\n")
+    assert [p.split(": ", 1)[1] for p in slots(init, "__init__")] == [
+        "a statement in the package's __init__ (it only imports)"] * 2
+
+
 def test_the_checker_catches_upward_sideways_late_in_function_and_circular_imports(tmp_path):
     # The check above passes on the tree as it is; here it must fail on each kind of wrong import.
     layers = declared_layers()
     wrong = tmp_path / "_views.py"
     wrong.write_text("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
-                     "from ..dispatch._dispatch import Encoder\n"  # up: tensor is below dispatch
-                     "if TYPE_CHECKING:\n    from .._session import Session\n"  # exempt
-                     "def f():\n    from ..dispatch import _dispatch\n"  # in a function
+                     "from ..dispatch._outputs import infer\n"  # up: tensor is below dispatch
+                     "if TYPE_CHECKING:\n    from .._session import Session\n"  # up too: not exempt
+                     "def f():\n    from ..dispatch import _outputs\n"  # in a function
                      "from remote_autograd.client.session import _routes\n")  # down, but at the bottom
     problems = layer_violations(layers, "tensor._views", imports_of(wrong, "tensor._views"))
-    assert len(problems) == 3, problems
+    assert len(problems) == 4, problems
     assert f"imports dispatch (layer {layers['dispatch']}) from tensor (layer {layers['tensor']})" in problems[0]
-    assert "`remote_autograd.client.dispatch._dispatch` imported inside a function" in problems[1]
-    assert "`remote_autograd.client.session._routes` imported inside a function or class, or below one" in problems[2]
+    assert f"imports _session (layer {layers['_session']}) from tensor (layer {layers['tensor']})" in problems[1]
+    assert "`remote_autograd.client.dispatch._outputs` imported inside a function" in problems[2]
+    assert "`remote_autograd.client.session._routes` imported inside a function or class, or below one" in problems[3]
     sideways = tmp_path / "_moves.py"
     sideways.write_text("from .._session import Session\nfrom remote_autograd.client import _session, connect\n")
     assert [p.split(": ", 1)[1] for p in layer_violations(layers, "handlers._moves",
@@ -216,15 +268,19 @@ def test_the_checker_catches_upward_sideways_late_in_function_and_circular_impor
         f"imports __init__ (layer {layers['__init__']}) from handlers (layer {layers['handlers']}): "
         "imports point down only"]
     # two modules of one room importing each other at the top: a circle
-    assert circles_inside_rooms({"tensor._views": [("remote_autograd.client.tensor._tensor", 1, True, False)],
-                                 "tensor._tensor": [("remote_autograd.client.tensor._views", 1, True, False)]})
+    assert circles_inside_rooms({"tensor._views": [("remote_autograd.client.tensor._traced", 1, True, False)],
+                                 "tensor._traced": [("remote_autograd.client.tensor._views", 1, True, False)]})
+    # ... and when one of the two is an annotation's import (under TYPE_CHECKING)
+    assert circles_inside_rooms({"tensor._views": [("remote_autograd.client.tensor._traced", 1, True, False)],
+                                 "tensor._traced": [("remote_autograd.client.tensor._views", 1, True, True)]})
 
 
-def test_the_wiring_filled_the_tensors_slots_from_every_handler_table():
+def test_the_modules_above_the_core_registered_into_its_tables_as_they_were_imported():
     tables = [m.HANDLERS for m in HANDLER_MODULES]
     assert all(tables), "every handler module answers something"
-    assert _tensor.LOCAL_HANDLERS == merge(*tables)
-    assert _tensor._call_op is _dispatch.call_op
+    assert _core.LOCAL_HANDLERS == merge(*tables)
+    assert _core.INFERENCE == {"outputs": _meta_memo.answer}
+    assert _callsite.ATTACH == [_user_functions.attach] and _callsite.BEFORE_FORWARD == [_user_functions.before_forward]
     assert _kernels._LIB is not None and _kernels.KERNELS
 
 

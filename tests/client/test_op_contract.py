@@ -12,7 +12,7 @@ import torch
 
 from remote_autograd import client
 from remote_autograd.client import _session
-from remote_autograd.client.dispatch import _dispatch
+from remote_autograd.client import _core
 from remote_autograd.client.session import _routes
 from remote_autograd.proto import op_contract
 from remote_autograd.service.ops import OP_TABLE, _registry, factories, surface
@@ -33,7 +33,7 @@ def test_the_sdk_has_a_factory_method_for_each_and_infers_their_metadata_from_th
     for name in op_contract.FACTORIES:
         method = getattr(_session.Session, name)
         assert method.__name__ == name and f"torch.{name}" in method.__doc__
-    assert _dispatch.FACTORIES is op_contract.FACTORIES
+    assert _core.FACTORIES is op_contract.FACTORIES
 
 
 def test_every_op_that_changes_its_targets_layout_runs_on_the_target_and_the_sdk_reads_the_fact():

@@ -65,7 +65,7 @@ def test_architecture_cites_only_files_that_exist():
 def test_architecture_walk_names_each_stage():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     walk = text[text.index("## The walk of one op"):]
-    stages = ["__torch_function__", "client/dispatch/_dispatch.py", "client/session/_session_core.py",
+    stages = ["__torch_function__", "client/_core.py", "SessionCore.enqueue",
               "client/transport/_transport.py",
               "service/http/raw_route.py", "service/http/routes/programs.py", "service/backends/local_sessions.py",
               "service/engine/admission.py", "service/engine/programs.py", "service/engine/runner.py", "service/ops/"]

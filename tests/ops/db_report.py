@@ -35,7 +35,7 @@ CAUSES = {
     "_VariableFunctionsClass": "torch.meshgrid of a list calls a builtin the SDK cannot name",
     "requires_grad=True, torch's False": "the SDK predicts that every floating output of an op with an input that "
                                          "requires grad requires grad; torch marks this output non-differentiable "
-                                         "(client-side metadata: client/dispatch/_dispatch.py)",
+                                         "(client-side metadata: client/_core.py)",
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from remote_autograd import client
-from remote_autograd.client.dispatch._dispatch import call_op
+from remote_autograd.client._core import call_op
 from remote_autograd.service.ops import OP_TABLE, T
 
 pytestmark = pytest.mark.optable

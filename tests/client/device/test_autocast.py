@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client.session._session_core import _Origin
+from remote_autograd.client.session._steps import Origin
 
 
 def autocast_on(device: torch.device, dtype: torch.dtype):
@@ -118,7 +118,7 @@ def test_float64_is_left_alone_like_torch(sess):
 def test_an_autocast_dtype_the_server_does_not_support_is_a_422(sess):
     x = sess.tensor(torch.randn(3))
     sess.enqueue({"kind": "call", "op": "relu", "args": [x._ref()], "out": [sess.new_id()], "autocast": "float32"},
-                 _Origin("relu", None))
+                 Origin("relu", None))
     with pytest.raises(client.RemoteError, match="autocast: dtype 'float32' is not supported") as got:
         sess.sync()
     assert got.value.status == 422

@@ -1,6 +1,6 @@
 """The SDK's path for one op stays short: ``bench/client_hops.py``'s count for one ``a + b``.
 
-ARCHITECTURE's walk of one op quotes the figures (18 calls into the client package across 8
+ARCHITECTURE's walk of one op quotes the figures (18 calls into the client package across 7
 files, pipelined; 35 calls across 10 files before the SDK's rooms). The bound leaves room for a
 small change; a new layer of calls per op would cross it.
 """

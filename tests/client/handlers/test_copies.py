@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from remote_autograd import client
-from remote_autograd.client.tensor import _tensor
+from remote_autograd.client import _core
 
 from ..device.test_device import recorded  # noqa: F401  (a fixture: a session whose programs are recorded)
 
@@ -36,7 +36,7 @@ def test_a_deepcopy_copies_none_of_the_handles_own_fields(sess):
     x.tag = "the user's"
     assert {"_storage", "_view_of", "_strides", "_grad_cache", "_meta_t"} <= set(vars(view)) | set(vars(x))
     for t in (x, view):
-        assert set(vars(t)) - _tensor.HANDLE_FIELDS <= {"tag"}
+        assert set(vars(t)) - _core.HANDLE_FIELDS <= {"tag"}
     with torch.no_grad():
         y = copy.deepcopy(view.detach())
     assert y._storage is None and y._view_of is None and copy.deepcopy(x).tag == "the user's"
