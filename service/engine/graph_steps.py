@@ -61,6 +61,7 @@ from ..sessions.custom_tensor import CustomTensor
 from ..sessions.store import Outcome
 from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
+from .program_plan import PLAIN
 from .values import check_new_ids, store_made, store_tensors
 
 WARMUP_RUNS = 2
@@ -295,7 +296,7 @@ def _count(counts: dict[int, int], t: torch.Tensor) -> None:
 
 def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
     run, session, settings = steps.run, steps.run.session, steps.run.settings
-    run.plan = None  # the session's plan for this program stays the one its plain runs recorded
+    run.check = PLAIN  # the session's plan for this program stays the one its plain runs recorded
     program, head = steps.program.steps, steps.views_from
     values = {index: decode_tensor_data(program[index].value, field="value", device=session.device, copy=False)
               for index in slot.staged}

@@ -49,8 +49,9 @@ from .error_text import scrubbed
 from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
-from .meta_check import Needs, check_call
-from .program_plan import PlanRun
+from .meta_check import Needs
+from . import speed_caches
+from .program_plan import PLAIN, checker
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .saved_tensors import counting_saved
@@ -81,7 +82,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
     run.torch_state = None if default else state
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state
-        run.plan = PlanRun.start(session.plans, program.steps, run.torch_state)
+        caches = speed_caches.of(session)
+        run.check = checker(caches.plans, program.steps, run.torch_state, seen=caches.seen)
     steps = StepLoop(run, program, observe, watch)
     TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
@@ -89,8 +91,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
         # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
         with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
             # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
-            graphs = (session.graphs if settings.cuda_graphs != "off" and default and run.forward is None
-                      and not session.checkpoints else None)
+            graphs = (speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
+                      and run.forward is None and not session.checkpoints else None)
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
     finally:
@@ -100,8 +102,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
             watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
     if steps.failed is not None:
         return steps.failed
-    if run.plan is not None:
-        run.plan.finish(True)
+    run.check.finish()
     return Outcome(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
 
 
@@ -124,7 +125,7 @@ class StepLoop:
 
     def execute(self, start: int, stop: int) -> bool:
         """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
-        run, results, observe, watch, plan = self.run, self.results, self.observe, self.watch, self.run.plan
+        run, results, observe, watch = self.run, self.results, self.observe, self.watch
         storages = run.session.storages
         regions = run.session.checkpoints  # the checkpoint regions open (checkpoint_regions): most often none
         steps = self.program.steps
@@ -147,8 +148,7 @@ class StepLoop:
                     staged = self.staged
                     results.append(_put(run, step, staged[index]) if staged is not None and kind is PutStep
                                    else _HANDLERS[kind](run, step))
-                    if plan is not None:
-                        plan.other(step)
+                    run.check.other(step)
                 if regions:
                     checkpoint_regions.record(regions, step, run.session, run.settings.max_session_bytes)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
@@ -175,8 +175,7 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
         if type(step) is CallStep:
             return _call(run, step, index)
         result = _HANDLERS[type(step)](run, step)
-        if run.plan is not None:
-            run.plan.other(step)
+        run.check.other(step)
         return result
     except ProtocolError:
         raise
@@ -270,11 +269,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     if not call.inplace:
         check_new_ids(session, step.out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
-    if run.plan is None:
-        needs = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
-                           fn=call.fn, writes=call.writes)
-    else:  # the same check, skipped where the session's plan for this program vouches for it
-        needs = run.plan.check_call(index, step, call, args, kwargs)
+    # (by the meta check, or where the program's plan vouches for it, by the plan: ``program_plan``)
+    needs = run.check.check_call(index, step, call, args, kwargs)
     reserved = needs.bytes
     if reserved:
         session.storages.reserve(session, reserved, run.settings.max_session_bytes)
@@ -288,8 +284,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
             finally:  # a kernel that failed midway may have changed a storage too
                 if not keeps_storages(call, step):
                     _remeasure(session, step)
-            if run.plan is not None:
-                run.plan.ran(step, call)
+            run.check.ran(index, step, call, ())
             if run.forward is not None:
                 run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
@@ -298,11 +293,9 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
-        if run.plan is not None:
-            run.plan.ran(step, call)
         if run.forward is not None:
             run.forward.record(index, step.op, result, [*args, *kwargs.values()])
-        return _store_outputs(run, step, result, args, kwargs, index)  # charged from the reservation
+        return _store_outputs(run, step, call, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:
             session.storages.unreserve(session)  # what the outputs did not take (a view brings no bytes)
@@ -326,7 +319,7 @@ def _remeasure(session: Session, step: CallStep) -> None:
     session.storages.remeasure(session, [tensors[t] for t in tids if t in tensors])
 
 
-def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict,
+def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: list, kwargs: dict,
                    index: int) -> dict | None:
     """Keep a call's outputs under the step's ids; their metadata is the step's result (unless
     the client named them all and asked to be spared it: ``omit_known_meta`` without ``out_many``)."""
@@ -345,8 +338,7 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
     store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
-    if run.plan is not None:
-        run.plan.made(index, ids)
+    run.check.ran(index, step, call, ids)
     if run.omit_known_meta and not step.out_many:
         return None
     metas = [meta_message(tid, t) for tid, t in zip(ids, outputs)]

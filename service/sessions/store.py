@@ -78,8 +78,7 @@ class Session:
     bytes_held: int = 0
     storages: StorageLedger = field(default_factory=StorageLedger)
     programs: OrderedDict = field(default_factory=OrderedDict)
-    plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
-    graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
+    caches: Any = None  # its speed paths' plans and captures (service.engine.speed_caches), dropped with it
     templates: dict = field(default_factory=dict)  # by id: the graphs torch.compile sent (service.engine.templates)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
@@ -138,8 +137,7 @@ class Session:
         self.closed = True
         self.tensors.clear()
         self.programs.clear()
-        self.plans.clear()
-        self.graphs.clear()  # a capture's memory goes with its last tensor
+        self.caches = None  # plans, and captures: a capture's memory goes with its last tensor
         self.templates.clear()
         self.checkpoints.clear()
         self.storages.close()
