@@ -157,7 +157,7 @@ class _Slot:
     def release(self, session) -> None:
         self.graph.release()
         if self.keepers and not session.closed:
-            session.storages.drop(session, self.keepers)
+            session.storages.drop(self.keepers)
         self.keepers = []
 
 
@@ -267,7 +267,7 @@ def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> boo
     ours = [t for t in statics.values() if _storage_key(t) not in inputs_storages]
     slot.keepers = [CustomTensor(t) for t in ours]
     try:
-        session.storages.hold(session, slot.keepers, settings.max_session_bytes)
+        session.storages.hold(slot.keepers, settings.max_session_bytes)
     except ProtocolError:
         slot.keepers = []
         return False
@@ -331,7 +331,7 @@ def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
         if ct is not None:
             ct.grad = None if grad is None else _alias(grad)
             changed.append(ct)
-    session.storages.remeasure(session, changed)
+    session.storages.remeasure(changed)
     for n, is_grad, moved in slot.versions:
         tensor = inputs[n].grad if is_grad else inputs[n].value
         for _ in range(moved):

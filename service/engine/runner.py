@@ -160,7 +160,7 @@ class StepLoop:
                 return False
             finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
                 if storages.dead:
-                    storages.settle(run.session)
+                    storages.settle()
             if observe is not None:
                 observe(_step_op(step), perf_counter() - began)
         return True
@@ -185,7 +185,7 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
         raise err from None
     finally:
         if run.session.storages.dead:
-            run.session.storages.settle(run.session)
+            run.session.storages.settle()
 
 
 def _views_from(steps: list) -> int:
@@ -273,7 +273,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     needs = run.check.check_call(index, step, call, args, kwargs)
     reserved = needs.bytes
     if reserved:
-        session.storages.reserve(session, reserved, run.settings.max_session_bytes)
+        session.storages.reserve(reserved, run.settings.max_session_bytes)
     try:
         if needs.flops > run.untimed or needs.elements > run.settings.max_tensor_elements:
             _admit(run, step, call.inplace, needs)  # a call that may pass a limit: held before its kernel runs
@@ -298,7 +298,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         return _store_outputs(run, step, call, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:
-            session.storages.unreserve(session)  # what the outputs did not take (a view brings no bytes)
+            session.storages.unreserve()  # what the outputs did not take (a view brings no bytes)
 
 
 def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None:
@@ -316,7 +316,7 @@ def _remeasure(session: Session, step: CallStep) -> None:
     if step.kwargs:
         step_refs(step.kwargs.values(), tids)
     tensors = session.tensors
-    session.storages.remeasure(session, [tensors[t] for t in tids if t in tensors])
+    session.storages.remeasure([tensors[t] for t in tids if t in tensors])
 
 
 def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: list, kwargs: dict,
@@ -462,7 +462,7 @@ def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
     ct.grad = grad  # aliasing, as `p.grad = g` does in torch: a session tensor's storage, counted already
-    session.storages.remeasure(session, [ct])
+    session.storages.remeasure([ct])
     return None
 
 
@@ -486,7 +486,7 @@ def _free(run: ProgramRun, step: FreeStep) -> None:
     freed = [ct for ct in (tensors.pop(tid, None) for tid in step.ids) if ct is not None]
     if freed:
         # a storage another id, a view or the autograd graph still holds stays counted
-        run.session.storages.drop(run.session, freed)
+        run.session.storages.drop(freed)
     return None
 
 

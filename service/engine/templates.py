@@ -377,4 +377,4 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
         gone = [ct for ct in (tensors.pop(name, None) for name in template.made) if ct is not None]
         gone += stand_ins
         if gone:
-            session.storages.drop(session, gone)
+            session.storages.drop(gone)
