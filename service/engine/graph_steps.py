@@ -58,7 +58,7 @@ from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, Put
 from remote_autograd.proto.tensors import decode_tensor_data
 
 from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Outcome
+from ..sessions.store import ProgramAnswer
 from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
 from .program_plan import PLAIN
@@ -240,7 +240,7 @@ def _lost(steps, head: int, exc: Exception) -> None:
                         f"this session was closed: capturing its program as a CUDA graph failed ({exc}); "
                         "set REMOTE_AUTOGRAD_CUDA_GRAPHS=off and report it")
     err.step, err.op = head, "graph"
-    steps.failed = Outcome(err.status, err.answer(steps.results, steps.program.id), 0.0)
+    steps.failed = ProgramAnswer(err.status, err.answer(steps.results, steps.program.id), 0.0)
 
 
 def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> bool:

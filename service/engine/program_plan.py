@@ -38,7 +38,7 @@ every layout is taken afresh at its next use. Steps that are not calls make tens
 own (puts, grads, loads) or change grads: those are taken afresh from the session at their
 next use. A plan changes no answer, error or step: it is one check skipped.
 
-How a program's calls are checked is chosen once, when it starts (``checker``): ``PLAIN`` (the
+How a program's calls are checked is chosen once, when it starts (``for_program``, ``for_template``): ``PLAIN`` (the
 meta check of every call), a ``PlanRun`` (a repeat: the pattern check), a ``Vouched`` template
 run; a capture (``graph_steps``) runs plainly. The runner asks the one chosen: ``check_call``
 before each call, ``ran`` after it, ``other`` after any other step, ``finish`` at the end.
@@ -57,7 +57,8 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
                                             FreeStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep)
 
 from .. import ops as _ops
-from . import meta_check
+from . import meta_check, speed_caches
+from .meta_check import layout
 
 PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
 # A plan of a one-call program (an eager op: a call, then a free) costs more bookkeeping than the
@@ -101,9 +102,7 @@ class PlainCheck:
 
     __slots__ = ()
 
-    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> meta_check.Needs:
-        return meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
-                                           grad_enabled=step.grad_enabled, fn=call.fn, writes=call.writes)[0]
+    check_call = staticmethod(meta_check.check_step)
 
     def ran(self, index: int, step: CallStep, call, ids) -> None:
         pass
@@ -136,29 +135,44 @@ class Vouched(PlainCheck):
         self.plans.move_to_end(self.key)
 
 
-def checker(plans: OrderedDict, steps: list, state: tuple | None = None, *, seen: OrderedDict | None = None,
-            inputs: tuple | None = None):
-    """How a program's (or a template run's) calls are checked: ``PLAIN``, a ``PlanRun`` or a ``Vouched``.
-
-    ``plans``: the session's (or the template's); ``steps``: the program's; ``state``: its torch
-    settings when they are not torch's defaults (``globals_turns``): what the memo answered under one
-    does not hold under another. ``seen``: the keys sighted once (a session's programs: the first
-    sighting records nothing); None where every run records (a template's). ``inputs``: a template
-    run's ``inputs_key``."""
-    key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
-    if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:  # a call step keys by its op name
+def for_program(session, steps: list, state: tuple | None = None):
+    """How a program's calls are checked: ``PLAIN`` for a program seen once (its key is remembered in
+    the session's ``Caches.seen``) or too short to plan, else a ``PlanRun`` against its plan.
+    ``state``: its torch settings when they are not torch's defaults (``globals_turns``): what the memo
+    answered under one does not hold under another."""
+    key = _key(steps, state)
+    if key is None:
         return PLAIN
-    if state is not None:
-        key = (state, key)
-    plan = plans.get(key)
-    if plan is None and seen is not None and key not in seen:
+    caches = speed_caches.of(session)
+    plan, seen = caches.plans.get(key), caches.seen
+    if plan is None and key not in seen:  # a first sighting records nothing
         seen[key] = None
         while len(seen) > SEEN_PER_SESSION:
             seen.popitem(last=False)
         return PLAIN
-    if plan is not None and inputs is not None and plan.inputs == inputs:
+    return PlanRun(caches.plans, key)
+
+
+def for_template(plans: OrderedDict, steps: list, state: tuple | None, inputs: tuple):
+    """How a template run's calls are checked: a ``Vouched`` run when its ``inputs`` (``inputs_key``) are
+    those of a run its plan vouched for call by call, else a ``PlanRun`` (recording from its first run: a
+    template exists to repeat); ``PLAIN`` for a template too short to plan."""
+    key = _key(steps, state)
+    if key is None:
+        return PLAIN
+    plan = plans.get(key)
+    if plan is not None and plan.inputs == inputs:
         return Vouched(plans, key, plan)
     return PlanRun(plans, key, inputs)
+
+
+def _key(steps: list, state: tuple | None) -> tuple | None:
+    """A program's key (its steps' kinds, a call by its op name, and its torch settings), or None when it
+    has too few calls to plan."""
+    key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
+    if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:
+        return None
+    return key if state is None else (state, key)
 
 
 def inputs_key(bound: list, scalars: dict, loose: frozenset) -> tuple:
@@ -200,16 +214,8 @@ def _floats_by_type(entry) -> bool:
     return bool(entry.variants) and entry.name in _FLOATS_BY_TYPE
 
 
-def layout(t: torch.Tensor, slots: dict[int, int]) -> tuple:
-    """What a meta check can see of ``t`` (``meta_check``'s memo key of a tensor): its shape, strides,
-    offset, dtype, device, storage size, and its storage's number in ``slots`` (which ones share)."""
-    storage = t.untyped_storage()
-    slot = slots.setdefault(storage._cdata, len(slots))
-    return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
-
-
 class PlanRun:
-    """One program's run against the session's plan for it (``checker``), recording the next plan."""
+    """One program's run against the session's plan for it (``for_program``), recording the next plan."""
 
     __slots__ = ("plans", "key", "plan", "record", "origins", "known", "grads", "slots", "_made", "_all_known",
                  "_float_type", "inputs", "whole")
@@ -244,9 +250,7 @@ class PlanRun:
         pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
                    self._parts(step.args, args),
                    self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
-        needs, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
-                                                       grad_enabled=step.grad_enabled, fn=call.fn,
-                                                       writes=call.writes)
+        needs, answer = meta_check.checked(call, args, kwargs, step.grad_enabled)
         # an answer keyed by a 0-d tensor's value is not plannable: it holds for that value only
         usable = meta_check.plannable(answer) and not call.entry.data_dependent
         self.record.calls[index] = (pattern, answer if usable else None)
@@ -254,9 +258,10 @@ class PlanRun:
 
     def ran(self, index: int, step: CallStep, call, ids) -> None:
         """Call ``index`` ran, planned or not, and stored its outputs under ``ids`` (none in place).
-        An in-place op of torch's keeps its target's layout, except those that exist to change it (and, with them, a shared storage's size); a call writes no other
-        argument's layout, except into its ``out=`` tensors, which torch resizes to fit. After one of
-        those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
+        An in-place op of torch's keeps its target's layout, except those that exist to change it
+        (and, with them, a shared storage's size); a call writes no other argument's layout, except
+        into its ``out=`` tensors, which torch resizes to fit. After one of those, or a call of an op
+        of our own, every tensor's layout is taken afresh at its next use."""
         relayout = _relayouts.get(step.op)
         if relayout is None:  # a fact of the name (what it resolves to): once per name
             relayout = _relayouts[step.op] = ((call.inplace and step.op.rpartition(".")[2] in _RELAYOUT)

@@ -28,7 +28,7 @@ class ProgramRun:
     a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
     grad still answer their metadata (only the server knows it).
 
-    ``check``: how its calls are checked (``program_plan.checker``: ``PLAIN``, the meta check of each, with
+    ``check``: how its calls are checked (``program_plan.for_program``: ``PLAIN``, the meta check of each, with
     ``REMOTE_AUTOGRAD_REPLAY=off`` and for a program seen once; a repeat's ``PlanRun``);
     ``torch_state``: the program's torch settings where they are not torch's defaults (``None``: the
     defaults), which a template's own plan is keyed by too (``templates.run_plainly``).

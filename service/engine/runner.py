@@ -38,7 +38,7 @@ from remote_autograd.proto.tensors import decode_tensor_data
 from .. import ops as _ops
 from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Outcome, Session
+from ..sessions.store import ProgramAnswer, Session
 from ..settings import Settings
 from . import checkpoint_regions, functorch_regions, graph_steps, templates, user_functions
 from .anomaly import Forwards
@@ -50,8 +50,7 @@ from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import Needs
-from . import speed_caches
-from .program_plan import PLAIN, checker
+from . import program_plan
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .saved_tensors import counting_saved
@@ -64,7 +63,7 @@ OP_TABLE = _ops.OP_TABLE
 
 
 def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
-                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> Outcome:
+                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
     The limits a body claims (its step count, its put steps' shapes) were checked when it was
@@ -82,8 +81,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
     run.torch_state = None if default else state
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state
-        caches = speed_caches.of(session)
-        run.check = checker(caches.plans, program.steps, run.torch_state, seen=caches.seen)
+        run.check = program_plan.for_program(session, program.steps, run.torch_state)
     steps = StepLoop(run, program, observe, watch)
     TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
@@ -91,7 +89,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
         # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
         with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
             # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
-            graphs = (speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
+            graphs = (program_plan.speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
                       and run.forward is None and not session.checkpoints else None)
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
@@ -103,7 +101,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     if steps.failed is not None:
         return steps.failed
     run.check.finish()
-    return Outcome(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
+    return ProgramAnswer(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
 
 
 class StepLoop:
@@ -116,7 +114,7 @@ class StepLoop:
     def __init__(self, run: ProgramRun, program: Program, observe, watch) -> None:
         self.run, self.program, self.observe, self.watch = run, program, observe, watch
         self.results: list[Any] = []
-        self.failed: Outcome | None = None
+        self.failed: ProgramAnswer | None = None
         self.views_from = _views_from(program.steps)
         self.began = perf_counter()
         # a capture (graph_steps): put values decoded before it began, by step; each call's stored outputs
@@ -156,13 +154,13 @@ class StepLoop:
                 # the traceback holds this frame, which holds err: a cycle only the garbage collector
                 # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
                 exc.__traceback__ = err.__traceback__ = exc.__context__ = None
-                self.failed = Outcome(err.status, err.answer(results, self.program.id), perf_counter() - self.began)
+                self.failed = ProgramAnswer(err.status, err.answer(results, self.program.id), perf_counter() - self.began)
                 return False
             finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
                 if storages.dead:
                     storages.settle()
             if observe is not None:
-                observe(_step_op(step), perf_counter() - began)
+                observe(step.op if kind is CallStep else step.kind, perf_counter() - began)
         return True
 
 
@@ -252,17 +250,11 @@ def _put(run: ProgramRun, step: PutStep, staged: torch.Tensor | None = None) -> 
     return None if run.omit_known_meta else {"tensors": [meta_message(step.id, value)]}
 
 
-def _lookup(name: str):
-    """What ``name`` runs (``OpTable.resolve``: the entry, the callable, whether in place)."""
-    found = OP_TABLE.resolve(name)
-    if found is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
-    return found
-
-
 def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     session = run.session
-    call = _lookup(step.op)
+    call = OP_TABLE.resolve(step.op)  # what the name runs: the entry, the callable, whether in place
+    if call is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {step.op!r}; GET /v1/ops lists the op table")
     entry = call.entry
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}

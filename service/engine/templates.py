@@ -24,8 +24,8 @@ applies on every run: the meta check before each kernel (with its outputs' eleme
 charged on every run), the time limit between steps. A repeated run is checked by its plan
 (``program_plan``: what a call's layouts answered last run, its contract and the limits held
 again); a run whose bound inputs' layouts and numbers are a vouched run's skips even the plan's
-per-call pattern check (``program_plan.Vouched``: checked once per run). The template's names live in the session's tensor table
-under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
+per-call pattern check (``program_plan.Vouched``: checked once per run). The template's names live
+in the session's tensor table under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
 bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
 a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature; it must keep
 the outputs under ``step.out`` (``values.store_made``: counted and charged) or raise having kept nothing.
@@ -45,7 +45,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
 from . import compiled_templates, functorch_regions
-from .program_plan import PLAIN, checker, inputs_key, loose_scalars
+from .program_plan import PLAIN, for_template, inputs_key, loose_scalars
 from .program_run import ProgramRun
 from .values import bound_scalars, check_new_ids, meta_message
 
@@ -349,8 +349,8 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     if replay:  # its bound inputs and numbers, once per run: equal to a vouched run's, no pattern checked
         if template.loose is None:
             template.loose = loose_scalars(template.steps)
-        check = checker(template.plans, template.steps, run.torch_state,
-                        inputs=inputs_key(bound, scalars, template.loose))
+        check = for_template(template.plans, template.steps, run.torch_state,
+                             inputs_key(bound, scalars, template.loose))
     inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, check=check,
                        torch_state=run.torch_state, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is GradStandIn]

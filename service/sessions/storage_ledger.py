@@ -120,7 +120,7 @@ class StorageLedger:
 
     def drop(self, cts: Iterable[CustomTensor]) -> None:
         """``cts`` left the session: each reference they were counted under goes."""
-        freed = self._settled()
+        freed = self._settled() if self.dead else 0
         for ct in cts:
             for key in ct.held:
                 freed += self._remove(key)

@@ -89,8 +89,10 @@ class Session:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What a program answered: HTTP status and the body (``results`` and maybe ``error``)."""
+class ProgramAnswer:
+    """What a program answered: HTTP status and the body (``results`` and maybe ``error``), as the runner
+    makes it and a session keeps it for a retry (the wire's ``ProgramResult``; the route sends it
+    encoded: ``backends.encoded_answer.EncodedAnswer``)."""
 
     status: int
     body: dict
