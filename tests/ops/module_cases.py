@@ -31,20 +31,20 @@ def _floats(out) -> list[torch.Tensor]:
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _one(sess, info, module_input) -> opinfo_cases.ProgramAnswer:
+def _one(sess, info, module_input) -> opinfo_cases.Outcome:
     ctor, fwd = module_input.constructor_input, module_input.forward_input
     torch.manual_seed(0)
     try:
         local = info.module_cls(*ctor.args, **ctor.kwargs)
     except Exception as exc:
-        return opinfo_cases.ProgramAnswer("local", opinfo_cases._first_line(exc))
+        return opinfo_cases.Outcome("local", opinfo_cases._first_line(exc))
     remote = copy.deepcopy(local)
     local_in = tree_map(opinfo_cases._local, (list(fwd.args), dict(fwd.kwargs)))
     torch.manual_seed(0)
     try:
         want = local(*local_in[0], **local_in[1])
     except Exception as exc:
-        return opinfo_cases.ProgramAnswer("local", opinfo_cases._first_line(exc))
+        return opinfo_cases.Outcome("local", opinfo_cases._first_line(exc))
     try:
         remote.to(sess.device)
         remote_in = tree_map(opinfo_cases._remote(sess.device), (list(fwd.args), dict(fwd.kwargs)))
@@ -56,8 +56,8 @@ def _one(sess, info, module_input) -> opinfo_cases.ProgramAnswer:
         _compare_backward(got, want, remote_in, local_in, remote, local)
     except Exception as exc:
         why = opinfo_cases._why_refused(exc)
-        return opinfo_cases.ProgramAnswer("refused", why) if why else opinfo_cases.ProgramAnswer("fail", opinfo_cases._first_line(exc))
-    return opinfo_cases.ProgramAnswer("pass")
+        return opinfo_cases.Outcome("refused", why) if why else opinfo_cases.Outcome("fail", opinfo_cases._first_line(exc))
+    return opinfo_cases.Outcome("pass")
 
 
 def _compare_backward(got, want, remote_in, local_in, remote, local) -> None:
@@ -83,12 +83,12 @@ def _same_grad(got, want, what: str) -> None:
     torch.testing.assert_close(opinfo_cases._fetch(got), want, equal_nan=True, msg=lambda m: f"{what} grad: {m}")
 
 
-def run(sess, info) -> opinfo_cases.ProgramAnswer:
+def run(sess, info) -> opinfo_cases.Outcome:
     local_error = "it has no CPU samples"
     for dtype in (torch.float32, torch.float64):  # float64 where torch's float32 samples do not run
         outcome, local_error, ran = opinfo_cases.over_samples(_inputs(info, dtype), lambda s: _one(sess, info, s))
         if outcome is not None:
             return outcome
         if ran:
-            return opinfo_cases.ProgramAnswer("pass")
-    return opinfo_cases.ProgramAnswer("fail", f"local torch fails with the SDK imported: {local_error}")
+            return opinfo_cases.Outcome("pass")
+    return opinfo_cases.Outcome("fail", f"local torch fails with the SDK imported: {local_error}")

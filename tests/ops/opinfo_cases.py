@@ -36,7 +36,7 @@ _UNSET = {name for name, op in _SURFACE["ops"].items() if op.get("uninitialised"
 
 
 @dataclass(frozen=True)
-class ProgramAnswer:
+class Outcome:
     status: str  # "pass", "refused" or "fail" ("local" for one sample torch itself refuses)
     detail: str = ""
 
@@ -111,14 +111,14 @@ def _compare(got, want, what: str, values: bool = True) -> None:
             assert g == w, f"{what} {i}: {g!r}, torch gives {w!r}"
 
 
-def _one(sess, opinfo, sample) -> ProgramAnswer | None:
+def _one(sess, opinfo, sample) -> Outcome | None:
     """A refusal naming torch's own error when torch itself refuses the sample here (nothing to compare)."""
     local = tree_map(_local, (sample.input, list(sample.args), dict(sample.kwargs)))
     torch.manual_seed(0)
     try:
         want = opinfo.op(local[0], *local[1], **local[2])
     except Exception as exc:
-        return ProgramAnswer("local", _first_line(exc))
+        return Outcome("local", _first_line(exc))
     try:
         remote = tree_map(_remote(sess.device), (sample.input, list(sample.args), dict(sample.kwargs)))
         torch.manual_seed(0)
@@ -127,8 +127,8 @@ def _one(sess, opinfo, sample) -> ProgramAnswer | None:
         _compare_grads(got, want, remote, local)
     except Exception as exc:
         why = _why_refused(exc)
-        return ProgramAnswer("refused", why) if why is not None else ProgramAnswer("fail", _first_line(exc))
-    return ProgramAnswer("pass")
+        return Outcome("refused", why) if why is not None else Outcome("fail", _first_line(exc))
+    return Outcome("pass")
 
 
 def _first_line(exc: Exception) -> str:
@@ -174,7 +174,7 @@ def _only_tensors(tree) -> list:
     return [v for v in tree_leaves(tree) if isinstance(v, torch.Tensor)]
 
 
-def _variant(sess, fn, sample) -> ProgramAnswer | None:
+def _variant(sess, fn, sample) -> Outcome | None:
     """One variant on a sample, without grad: its outputs, and every input after it (an in-place form
     writes its first argument; no other form may write anything), against local torch."""
     call = (sample.input, list(sample.args), dict(sample.kwargs))
@@ -195,11 +195,11 @@ def _variant(sess, fn, sample) -> ProgramAnswer | None:
             _compare(_only_tensors(remote), _only_tensors(local), f"{what}: the inputs after it")
         except Exception as exc:
             why = _why_refused(exc)
-            return ProgramAnswer("refused", why) if why is not None else ProgramAnswer("fail", _first_line(exc))
-    return ProgramAnswer("pass")
+            return Outcome("refused", why) if why is not None else Outcome("fail", _first_line(exc))
+    return Outcome("pass")
 
 
-def over_samples(samples, one, more=lambda sample: ()) -> tuple[ProgramAnswer | None, str, bool]:
+def over_samples(samples, one, more=lambda sample: ()) -> tuple[Outcome | None, str, bool]:
     """``one(sample)`` on each sample (then ``more(sample)``'s outcomes): the first outcome that is not a
     pass (or None), the last error of local torch's own (a sample it refuses is skipped), whether any ran."""
     local_error, ran = "it has no CPU samples", False
@@ -215,13 +215,13 @@ def over_samples(samples, one, more=lambda sample: ()) -> tuple[ProgramAnswer | 
     return None, local_error, ran
 
 
-def run(sess, opinfo) -> ProgramAnswer:
+def run(sess, opinfo) -> Outcome:
     why = _why_refused(NotImplementedError(f"torch.{opinfo.name} is not supported"))
     if why is not None and not opinfo.name.startswith("torch."):  # denied by name (sparse.mm, aten internals)
-        return ProgramAnswer("refused", why)
+        return Outcome("refused", why)
     dtype = sample_dtype(opinfo)
     if dtype is None:
-        return ProgramAnswer("refused", "torch lists no CPU dtype for it")
+        return Outcome("refused", "torch lists no CPU dtype for it")
     requires_grad = opinfo.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
     variants = _variants(opinfo) if opinfo.name not in _UNSET else ()
     outcome, local_error, ran = over_samples(_samples(opinfo, dtype, requires_grad), lambda s: _one(sess, opinfo, s),
@@ -229,10 +229,10 @@ def run(sess, opinfo) -> ProgramAnswer:
     if outcome is not None:
         return outcome
     if ran:
-        return ProgramAnswer("pass")
+        return Outcome("pass")
     if "CUDA" in local_error or "no CPU samples" in local_error:
-        return ProgramAnswer("refused", f"local torch runs none of its samples on a CPU: {local_error}")
-    return ProgramAnswer("fail", f"local torch fails with the SDK imported: {local_error}")
+        return Outcome("refused", f"local torch runs none of its samples on a CPU: {local_error}")
+    return Outcome("fail", f"local torch fails with the SDK imported: {local_error}")
 
 
 class _OnTheServer(torch.autograd.Function):
@@ -258,16 +258,16 @@ class _OnTheServer(torch.autograd.Function):
         return None, None, *(None if g is None else g.to_torch() for g in got)
 
 
-def gradcheck(sess, opinfo) -> ProgramAnswer:
+def gradcheck(sess, opinfo) -> Outcome:
     """float64 ``gradcheck(fast_mode=True)`` of the op on the server, on its first sample."""
     samples = _samples(opinfo, torch.float64, True)[:1]
     if not samples:
-        return ProgramAnswer("refused", "no float64 sample")
+        return Outcome("refused", "no float64 sample")
     sample = samples[0]
     args = (sample.input, list(sample.args), dict(sample.kwargs))
     inputs = _grad_inputs(args)
     if not inputs:
-        return ProgramAnswer("pass")
+        return Outcome("pass")
 
     device = _remote(sess.device)
 
@@ -281,5 +281,5 @@ def gradcheck(sess, opinfo) -> ProgramAnswer:
                                       check_undefined_grad=False, check_batched_grad=False, raise_exception=True)
     except Exception as exc:
         why = _why_refused(exc)
-        return ProgramAnswer("refused", why) if why is not None else ProgramAnswer("fail", _first_line(exc))
-    return ProgramAnswer("pass" if ok else "fail")
+        return Outcome("refused", why) if why is not None else Outcome("fail", _first_line(exc))
+    return Outcome("pass" if ok else "fail")
