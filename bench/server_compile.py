@@ -121,7 +121,7 @@ def compiled_run(case: Case, variant: Variant, session, settings: Settings, *,
             if compiled_templates._run_compiled(run, variant, step, bound) != compiled_templates.RAN:
                 raise RuntimeError("the compiled run was refused")
             if not keep:
-                session.storages.drop(session, [session.tensors.pop(tid) for tid in step.out])
+                session.storages.drop([session.tensors.pop(tid) for tid in step.out])
 
     return once
 

@@ -33,7 +33,7 @@ from ..engine.program_watch import ProgramWatch
 from ..engine.programs import StepObserver, read_tensor, run_program
 from ..sessions.store import SessionStore
 from ..settings import Settings
-from .program_answer import ProgramAnswer
+from .encoded_answer import EncodedAnswer
 from .workers import WorkerThreads
 
 log = logging.getLogger("remote_autograd.service")
@@ -118,7 +118,7 @@ class LocalSessions:
 
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
         """Decode, check and run one program's ``body`` in session ``sid``; its answer, encoded, for
         the caller to send inside the ``async with``. Until then the session runs no other program:
         a big fetched tensor goes out as a view of the session's own memory, which the next
@@ -143,7 +143,7 @@ class LocalSessions:
             self.observe_program(worker)
         try:  # the slot is free (the program ran); the gate is held until the answer is sent
             media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
-            yield ProgramAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
+            yield EncodedAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
         finally:
             session.gate.release()
 

@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
-from .program_answer import ProgramAnswer
+from .encoded_answer import EncodedAnswer
 
 
 class SessionBackend(Protocol):
@@ -45,7 +45,7 @@ class SessionBackend(Protocol):
         """404/410 before a byte of a program's body is read."""
 
     def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
-                       watch: ProgramWatch | None = None) -> AbstractAsyncContextManager[ProgramAnswer]:
+                       watch: ProgramWatch | None = None) -> AbstractAsyncContextManager[EncodedAnswer]:
         """Admit and run one program; its encoded answer, to send inside the ``async with``."""
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,

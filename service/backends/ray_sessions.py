@@ -40,7 +40,7 @@ from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
 from ..sessions.store import check_token_sessions, tenant_tag
 from ..settings import Settings
-from .program_answer import ProgramAnswer
+from .encoded_answer import EncodedAnswer
 from .ray_worker import WORKER_PREFIX, SessionWorker, worker_name
 
 WORKER_RESOURCE = "remote_autograd_worker"
@@ -139,7 +139,7 @@ class RaySessions:
 
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded,
         as bytes of its own (nothing of the session's is held while the caller sends it). A cancelled
         ``watch`` cancels the worker's call, which stops the program at its next step there."""
@@ -160,7 +160,7 @@ class RaySessions:
                                     "stopped at a step boundary on its worker") from None
             hop = time.perf_counter() - start
             self.observe_program(hop)
-        yield ProgramAnswer(status, media_type, [answer], len(answer), steps, hop)
+        yield EncodedAnswer(status, media_type, [answer], len(answer), steps, hop)
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

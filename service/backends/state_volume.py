@@ -42,7 +42,7 @@ from remote_autograd.proto.frames import pack_frames, unpack_frames
 
 from ..engine.values import store_tensors
 from ..logs import LIFECYCLE
-from ..sessions.store import Outcome, tenant_tag
+from ..sessions.store import ProgramAnswer, tenant_tag
 from ..sessions.tensor_snapshot import rebuild, snapshot
 
 if TYPE_CHECKING:
@@ -184,11 +184,11 @@ def _on_device(data: memoryview, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(data, dtype=torch.uint8).to(device, copy=True)
 
 
-def _ran_before_restart(pid: str) -> Outcome:
+def _ran_before_restart(pid: str) -> ProgramAnswer:
     """What a retry of a program that ran before the restart answers: it never runs twice."""
     err = ProtocolError(ErrorCode.CONFLICT, f"program {pid!r} already ran, before the server restarted; its answer "
                         "was not kept: read the tensors it made or changed again")
-    return Outcome(err.status, err.answer(program_id=pid))
+    return ProgramAnswer(err.status, err.answer(program_id=pid))
 
 
 # -- a single server's every tenant ---------------------------------------------------------

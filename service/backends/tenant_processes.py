@@ -44,7 +44,7 @@ from ..engine.program_watch import ProgramWatch
 from ..logs import LIFECYCLE
 from ..settings import Settings
 from .byte_grants import BytePool
-from .program_answer import ProgramAnswer
+from .encoded_answer import EncodedAnswer
 from .state_volume import tenant_dir  # the state volume's layout: one directory per tenant
 from .step_deadline import StepDeadline
 from .tenant_channel import ChannelClosed
@@ -181,7 +181,7 @@ class TenantProcesses:
 
     @asynccontextmanager
     async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[ProgramAnswer]:
+                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as it came; its answer comes back encoded, as bytes of its own
         (nothing of the session's is held while the caller sends it). A cancelled ``watch`` (the
         client went away) or caller cancels the program's task in the worker: it stops at its next
@@ -193,7 +193,7 @@ class TenantProcesses:
             fields, answer = await self._run(worker, sid, {"sid": sid, "ctype": ctype, "accept": accept}, body, watch)
             hop = perf_counter() - start
             self.observe_program(hop)
-        yield ProgramAnswer(fields["status"], fields["media_type"], [answer], len(answer), fields["steps"], hop)
+        yield EncodedAnswer(fields["status"], fields["media_type"], [answer], len(answer), fields["steps"], hop)
 
     async def _run(self, worker: WorkerProcess, sid: str, fields: dict, body, watch: ProgramWatch | None):
         """The ``program`` call, its deadline watched (``step_deadline``): 410 naming the step if it ended the worker."""

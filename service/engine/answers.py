@@ -11,10 +11,10 @@ from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames
 from remote_autograd.proto.negotiation import accepts_frames
 
 from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Outcome
+from ..sessions.store import ProgramAnswer
 
 
-def reencode(outcome: Outcome, as_json: bool) -> Outcome:
+def reencode(outcome: ProgramAnswer, as_json: bool) -> ProgramAnswer:
     """A stored answer re-encoded for a retry that asks for the other format (JSON vs msgpack)."""
     results = []
     for r in outcome.body.get("results", []):
@@ -25,7 +25,7 @@ def reencode(outcome: Outcome, as_json: bool) -> Outcome:
                     msg[key] = encode_tensor(decode_tensor(msg[key]), as_json=as_json)
             r = {**r, "tensor": msg}
         results.append(r)
-    return Outcome(outcome.status, {**outcome.body, "results": results}, outcome.seconds)
+    return ProgramAnswer(outcome.status, {**outcome.body, "results": results}, outcome.seconds)
 
 
 def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_json: bool, views: bool = True) -> dict:
@@ -54,7 +54,7 @@ _KEEP_FETCHED_BYTES = 1 << 20
 _LIST_VALUE_BYTES = 32
 
 
-def keepable(outcome: Outcome, program_id: str) -> Outcome:
+def keepable(outcome: ProgramAnswer, program_id: str) -> ProgramAnswer:
     """What the retry cache may hold: fetched values are copied out of the live tensors,
     and an answer with more than 1 MiB of them is replaced by a 409 (fetch again).
 
@@ -69,12 +69,12 @@ def keepable(outcome: Outcome, program_id: str) -> Outcome:
     if kept + sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
         err = ProtocolError(ErrorCode.CONFLICT, f"program {program_id!r} already ran; its answer held too much "
                             "fetched data to keep for a retry: fetch the tensors again")
-        return Outcome(err.status, err.answer(program_id=program_id), outcome.seconds)
+        return ProgramAnswer(err.status, err.answer(program_id=program_id), outcome.seconds)
     if not any(isinstance(d, memoryview) for d in data):
         return outcome
     body = dict(outcome.body)
     body["results"] = [copy_views(r) if r and r.get("tensor") else r for r in results]
-    return Outcome(outcome.status, body, outcome.seconds)
+    return ProgramAnswer(outcome.status, body, outcome.seconds)
 
 
 def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:

@@ -131,15 +131,15 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
         grads, captured, arrived = _split_captured(grads, len(targets), step)
         store_made(session, settings, tensor_hooks.observed_pairs(hooks) + captured)
     except BaseException:
-        session.release(reserved)
+        session.storages.release(reserved)
         raise
     changed = []
     for ct, g, own in zip(targets, grads, owned):
         if g is not None:
             _accumulate(ct, g, step.create_graph, own)
             changed.append(ct)
-    session.storages.remeasure(session, changed)  # the grads by storage (an owned grad may share one)
-    session.release(reserved)
+    session.storages.remeasure(changed)  # the grads by storage (an owned grad may share one)
+    session.storages.release(reserved)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
     result = _backward_result(run, missing)
@@ -200,13 +200,13 @@ def _reserve(session: Session, settings: Settings, targets: list[CustomTensor],
     """
     reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
     try:
-        session.charge(reserved, settings.max_session_bytes)
+        session.storages.charge(reserved, settings.max_session_bytes)
     except ProtocolError:
         if roots is None:
             raise
         targets = _reached(targets, roots)
         reserved = sum(data_bytes(ct) for ct in targets if ct.grad is None)
-        session.charge(reserved, settings.max_session_bytes)
+        session.storages.charge(reserved, settings.max_session_bytes)
     return targets, reserved
 
 

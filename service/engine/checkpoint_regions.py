@@ -268,7 +268,7 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
                 dead = deaths.get(index)
                 if dead:
                     gone = [tensors.pop(prefix + tid, None) for tid in dead]
-                    session.storages.drop(session, [ct for ct in gone if ct is not None])
+                    session.storages.drop([ct for ct in gone if ct is not None])
                 if region.early_stop and frame is not None and gid != -1 and \
                         frame.recomp_counter[gid] >= len(frame.weak_holders):
                     break  # every tensor the backward needs is recomputed (torch's early stop)
@@ -281,7 +281,7 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
             generator.set_state(before)
         reset(token)
         gone = [ct for ct in (tensors.pop(name, None) for name in (*bound, *names)) if ct is not None]
-        session.storages.drop(session, gone)
+        session.storages.drop(gone)
 
 
 def _run_again(nested: list, inner: ProgramRun, step, index: int, region: Region, names: list) -> None:

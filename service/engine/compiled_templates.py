@@ -205,7 +205,7 @@ def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str
     except Exception:  # the plain run answers it at its step, with the steps before it done
         return CHECK_REFUSED
     try:
-        session.storages.reserve(session, graph.output_bytes, settings.max_session_bytes)
+        session.storages.reserve(graph.output_bytes, settings.max_session_bytes)
     except ProtocolError:
         return REFUSED
     try:
@@ -224,7 +224,7 @@ def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str
         store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(step.out, outputs)])
         _give_grads(session, graph, bound, values, results)
     finally:
-        session.storages.unreserve(session)
+        session.storages.unreserve()
     return RAN
 
 
@@ -246,4 +246,4 @@ def _give_grads(session, graph, bound: list[CustomTensor], values: list, results
     for k in effects.cleared:
         bound[k].grad = None
         changed.append(bound[k])
-    session.storages.remeasure(session, changed)
+    session.storages.remeasure(changed)

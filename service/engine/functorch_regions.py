@@ -232,7 +232,7 @@ def run_region(run, region: Region) -> None:
     step_cost.hold(run, "the torch.func region", answer.flops)
     # what the region holds while it runs (its tensors, counted as if none were freed before its end), before
     # any kernel allocates it; what it keeps is charged from it (``store_made``)
-    session.storages.reserve(session, answer.made_bytes, run.settings.max_session_bytes)
+    session.storages.reserve(answer.made_bytes, run.settings.max_session_bytes)
     try:
         real = _Scope(session, meta=False)
         _walk(region, real, run.watch)
@@ -243,7 +243,7 @@ def run_region(run, region: Region) -> None:
                                 "grad: differentiating through torch.func.grad from outside it is not supported")
         store_made(session, run.settings, made)
     finally:
-        session.storages.unreserve(session)
+        session.storages.unreserve()
 
 
 def _on_meta(region: Region, session) -> region_memo.Answer:

@@ -58,9 +58,10 @@ from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, Put
 from remote_autograd.proto.tensors import decode_tensor_data
 
 from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Outcome
+from ..sessions.store import ProgramAnswer
 from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
+from .program_plan import PLAIN
 from .values import check_new_ids, store_made, store_tensors
 
 WARMUP_RUNS = 2
@@ -156,7 +157,7 @@ class _Slot:
     def release(self, session) -> None:
         self.graph.release()
         if self.keepers and not session.closed:
-            session.storages.drop(session, self.keepers)
+            session.storages.drop(self.keepers)
         self.keepers = []
 
 
@@ -239,7 +240,7 @@ def _lost(steps, head: int, exc: Exception) -> None:
                         f"this session was closed: capturing its program as a CUDA graph failed ({exc}); "
                         "set REMOTE_AUTOGRAD_CUDA_GRAPHS=off and report it")
     err.step, err.op = head, "graph"
-    steps.failed = Outcome(err.status, err.answer(steps.results, steps.program.id), 0.0)
+    steps.failed = ProgramAnswer(err.status, err.answer(steps.results, steps.program.id), 0.0)
 
 
 def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> bool:
@@ -266,7 +267,7 @@ def _keep(slot: _Slot, steps, inputs, staged, made, before, grads_before) -> boo
     ours = [t for t in statics.values() if _storage_key(t) not in inputs_storages]
     slot.keepers = [CustomTensor(t) for t in ours]
     try:
-        session.storages.hold(session, slot.keepers, settings.max_session_bytes)
+        session.storages.hold(slot.keepers, settings.max_session_bytes)
     except ProtocolError:
         slot.keepers = []
         return False
@@ -295,7 +296,7 @@ def _count(counts: dict[int, int], t: torch.Tensor) -> None:
 
 def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
     run, session, settings = steps.run, steps.run.session, steps.run.settings
-    run.plan = None  # the session's plan for this program stays the one its plain runs recorded
+    run.check = PLAIN  # the session's plan for this program stays the one its plain runs recorded
     program, head = steps.program.steps, steps.views_from
     values = {index: decode_tensor_data(program[index].value, field="value", device=session.device, copy=False)
               for index in slot.staged}
@@ -330,7 +331,7 @@ def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
         if ct is not None:
             ct.grad = None if grad is None else _alias(grad)
             changed.append(ct)
-    session.storages.remeasure(session, changed)
+    session.storages.remeasure(changed)
     for n, is_grad, moved in slot.versions:
         tensor = inputs[n].grad if is_grad else inputs[n].value
         for _ in range(moved):

@@ -30,10 +30,10 @@ def load_step(run: ProgramRun, step: LoadStep) -> dict | None:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"{key!r} of {step.file!r} has {numel} elements: "
                                                      f"limit max_tensor_elements={settings.max_tensor_elements}")
     nbytes = sum(b for _, b in sizes)
-    session.charge(nbytes, settings.max_session_bytes)  # counted before a byte of it is read
+    session.storages.charge(nbytes, settings.max_session_bytes)  # counted before a byte of it is read
     try:
         values = model_dir.read(path, step.file, keys, session.device)
     finally:
-        session.release(nbytes)  # store_made counts them again, as any step's outputs
+        session.storages.release(nbytes)  # store_made counts them again, as any step's outputs
     store_made(session, settings, [(tid, CustomTensor(v)) for tid, v in zip(ids, values)])
     return None if run.omit_known_meta else {"tensors": [meta_message(tid, v) for tid, v in zip(ids, values)]}

@@ -78,21 +78,26 @@ def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_
     ``fn``: the callable the call's name resolved to (a spelling of a native entry: ``Tensor.add_``),
     ``writes`` when it is itself torch's in-place op; by default the entry's own.
     """
-    return check_call_known(entry, args, kwargs, inplace=inplace, grad_enabled=grad_enabled, fn=fn,
-                            writes=writes)[0]
+    return checked(_Call(entry, fn, writes, inplace), args, kwargs, grad_enabled)[0]
 
 
-def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_enabled: bool,
-                     fn: Any = None, writes: bool = False) -> tuple[Needs, Any]:
-    """``check_call``'s answer, and what the layouts of the arguments answered (``_MISSING`` when
-    nothing was asked of them): a replayed plan hands it back to ``check_planned``."""
+def check_step(index: int, step, call, args: list, kwargs: dict) -> Needs:
+    """``check_call`` of call step ``step`` (number ``index``), ``call`` its name as the op table resolved
+    it (``OpTable.resolve``: its entry, callable, whether in place): the plain path's check."""
+    return checked(call, args, kwargs, step.grad_enabled)[0]
+
+
+def checked(call, args: list, kwargs: dict, grad_enabled: bool) -> tuple[Needs, Any]:
+    """``check_call``'s answer for ``call`` (``.entry``, ``.fn``, ``.writes``, ``.inplace``), and what the
+    layouts of the arguments answered (``_MISSING`` when nothing was asked of them): a replayed plan
+    hands it back to ``check_planned``."""
+    entry, fn, inplace = call.entry, call.fn, call.inplace
     if entry.check is not None:
         _run_contract(entry, args, kwargs)
         if not entry.variants:  # our own entry: its contract replaces the meta run (a test op must not run twice)
             return Needs(0, step_cost.touched(args, kwargs), 0), _MISSING
     if inplace:
         _check_written(entry, args)
-    call = _Call(entry, fn, writes)
     try:
         layouts = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
     except Unhashable:
@@ -112,11 +117,12 @@ def check_call_known(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool,
                 key = (layouts, _values(args, kwargs))
             _memo[key] = known
     # an answer keyed by values holds for those values only: a plan may not reuse it for others
-    return _answer(known, entry, args, kwargs), known if key is layouts else _MISSING
+    needs = known if type(known) is Needs else _answer(known, entry, args, kwargs)
+    return needs, known if key is layouts else _MISSING
 
 
 def plannable(known: Any) -> bool:
-    """Whether ``known`` (from ``check_call_known``) holds for every call whose arguments have the same
+    """Whether ``known`` (from ``checked``) holds for every call whose arguments have the same
     layouts: a ``Needs`` does; a refusal never reaches a plan, and a data-dependent bound reads values."""
     return type(known) is Needs
 
@@ -190,10 +196,7 @@ def _key(value: Any) -> Any:
 
 def _key_of(value: Any, storages: dict[int, int]) -> Any:
     if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage()
-        slot = storages.setdefault(storage._cdata, len(storages))
-        return (value.shape, value.stride(), value.storage_offset(), value.dtype, slot, storage.nbytes(),
-                value.device)
+        return layout(value, storages)
     kind = type(value)
     if kind in (int, float, bool, str) or value is None or value is Ellipsis:
         return kind, value
@@ -208,6 +211,14 @@ def _key_of(value: Any, storages: dict[int, int]) -> Any:
     raise Unhashable(kind.__name__)
 
 
+def layout(t: torch.Tensor, slots: dict[int, int]) -> tuple:
+    """What a meta check can see of ``t``: its shape, strides, offset, dtype, device, storage size, and
+    its storage's number in ``slots`` (which arguments share one). A plan keys its tensors so too."""
+    storage = t.untyped_storage()
+    slot = slots.setdefault(storage._cdata, len(slots))
+    return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
+
+
 def _values(args: list, kwargs: dict) -> tuple:
     """The values of the 0-d tensors among the arguments: the rest of the key of a ``_BY_VALUE`` call."""
     return tuple((t.dtype, t.item()) for t in _tensors([args, list(kwargs.values())]) if t.dim() == 0)
@@ -217,12 +228,13 @@ def _values(args: list, kwargs: dict) -> tuple:
 
 
 class _Call:
-    """The entry, and the callable a call of it runs (a native entry's spelling) when not its own."""
+    """A call of ``entry`` as ``checked`` sees it: the callable it runs (a native entry's spelling) when
+    not the entry's own, whether that is torch's in-place op, and whether the call writes its first argument."""
 
-    __slots__ = ("entry", "fn", "writes")
+    __slots__ = ("entry", "fn", "writes", "inplace")
 
-    def __init__(self, entry: OpEntry, fn: Any, writes: bool) -> None:
-        self.entry, self.fn, self.writes = entry, fn, writes
+    def __init__(self, entry: OpEntry, fn: Any, writes: bool, inplace: bool) -> None:
+        self.entry, self.fn, self.writes, self.inplace = entry, fn, writes, inplace
 
 
 def _on_meta(call: _Call, args: list, kwargs: dict, inplace: bool) -> tuple[Any, bool]:

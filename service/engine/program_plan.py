@@ -6,7 +6,10 @@ torch calls per tensor), for every call of every program. A training loop sends 
 program each step with new ids and new values, so those keys come out the same each time.
 
 A session keeps the plans of its last few programs that succeeded (``PLANS_PER_SESSION``,
-least recently used first out), keyed by the program's step kinds and ops. A plan holds, per
+least recently used first out), keyed by the program's step kinds and ops, in its ``Caches``
+(``speed_caches``, outside the session itself). A plan is recorded only for a repeat: the first
+sighting of a key is remembered (``Caches.seen``) and runs plainly, the second records, the
+third and later are checked against it. A plan holds, per
 call step, its *pattern* and what its layouts answered (``meta_check.Needs``: its bytes, its
 largest output and its cost, which the runner holds to the limits each time). The pattern
 names every tensor argument by its origin instead of its id: ``("p", step, k)`` for the k-th
@@ -15,8 +18,12 @@ session (its value, or its grad), with every other argument as its type and valu
 arithmetic op's floats by type only: its entry's ``floats_keep_layout``). A session tensor's layout is taken
 once, at its first use in the program (the plan's ``layouts``).
 
-A template's runs (``templates.run_plainly``) have plans of their own, kept by the template: a
-number a run binds (``{scalar: name}``) is part of a pattern by its value, as a literal is.
+A template's runs (``templates.run_plainly``) have plans of their own, kept by the template
+(recorded from its first run: a template exists to repeat): a number a run binds
+(``{scalar: name}``) is part of a pattern by its value, as a literal is. A template's steps are
+fixed, so a run whose bound inputs have the layouts (and grads' layouts, and storage sharing) and
+numbers of a run the plan vouched for call by call (``Plan.inputs``) is vouched for whole
+(``Vouched``): its per-call pattern check is skipped; any other inputs take the pattern check.
 
 A call is *planned* (``check_planned``: only the checks that read values run again) when its
 pattern equals the plan's, and each of its tensor arguments is *known*: a session tensor whose
@@ -30,6 +37,11 @@ change it, a call with ``out=`` tensors (torch resizes them) and an op of our ow
 every layout is taken afresh at its next use. Steps that are not calls make tensors of their
 own (puts, grads, loads) or change grads: those are taken afresh from the session at their
 next use. A plan changes no answer, error or step: it is one check skipped.
+
+How a program's calls are checked is chosen once, when it starts (``for_program``, ``for_template``): ``PLAIN`` (the
+meta check of every call), a ``PlanRun`` (a repeat: the pattern check), a ``Vouched`` template
+run; a capture (``graph_steps``) runs plainly. The runner asks the one chosen: ``check_call``
+before each call, ``ran`` after it, ``other`` after any other step, ``finish`` at the end.
 ``tests/service/engine/test_program_plan.py`` runs the training tests' programs with and without it;
 ``python -m bench runner`` and ``model`` print its rows beside ``REMOTE_AUTOGRAD_REPLAY=off``.
 """
@@ -44,12 +56,15 @@ import torch
 from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FetchStep,
                                             FreeStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep)
 
-from . import meta_check
+from .. import ops as _ops
+from . import meta_check, speed_caches
+from .meta_check import layout
 
 PLANS_PER_SESSION = 4  # a training loop's step, its evaluation step, a few more
 # A plan of a one-call program (an eager op: a call, then a free) costs more bookkeeping than the
 # memoized check it stands in for: such programs take the plain path.
 PLAN_MIN_CALLS = 2
+SEEN_PER_SESSION = 16  # program keys sighted once, remembered to know their second sighting
 # change no layout, no grad (a checkpoint region's steps, open and close: nor do they)
 _KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep, CheckpointStep, CheckpointEndStep)
 _CHANGES_GRADS = (BackwardStep, SetGradStep)
@@ -60,24 +75,140 @@ class Plan:
     """What one run of a program recorded: per call step, its pattern and what its layouts answered
     (``None``: not plannable); per session origin, its layout."""
 
-    __slots__ = ("calls", "layouts")
+    __slots__ = ("calls", "layouts", "inputs")
 
     def __init__(self) -> None:
         self.calls: dict[int, tuple[tuple, Any]] = {}
         self.layouts: list[tuple] = []
+        # a template's: its bound inputs' layouts and numbers (``inputs_key``) when this run was
+        # vouched for call by call by the plan before it, else None
+        self.inputs: tuple | None = None
+
+
+class PlainCheck:
+    """The plain path: every call meta-checked (``meta_check.check_call``), nothing recorded."""
+
+    __slots__ = ()
+
+    check_call = staticmethod(meta_check.check_step)
+
+    def ran(self, index: int, step: CallStep, call, ids) -> None:
+        pass
+
+    def other(self, step) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+PLAIN = PlainCheck()
+
+
+class Vouched(PlainCheck):
+    """A template's run whose bound inputs and numbers are those of a run its plan vouched for call by
+    call: every call's layouts are what the plan recorded, so each call's answer is the plan's (its
+    contract, which may read values, runs again: ``check_planned``) without matching its pattern."""
+
+    __slots__ = ("plans", "key", "plan")
+
+    def __init__(self, plans: OrderedDict, key: tuple, plan: Plan) -> None:
+        self.plans, self.key, self.plan = plans, key, plan
+
+    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> meta_check.Needs:
+        known = self.plan.calls[index][1]
+        return meta_check.check_planned(call.entry, args, kwargs, known=known)
+
+    def finish(self) -> None:
+        self.plans.move_to_end(self.key)
+
+
+def for_program(session, steps: list, state: tuple | None = None):
+    """How a program's calls are checked: ``PLAIN`` for a program seen once (its key is remembered in
+    the session's ``Caches.seen``) or too short to plan, else a ``PlanRun`` against its plan.
+    ``state``: its torch settings when they are not torch's defaults (``globals_turns``): what the memo
+    answered under one does not hold under another."""
+    key = _key(steps, state)
+    if key is None:
+        return PLAIN
+    caches = speed_caches.of(session)
+    plan, seen = caches.plans.get(key), caches.seen
+    if plan is None and key not in seen:  # a first sighting records nothing
+        seen[key] = None
+        while len(seen) > SEEN_PER_SESSION:
+            seen.popitem(last=False)
+        return PLAIN
+    return PlanRun(caches.plans, key)
+
+
+def for_template(plans: OrderedDict, steps: list, state: tuple | None, inputs: tuple):
+    """How a template run's calls are checked: a ``Vouched`` run when its ``inputs`` (``inputs_key``) are
+    those of a run its plan vouched for call by call, else a ``PlanRun`` (recording from its first run: a
+    template exists to repeat); ``PLAIN`` for a template too short to plan."""
+    key = _key(steps, state)
+    if key is None:
+        return PLAIN
+    plan = plans.get(key)
+    if plan is not None and plan.inputs == inputs:
+        return Vouched(plans, key, plan)
+    return PlanRun(plans, key, inputs)
+
+
+def _key(steps: list, state: tuple | None) -> tuple | None:
+    """A program's key (its steps' kinds, a call by its op name, and its torch settings), or None when it
+    has too few calls to plan."""
+    key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
+    if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:
+        return None
+    return key if state is None else (state, key)
+
+
+def inputs_key(bound: list, scalars: dict, loose: frozenset) -> tuple:
+    """A template run's bound tensors (each value's and grad's layout, which ones share a storage)
+    and its numbers (by type, and by value unless ``loose``: ``loose_scalars``): equal keys, equal
+    patterns at every step of a template."""
+    slots: dict[int, int] = {}
+    parts = []
+    for ct in bound:
+        grad = ct.grad
+        parts.append((layout(ct.value, slots), None if grad is None else layout(grad, slots)))
+    return tuple(parts), tuple([(name, type(v), None if name in loose else v) for name, v in scalars.items()])
+
+
+def loose_scalars(steps: list) -> frozenset:
+    """The names of a template's numbers that every call reading them takes by type only (a float of
+    an arithmetic op whose entry says ``floats_keep_layout``: a learning rate), as a pattern does (``PlanRun._part``)."""
+    loose: set[str] = set()
+    strict: set[str] = set()
+    for step in steps:
+        if type(step) is not CallStep:
+            continue  # a backward's or grad's numbers are not part of a pattern
+        found = _ops.OP_TABLE.resolve(step.op)
+        into = loose if found is not None and found.entry.floats_keep_layout else strict
+        _scalar_names([*step.args, *step.kwargs.values()], into)
+    return frozenset(loose - strict)
+
+
+def _scalar_names(values: list, into: set) -> None:
+    for value in values:
+        if type(value) is dict and "scalar" in value:
+            into.add(value["scalar"])
+        elif type(value) is list:
+            _scalar_names(value, into)
 
 
 class PlanRun:
-    """One program's run against the session's plan for it (``start``), recording the next plan."""
+    """One program's run against the session's plan for it (``for_program``), recording the next plan."""
 
     __slots__ = ("plans", "key", "plan", "record", "origins", "known", "grads", "slots", "_made", "_all_known",
-                 "_float_type")
+                 "_float_type", "inputs", "whole")
 
-    def __init__(self, plans: OrderedDict, key: tuple) -> None:
-        self.plans, self.key = plans, key
+    def __init__(self, plans: OrderedDict, key: tuple, inputs: tuple | None = None) -> None:
+        self.plans, self.key, self.inputs = plans, key, inputs
         self.plan: Plan | None = plans.get(key)
         if self.plan is not None:
             plans.move_to_end(key)
+        self.whole = self.plan is not None  # every call so far planned (``Plan.inputs``)
         self.record = Plan()
         # a tensor's value by its id, its grad by ("g", id) (a str is never equal to a tuple)
         self.origins: dict[str | tuple, tuple] = {}  # -> origin
@@ -86,54 +217,40 @@ class PlanRun:
         self.slots: dict[int, int] = {}  # a session tensor's storage -> its number (which ones share)
         self._made = self._all_known = self._float_type = False
 
-    @classmethod
-    def start(cls, plans: OrderedDict, steps: list, state: tuple | None = None) -> "PlanRun | None":
-        """The run of ``steps`` against the session's ``plans``; None for a program too short to plan.
-        ``state``: the program's torch settings when they are not torch's defaults (``globals_turns``):
-        what the memo answered under one does not hold under another."""
-        key = tuple(s.op if type(s) is CallStep else type(s) for s in steps)
-        if sum(isinstance(k, str) for k in key) < PLAN_MIN_CALLS:  # a call step keys by its op name
-            return None
-        return cls(plans, key if state is None else (state, key))
-
     # -- calls -----------------------------------------------------------------------------
 
     def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> meta_check.Needs:
         """``meta_check.check_call`` of call ``index`` (its wire ``step``, its resolved arguments): what
         it needs, its cost too (a function of its layouts and scalars, as its bytes are)."""
         self._all_known = True
-        entry = call.entry
-        self._float_type = entry.floats_keep_layout
+        self._float_type = call.entry.floats_keep_layout
         planned = self.plan.calls.get(index) if self.plan is not None else None
         self._made = planned is not None and planned[1] is not None and self._matches(step, args, kwargs, planned[0])
         if self._made:
             self.record.calls[index] = planned
             return meta_check.check_planned(call.entry, args, kwargs, known=planned[1])
+        self.whole = False
         pattern = (step.op, step.grad_enabled, step.autocast, step.out_many, len(step.out),
                    self._parts(step.args, args),
                    self._parts_kw(step.kwargs, kwargs) if step.kwargs else None)
-        needs, answer = meta_check.check_call_known(call.entry, args, kwargs, inplace=call.inplace,
-                                                       grad_enabled=step.grad_enabled, fn=call.fn,
-                                                       writes=call.writes)
+        needs, answer = meta_check.checked(call, args, kwargs, step.grad_enabled)
         # an answer keyed by a 0-d tensor's value is not plannable: it holds for that value only
         usable = meta_check.plannable(answer) and not call.entry.data_dependent
         self.record.calls[index] = (pattern, answer if usable else None)
         return needs
 
-    def ran(self, step: CallStep, call) -> None:
-        """Call ``step`` ran, planned or not. An in-place op of torch's keeps its target's layout, except
-        those that exist to change it (and, with them, a shared storage's size); a call writes no other
-        argument's layout, except into its ``out=`` tensors, which torch resizes to fit. After one of
-        those, or a call of an op of our own, every tensor's layout is taken afresh at its next use."""
+    def ran(self, index: int, step: CallStep, call, ids) -> None:
+        """Call ``index`` ran, planned or not, and stored its outputs under ``ids`` (none in place).
+        An in-place op of torch's keeps its target's layout, except those that exist to change it
+        (and, with them, a shared storage's size); a call writes no other argument's layout, except
+        into its ``out=`` tensors, which torch resizes to fit. After one of those, or a call of an op
+        of our own, every tensor's layout is taken afresh at its next use."""
         relayout = _relayouts.get(step.op)
         if relayout is None:  # a fact of the name (what it resolves to): once per name
             relayout = _relayouts[step.op] = ((call.inplace and call.entry.relayout)
                                               or not call.entry.variants)
         if relayout or (step.kwargs and "out" in step.kwargs):
             self._forget_all()
-
-    def made(self, index: int, ids: list[str]) -> None:
-        """Call ``index`` stored its outputs under ``ids``."""
         for k, tid in enumerate(ids):
             self.origins[tid] = ("p", index, k)
             if self._made:
@@ -159,10 +276,10 @@ class PlanRun:
         else:  # grads as outputs, loads into tensors: rare in a loop, and forgetting all is safe
             self._forget_all()
 
-    def finish(self, succeeded: bool) -> None:
-        """Keep this run's record as the session's plan for the program, when it ran to its end."""
-        if not succeeded:
-            return
+    def finish(self) -> None:
+        """Keep this run's record as the session's plan for the program (it ran to its end)."""
+        if self.whole and self.inputs is not None:
+            self.record.inputs = self.inputs
         self.plans[self.key] = self.record
         self.plans.move_to_end(self.key)
         while len(self.plans) > PLANS_PER_SESSION:
@@ -252,17 +369,12 @@ class PlanRun:
         origin = self.origins[ref] = ("s", number)
         if type(ref) is tuple:
             self.grads.add(ref)
-        layout = self._layout(tensor)
-        self.record.layouts.append(layout)
+        found = layout(tensor, self.slots)
+        self.record.layouts.append(found)
         plan = self.plan
-        if plan is not None and number < len(plan.layouts) and plan.layouts[number] == layout:
+        if plan is not None and number < len(plan.layouts) and plan.layouts[number] == found:
             self.known.add(ref)
         return origin
-
-    def _layout(self, t: torch.Tensor) -> tuple:
-        storage = t.untyped_storage()
-        slot = self.slots.setdefault(storage._cdata, len(self.slots))
-        return t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, storage.nbytes(), slot
 
     def _forget(self, ref: str | tuple) -> None:
         self.origins.pop(ref, None)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..sessions.store import Session
 from ..settings import Settings
+from .program_plan import PLAIN
 
 
 @dataclass(slots=True)
@@ -27,7 +28,8 @@ class ProgramRun:
     a ``backward`` still answers its ``no_grad``, an ``out_many`` call and an ``allow_unused``
     grad still answer their metadata (only the server knows it).
 
-    ``plan``: the program's ``program_plan.PlanRun`` (``None`` with ``REMOTE_AUTOGRAD_REPLAY=off``);
+    ``check``: how its calls are checked (``program_plan.for_program``: ``PLAIN``, the meta check of each, with
+    ``REMOTE_AUTOGRAD_REPLAY=off`` and for a program seen once; a repeat's ``PlanRun``);
     ``torch_state``: the program's torch settings where they are not torch's defaults (``None``: the
     defaults), which a template's own plan is keyed by too (``templates.run_plainly``).
 
@@ -45,7 +47,7 @@ class ProgramRun:
     as_json: bool = False
     views: bool = False
     omit_known_meta: bool = False
-    plan: Any = None
+    check: Any = PLAIN
     torch_state: Any = None
     watch: Any = None
     forward: Any = None

@@ -13,7 +13,7 @@ from typing import Callable
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import Program
 
-from ..sessions.store import Outcome, Session, check_open
+from ..sessions.store import ProgramAnswer, Session, check_open
 from ..settings import Settings
 from .answers import keepable, reencode, tensor_message
 from .program_watch import ProgramWatch
@@ -23,7 +23,7 @@ StepObserver = Callable[[str, float], None]  # (op or step kind, seconds): the m
 
 
 def run_program(session: Session, program: Program, body: bytes, as_json: bool, settings: Settings, *,
-                observe: StepObserver | None = None, watch: ProgramWatch | None = None) -> Outcome:
+                observe: StepObserver | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
     """Run ``program`` under the session's lock; a retried program id gets its first answer.
 
     ``body`` is what identifies the program's content (for a framed body, its header);

@@ -38,7 +38,7 @@ from remote_autograd.proto.tensors import decode_tensor_data
 from .. import ops as _ops
 from ..ops._context import RunContext, reset, set_current
 from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Outcome, Session
+from ..sessions.store import ProgramAnswer, Session
 from ..settings import Settings
 from . import checkpoint_regions, functorch_regions, graph_steps, templates, user_functions
 from .anomaly import Forwards
@@ -49,8 +49,8 @@ from .error_text import scrubbed
 from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
-from .meta_check import Needs, check_call
-from .program_plan import PlanRun
+from .meta_check import Needs
+from . import program_plan
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .saved_tensors import counting_saved
@@ -63,7 +63,7 @@ OP_TABLE = _ops.OP_TABLE
 
 
 def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
-                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> Outcome:
+                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
     The limits a body claims (its step count, its put steps' shapes) were checked when it was
@@ -81,7 +81,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
     run.torch_state = None if default else state
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state
-        run.plan = PlanRun.start(session.plans, program.steps, run.torch_state)
+        run.check = program_plan.for_program(session, program.steps, run.torch_state)
     steps = StepLoop(run, program, observe, watch)
     TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
     token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
@@ -89,8 +89,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
         # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
         with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
             # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
-            graphs = (session.graphs if settings.cuda_graphs != "off" and default and run.forward is None
-                      and not session.checkpoints else None)
+            graphs = (program_plan.speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
+                      and run.forward is None and not session.checkpoints else None)
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
     finally:
@@ -100,9 +100,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
             watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
     if steps.failed is not None:
         return steps.failed
-    if run.plan is not None:
-        run.plan.finish(True)
-    return Outcome(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
+    run.check.finish()
+    return ProgramAnswer(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
 
 
 class StepLoop:
@@ -115,7 +114,7 @@ class StepLoop:
     def __init__(self, run: ProgramRun, program: Program, observe, watch) -> None:
         self.run, self.program, self.observe, self.watch = run, program, observe, watch
         self.results: list[Any] = []
-        self.failed: Outcome | None = None
+        self.failed: ProgramAnswer | None = None
         self.views_from = _views_from(program.steps)
         self.began = perf_counter()
         # a capture (graph_steps): put values decoded before it began, by step; each call's stored outputs
@@ -124,7 +123,7 @@ class StepLoop:
 
     def execute(self, start: int, stop: int) -> bool:
         """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
-        run, results, observe, watch, plan = self.run, self.results, self.observe, self.watch, self.run.plan
+        run, results, observe, watch = self.run, self.results, self.observe, self.watch
         storages = run.session.storages
         regions = run.session.checkpoints  # the checkpoint regions open (checkpoint_regions): most often none
         steps = self.program.steps
@@ -147,8 +146,7 @@ class StepLoop:
                     staged = self.staged
                     results.append(_put(run, step, staged[index]) if staged is not None and kind is PutStep
                                    else _HANDLERS[kind](run, step))
-                    if plan is not None:
-                        plan.other(step)
+                    run.check.other(step)
                 if regions:
                     checkpoint_regions.record(regions, step, run.session, run.settings.max_session_bytes)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
@@ -156,13 +154,13 @@ class StepLoop:
                 # the traceback holds this frame, which holds err: a cycle only the garbage collector
                 # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
                 exc.__traceback__ = err.__traceback__ = exc.__context__ = None
-                self.failed = Outcome(err.status, err.answer(results, self.program.id), perf_counter() - self.began)
+                self.failed = ProgramAnswer(err.status, err.answer(results, self.program.id), perf_counter() - self.began)
                 return False
             finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
                 if storages.dead:
-                    storages.settle(run.session)
+                    storages.settle()
             if observe is not None:
-                observe(_step_op(step), perf_counter() - began)
+                observe(step.op if kind is CallStep else step.kind, perf_counter() - began)
         return True
 
 
@@ -175,8 +173,7 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
         if type(step) is CallStep:
             return _call(run, step, index)
         result = _HANDLERS[type(step)](run, step)
-        if run.plan is not None:
-            run.plan.other(step)
+        run.check.other(step)
         return result
     except ProtocolError:
         raise
@@ -186,7 +183,7 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
         raise err from None
     finally:
         if run.session.storages.dead:
-            run.session.storages.settle(run.session)
+            run.session.storages.settle()
 
 
 def _views_from(steps: list) -> int:
@@ -253,31 +250,22 @@ def _put(run: ProgramRun, step: PutStep, staged: torch.Tensor | None = None) -> 
     return None if run.omit_known_meta else {"tensors": [meta_message(step.id, value)]}
 
 
-def _lookup(name: str):
-    """What ``name`` runs (``OpTable.resolve``: the entry, the callable, whether in place)."""
-    found = OP_TABLE.resolve(name)
-    if found is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {name!r}; GET /v1/ops lists the op table")
-    return found
-
-
 def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     session = run.session
-    call = _lookup(step.op)
+    call = OP_TABLE.resolve(step.op)  # what the name runs: the entry, the callable, whether in place
+    if call is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {step.op!r}; GET /v1/ops lists the op table")
     entry = call.entry
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
     if not call.inplace:
         check_new_ids(session, step.out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
-    if run.plan is None:
-        needs = check_call(entry, args, kwargs, inplace=call.inplace, grad_enabled=step.grad_enabled,
-                           fn=call.fn, writes=call.writes)
-    else:  # the same check, skipped where the session's plan for this program vouches for it
-        needs = run.plan.check_call(index, step, call, args, kwargs)
+    # (by the meta check, or where the program's plan vouches for it, by the plan: ``program_plan``)
+    needs = run.check.check_call(index, step, call, args, kwargs)
     reserved = needs.bytes
     if reserved:
-        session.storages.reserve(session, reserved, run.settings.max_session_bytes)
+        session.storages.reserve(reserved, run.settings.max_session_bytes)
     try:
         if needs.flops > run.untimed or needs.elements > run.settings.max_tensor_elements:
             _admit(run, step, call.inplace, needs)  # a call that may pass a limit: held before its kernel runs
@@ -288,8 +276,7 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
             finally:  # a kernel that failed midway may have changed a storage too
                 if not keeps_storages(call, step):
                     _remeasure(session, step)
-            if run.plan is not None:
-                run.plan.ran(step, call)
+            run.check.ran(index, step, call, ())
             if run.forward is not None:
                 run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
@@ -298,14 +285,12 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
-        if run.plan is not None:
-            run.plan.ran(step, call)
         if run.forward is not None:
             run.forward.record(index, step.op, result, [*args, *kwargs.values()])
-        return _store_outputs(run, step, result, args, kwargs, index)  # charged from the reservation
+        return _store_outputs(run, step, call, result, args, kwargs, index)  # charged from the reservation
     finally:
         if reserved:
-            session.storages.unreserve(session)  # what the outputs did not take (a view brings no bytes)
+            session.storages.unreserve()  # what the outputs did not take (a view brings no bytes)
 
 
 def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None:
@@ -323,10 +308,10 @@ def _remeasure(session: Session, step: CallStep) -> None:
     if step.kwargs:
         step_refs(step.kwargs.values(), tids)
     tensors = session.tensors
-    session.storages.remeasure(session, [tensors[t] for t in tids if t in tensors])
+    session.storages.remeasure([tensors[t] for t in tids if t in tensors])
 
 
-def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwargs: dict,
+def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: list, kwargs: dict,
                    index: int) -> dict | None:
     """Keep a call's outputs under the step's ids; their metadata is the step's result (unless
     the client named them all and asked to be spared it: ``omit_known_meta`` without ``out_many``)."""
@@ -345,8 +330,7 @@ def _store_outputs(run: ProgramRun, step: CallStep, result: Any, args: list, kwa
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
     store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
-    if run.plan is not None:
-        run.plan.made(index, ids)
+    run.check.ran(index, step, call, ids)
     if run.omit_known_meta and not step.out_many:
         return None
     metas = [meta_message(tid, t) for tid, t in zip(ids, outputs)]
@@ -470,7 +454,7 @@ def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
         if grad.dtype != ct.dtype:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
     ct.grad = grad  # aliasing, as `p.grad = g` does in torch: a session tensor's storage, counted already
-    session.storages.remeasure(session, [ct])
+    session.storages.remeasure([ct])
     return None
 
 
@@ -494,7 +478,7 @@ def _free(run: ProgramRun, step: FreeStep) -> None:
     freed = [ct for ct in (tensors.pop(tid, None) for tid in step.ids) if ct is not None]
     if freed:
         # a storage another id, a view or the autograd graph still holds stays counted
-        run.session.storages.drop(run.session, freed)
+        run.session.storages.drop(freed)
     return None
 
 

@@ -45,7 +45,7 @@ class _Saved:
 def pinned(session: "Session", t: torch.Tensor, limit: int) -> _Saved:
     """``t``'s storage counted while what is returned lives, as a graph node's saved tensor is (a checkpoint
     region keeps the tensors its function reads: ``checkpoint_regions``)."""
-    return _Saved(t.detach(), session.storages.pin(session, t, limit), session.storages.unpin)
+    return _Saved(t.detach(), session.storages.pin(t, limit), session.storages.unpin)
 
 
 def counting_saved(session: "Session", limit: int) -> contextlib.AbstractContextManager:
@@ -55,7 +55,7 @@ def counting_saved(session: "Session", limit: int) -> contextlib.AbstractContext
     def pack(t: torch.Tensor):
         if t.is_meta:  # the meta check's own graphs hold no memory
             return t
-        return _Saved(t.detach(), ledger.pin(session, t, limit), ledger.unpin)
+        return _Saved(t.detach(), ledger.pin(t, limit), ledger.unpin)
 
     def unpack(saved):
         if type(saved) is not _Saved:

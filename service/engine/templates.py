@@ -17,12 +17,15 @@ steps before the failing one stay done, as in a program). Its error names the te
 
 **How a template runs** is ``Template.runner``, one per template, chosen in one place when it is
 defined (``compiled_templates.runner_for``): ``run_plainly``, or with ``REMOTE_AUTOGRAD_COMPILE`` a
-runner that runs it compiled once inductor has compiled it, and plainly until then. It runs each step through the runner's own handlers (the
-``execute`` the runner passes in), so every check applies on every run: the meta check before each
-kernel (with its outputs' elements and its cost: ``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are charged on
-every run), the time limit between steps. A repeated run is checked by its plan (``program_plan``: what a call's layouts answered last run, its contract
-and the limits held again). The template's names live in the session's tensor table
-under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
+runner that runs it compiled once inductor has compiled it, and plainly until then. It runs each
+step through the runner's own handlers (the ``execute`` the runner passes in), so every check
+applies on every run: the meta check before each kernel (with its outputs' elements and its cost:
+``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are
+charged on every run), the time limit between steps. A repeated run is checked by its plan
+(``program_plan``: what a call's layouts answered last run, its contract and the limits held
+again); a run whose bound inputs' layouts and numbers are a vouched run's skips even the plan's
+per-call pattern check (``program_plan.Vouched``: checked once per run). The template's names live
+in the session's tensor table under a prefix no client id can have (``~<template>/``) while it runs: its inputs as aliases of the
 bound tensors, the rest as its steps make them; the temporaries go at its end. A compiled way to run
 a template (inductor, CUDA graphs) is another runner with ``run_plainly``'s signature; it must keep
 the outputs under ``step.out`` (``values.store_made``: counted and charged) or raise having kept nothing.
@@ -42,7 +45,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
 from .. import ops as _ops
 from ..sessions.custom_tensor import CustomTensor
 from . import compiled_templates, functorch_regions
-from .program_plan import PlanRun
+from .program_plan import PLAIN, for_template, inputs_key, loose_scalars
 from .program_run import ProgramRun
 from .values import bound_scalars, check_new_ids, meta_message
 
@@ -74,6 +77,7 @@ class Template:
     regions: dict = field(default_factory=dict)  # its torch.func regions: first step -> functorch_regions.Region
     runs: int = 0
     plans: OrderedDict = field(default_factory=OrderedDict)  # its runs' program_plan plans, as a session's
+    loose: frozenset | None = None  # its numbers a pattern takes by type (program_plan.loose_scalars): at its first run
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -341,8 +345,13 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
     tensors = session.tensors
     # a plan vouches for each call of a run by its index: a torch.func region's calls are checked as one (on meta)
     replay = run.settings.replay == "on" and not template.regions
-    plan = PlanRun.start(template.plans, template.steps, run.torch_state) if replay else None
-    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, plan=plan,
+    check = PLAIN
+    if replay:  # its bound inputs and numbers, once per run: equal to a vouched run's, no pattern checked
+        if template.loose is None:
+            template.loose = loose_scalars(template.steps)
+        check = for_template(template.plans, template.steps, run.torch_state,
+                             inputs_key(bound, scalars, template.loose))
+    inner = ProgramRun(session, run.settings, run.as_json, omit_known_meta=True, check=check,
                        torch_state=run.torch_state, watch=run.watch, untimed=run.untimed)
     stand_ins = [ct for ct in bound if type(ct) is GradStandIn]
     tensors.update(zip(template.inputs, bound))
@@ -361,12 +370,11 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
                 index += len(inner_step.steps) if type(inner_step) is functorch_regions.Region else 1
         outputs = [tensors.pop(name) for name in template.outputs]
         tensors.update(zip(step.out, outputs))
-        if plan is not None:
-            plan.finish(True)
+        check.finish()
     finally:
         for name in template.inputs:
             tensors.pop(name, None)
         gone = [ct for ct in (tensors.pop(name, None) for name in template.made) if ct is not None]
         gone += stand_ins
         if gone:
-            session.storages.drop(session, gone)
+            session.storages.drop(gone)

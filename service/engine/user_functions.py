@@ -139,7 +139,7 @@ def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute
         reset(token)
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
-    session.storages.drop(session, made)
+    session.storages.drop(made)
     return [ct.value for ct in made]
 
 

@@ -114,7 +114,7 @@ def store_tensors(session: Session, settings: Settings, pairs: list[tuple[str, C
             f"limit max_tensors_per_session={settings.max_tensors_per_session}",
         )
     # by storage: an output that is a view of a tensor the session holds brings no new bytes
-    session.storages.hold(session, [ct for _, ct in pairs], settings.max_session_bytes)
+    session.storages.hold([ct for _, ct in pairs], settings.max_session_bytes)
     session.tensors.update(pairs)
 
 

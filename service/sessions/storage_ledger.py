@@ -19,19 +19,52 @@ The entry keeps the storage object itself, so its address cannot be reused by an
 storage while the entry is counted. Every call is made under the session's lock; the
 one exception is ``unpin`` (an autograd node freed its saved tensors: that may happen
 wherever the graph's last reference goes), which only queues the key for ``settle``.
+
+The ledger is the one owner of the session's count (``held``: what its storages hold, and what
+a running step reserved) and the only caller of its ``budgets`` (``Budget``: the server's and the
+token's, shared with other sessions): each operation works out its net change and commits it once
+(``_commit``), refused as a whole (413 naming the limit) or taken as a whole.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterable
+import threading
+from typing import Iterable
 
 import torch
 
+from remote_autograd.proto import ErrorCode, ProtocolError
+
 from .custom_tensor import CustomTensor
 
-if TYPE_CHECKING:
-    from .store import Session
+
+class Budget:
+    """Bytes held against ``limit``: by all sessions (``max_total_bytes``) or by one token's
+    (``max_bytes_per_token``). Thread-safe. ``elsewhere`` counts bytes held outside this
+    process that share the limit (the Ray backend sets it: a token's bytes on other workers)."""
+
+    def __init__(self, limit: int, limit_name: str = "max_total_bytes", holder: str = "the server") -> None:
+        self.limit = limit
+        self.held = 0
+        self.elsewhere = 0
+        self.limit_name, self.holder = limit_name, holder
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, anyway: bool = False) -> None:
+        """Hold ``nbytes`` more, or 413 when that passes the limit (``anyway``: bytes that exist already)."""
+        with self._lock:
+            total = self.held + self.elsewhere + nbytes
+            if total > self.limit and not anyway:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE,
+                    f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
+                )
+            self.held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
 
 
 def storage_of(t: torch.Tensor) -> tuple[object, object, int]:
@@ -51,9 +84,11 @@ def _pieces(ct: CustomTensor) -> list[tuple[object, object, int]]:
 
 
 class StorageLedger:
-    """Per storage key: ``[storage, nbytes, references]``; the bytes go through ``Session.charge/release``."""
+    """Per storage key: ``[storage, nbytes, references]``; ``held``, the session's bytes, charged to ``budgets``."""
 
-    def __init__(self) -> None:
+    def __init__(self, budgets: tuple[Budget, ...] = ()) -> None:
+        self.budgets = budgets
+        self.held = 0  # the session's bytes: its storages' and a running step's reservation
         self._entries: dict[object, list] = {}
         self.dead: deque = deque()  # keys whose saved-tensor pin went away (appended from anywhere)
         self.closed = False
@@ -63,38 +98,37 @@ class StorageLedger:
         return len(self._entries)
 
     def counted(self) -> int:
-        """The bytes of every storage counted (``Session.bytes_held`` less reservations in flight)."""
+        """The bytes of every storage counted (``held`` less reservations in flight)."""
         return sum(entry[1] for entry in self._entries.values())
 
     # -- a session's tensors ---------------------------------------------------------------
 
-    def hold(self, session: "Session", cts: list[CustomTensor], limit: int) -> None:
+    def hold(self, cts: list[CustomTensor], limit: int) -> None:
         """Count ``cts`` (new tensors of the session), all or none: 413 when the storages
         they bring that the session does not hold yet would pass ``limit``."""
         if self.dead:
-            self.settle(session)
+            self.settle()
         per_ct = [_pieces(ct) for ct in cts]
         new: dict[object, int] = {}
         for pieces in per_ct:
             for key, _, nbytes in pieces:
                 if key not in self._entries:
                     new[key] = nbytes
-        self._charge(session, sum(new.values()), limit)  # a step's outputs: from its reservation first
+        self._from_pool(sum(new.values()), limit)  # a step's outputs: from its reservation first
         for ct, pieces in zip(cts, per_ct):
             ct.held = tuple(self._add(key, keep, nbytes) for key, keep, nbytes in pieces)
 
-    def drop(self, session: "Session", cts: Iterable[CustomTensor]) -> None:
+    def drop(self, cts: Iterable[CustomTensor]) -> None:
         """``cts`` left the session: each reference they were counted under goes."""
-        freed = 0
+        freed = self._settled() if self.dead else 0
         for ct in cts:
             for key in ct.held:
                 freed += self._remove(key)
             ct.held = ()
-        freed += self._settled()
         if freed:
-            session.release(freed)
+            self._commit(-freed)
 
-    def remeasure(self, session: "Session", cts: Iterable[CustomTensor]) -> None:
+    def remeasure(self, cts: Iterable[CustomTensor]) -> None:
         """Count ``cts`` again after a step changed them in place or gave them a new grad.
 
         Never refuses: the bytes exist already (the step's meta check charged a growth before
@@ -114,62 +148,96 @@ class StorageLedger:
             for key in ct.held:
                 delta -= self._remove(key)
             ct.held = tuple(key for key, _, _ in pieces)
-        if delta > 0:
-            session.charge_anyway(delta)
-        elif delta < 0:
-            session.release(-delta)
+        if delta:
+            self._commit(delta)
 
     # -- what the autograd graph saved (``saved_tensors``) ----------------------------------
 
-    def pin(self, session: "Session", t: torch.Tensor, limit: int) -> object:
+    def pin(self, t: torch.Tensor, limit: int) -> object:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
         this runs for every tensor a graph saves, and the runner settles after every step.)"""
         key, keep, nbytes = storage_of(t)
         if key not in self._entries:
             # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
-            self._charge(session, nbytes, limit)
+            self._from_pool(nbytes, limit)
         return self._add(key, keep, nbytes)
 
-    def reserve(self, session: "Session", nbytes: int, limit: int) -> None:
+    def reserve(self, nbytes: int, limit: int) -> None:
         """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
         ``unreserve`` after its outputs are held. What the graph pins meanwhile, then the outputs'
         new storages (``hold``), come out of it first: a step's bytes are charged once."""
-        session.charge(nbytes, limit)
+        self._commit(nbytes, limit)
         self.pool = nbytes
 
-    def unreserve(self, session: "Session") -> None:
+    def unreserve(self) -> None:
         """Give back what the step reserved and neither a pin nor its outputs took."""
         left, self.pool = self.pool, 0
         if left:
-            session.release(left)
+            self._commit(-left)
+
+    def charge(self, nbytes: int, limit: int) -> None:
+        """Hold ``nbytes`` that no storage brings yet (a backward's room for its grads, a load's file
+        before it is read), or 413 naming the limit it would pass; ``release`` gives them back."""
+        self._commit(nbytes, limit)
+
+    def release(self, nbytes: int) -> None:
+        self._commit(-nbytes)
 
     def unpin(self, key: object) -> None:
         """The node that saved it is gone; counted off at the next ``settle`` (this may run on any thread)."""
         if not self.closed:
             self.dead.append(key)
 
-    def settle(self, session: "Session") -> None:
+    def settle(self) -> None:
         """Give back what the pins that went away held."""
         freed = self._settled()
         if freed:
-            session.release(freed)
+            self._commit(-freed)
 
     def close(self) -> None:
-        """The session is gone (``Session.clear`` gives back every byte at once)."""
+        """The session is gone: every byte goes back at once."""
         self.closed = True
         self._entries.clear()
         self.dead.clear()
+        self._commit(-self.held)
 
     # -- the counts -------------------------------------------------------------------------
 
-    def _charge(self, session: "Session", nbytes: int, limit: int) -> None:
+    def _from_pool(self, nbytes: int, limit: int) -> None:
         """Charge ``nbytes`` new to the session: out of the running step's reservation first
         (``reserve``: already charged and checked), the rest against ``limit`` (413 past it)."""
         from_pool = min(self.pool, nbytes)
         if nbytes > from_pool:
-            session.charge(nbytes - from_pool, limit)
+            self._commit(nbytes - from_pool, limit)
         self.pool -= from_pool
+
+    def _commit(self, delta: int, limit: int | None = None) -> None:
+        """``held`` and every budget moved by ``delta``, at once. A growth with a ``limit`` is refused
+        whole (413 naming the session's limit, or a budget's), leaving no trace; one without (bytes
+        that exist already: a kernel grew a storage its meta check reserved) never is."""
+        if not delta:
+            return
+        if delta > 0 and limit is not None:
+            if self.held + delta > limit:
+                raise ProtocolError(ErrorCode.TOO_LARGE,
+                                    f"session would hold {self.held + delta} bytes: limit max_session_bytes={limit}")
+            taken: list[Budget] = []
+            try:
+                for budget in self.budgets:
+                    budget.take(delta)
+                    taken.append(budget)
+            except ProtocolError:
+                for budget in taken:  # all or nothing: a refused charge leaves no trace
+                    budget.give(delta)
+                raise
+        elif delta > 0:
+            for budget in self.budgets:
+                budget.take(delta, anyway=True)
+        else:
+            for budget in self.budgets:
+                budget.give(-delta)
+        self.held += delta
 
     def _settled(self) -> int:
         freed = 0

@@ -23,35 +23,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..settings import Settings
 from .custom_tensor import CustomTensor
-from .storage_ledger import StorageLedger
-
-
-class Budget:
-    """Bytes held against ``limit``: by all sessions (``max_total_bytes``) or by one token's
-    (``max_bytes_per_token``). Thread-safe. ``elsewhere`` counts bytes held outside this
-    process that share the limit (the Ray backend sets it: a token's bytes on other workers)."""
-
-    def __init__(self, limit: int, limit_name: str = "max_total_bytes", holder: str = "the server") -> None:
-        self.limit = limit
-        self.held = 0
-        self.elsewhere = 0
-        self.limit_name, self.holder = limit_name, holder
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int, anyway: bool = False) -> None:
-        """Hold ``nbytes`` more, or 413 when that passes the limit (``anyway``: bytes that exist already)."""
-        with self._lock:
-            total = self.held + self.elsewhere + nbytes
-            if total > self.limit and not anyway:
-                raise ProtocolError(
-                    ErrorCode.TOO_LARGE,
-                    f"{self.holder} would hold {total} bytes across sessions: limit {self.limit_name}={self.limit}",
-                )
-            self.held += nbytes
-
-    def give(self, nbytes: int) -> None:
-        with self._lock:
-            self.held -= nbytes
+from .storage_ledger import Budget, StorageLedger
 
 
 @dataclass
@@ -60,10 +32,10 @@ class Session:
 
     ``lock`` serialises the session's torch work (worker threads); ``gate`` queues its
     programs on the event loop, so one busy session waits there instead of holding
-    every worker. ``bytes_held`` counts the storages its values, grads and autograd graph
-    hold (``storages``, by storage, never by view), and the bytes a step reserved before
-    its kernel runs, charged against the session's limit and the ``budgets`` (the
-    store's, then its token's).
+    every worker. ``storages`` (the byte ledger, the one owner of the count) counts the
+    storages its values, grads and autograd graph hold, by storage, never by view, and the
+    bytes a step reserved before its kernel runs, charged against the session's limit and
+    the ``budgets`` (the store's, then its token's): ``bytes_held``.
     """
 
     id: str
@@ -75,11 +47,9 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     gate: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
-    bytes_held: int = 0
-    storages: StorageLedger = field(default_factory=StorageLedger)
+    storages: StorageLedger = field(init=False)
     programs: OrderedDict = field(default_factory=OrderedDict)
-    plans: OrderedDict = field(default_factory=OrderedDict)  # its repeated programs' (service.engine.program_plan)
-    graphs: OrderedDict = field(default_factory=OrderedDict)  # their captures (service.engine.graph_steps)
+    caches: Any = None  # its speed paths' plans and captures (service.engine.speed_caches), dropped with it
     templates: dict = field(default_factory=dict)  # by id: the graphs torch.compile sent (service.engine.templates)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
@@ -100,55 +70,29 @@ class Session:
         except (KeyError, TypeError):
             raise ProtocolError(ErrorCode.UNKNOWN_TENSOR, f"unknown tensor id {tid!r} in this session") from None
 
-    def charge(self, nbytes: int, limit: int) -> None:
-        """Account ``nbytes`` more (less when negative), or 413 naming the limit it would pass."""
-        if nbytes <= 0:
-            self.release(-nbytes)
-            return
-        if self.bytes_held + nbytes > limit:
-            raise ProtocolError(
-                ErrorCode.TOO_LARGE,
-                f"session would hold {self.bytes_held + nbytes} bytes: limit max_session_bytes={limit}",
-            )
-        taken: list[Budget] = []
-        try:
-            for budget in self.budgets:
-                budget.take(nbytes)
-                taken.append(budget)
-        except ProtocolError:
-            for budget in taken:  # all or nothing: a refused charge leaves no trace
-                budget.give(nbytes)
-            raise
-        self.bytes_held += nbytes
+    def __post_init__(self) -> None:
+        self.storages = StorageLedger(self.budgets)
 
-    def charge_anyway(self, nbytes: int) -> None:
-        """Account bytes that exist already (a kernel grew a storage its meta check reserved):
-        never refused, so the count stays what the session holds."""
-        for budget in self.budgets:
-            budget.take(nbytes, anyway=True)
-        self.bytes_held += nbytes
-
-    def release(self, nbytes: int) -> None:
-        self.bytes_held -= nbytes
-        for budget in self.budgets:
-            budget.give(nbytes)
+    @property
+    def bytes_held(self) -> int:
+        return self.storages.held
 
     def clear(self) -> None:
         """Forget every tensor and give its bytes back, for good (the caller holds ``lock``)."""
         self.closed = True
         self.tensors.clear()
         self.programs.clear()
-        self.plans.clear()
-        self.graphs.clear()  # a capture's memory goes with its last tensor
+        self.caches = None  # plans, and captures: a capture's memory goes with its last tensor
         self.templates.clear()
         self.checkpoints.clear()
-        self.storages.close()
-        self.release(self.bytes_held)
+        self.storages.close()  # every byte given back
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What a program answered: HTTP status and the body (``results`` and maybe ``error``)."""
+class ProgramAnswer:
+    """What a program answered: HTTP status and the body (``results`` and maybe ``error``), as the runner
+    makes it and a session keeps it for a retry (the wire's ``ProgramResult``; the route sends it
+    encoded: ``backends.encoded_answer.EncodedAnswer``)."""
 
     status: int
     body: dict

@@ -312,7 +312,7 @@ def test_a_capture_counts_its_tensors_until_it_goes(monkeypatch):
     plain, graphs = _run(bodies, "off"), _run(bodies, "emulate")
     session = graphs[2]
     assert session.bytes_held > plain[2].bytes_held
-    for entry in session.graphs.values():
+    for entry in session.caches.graphs.values():
         entry.release(session)
     assert session.bytes_held == plain[2].bytes_held == session.storages.counted()
 
@@ -324,8 +324,8 @@ def test_a_session_forgets_its_least_recent_signatures(monkeypatch):
     plain, graphs = _run(bodies, "off"), _run(bodies, "emulate")
     _assert_same(plain, graphs)
     session = graphs[2]
-    assert len(session.graphs) == 1
-    for entry in session.graphs.values():
+    assert len(session.caches.graphs) == 1
+    for entry in session.caches.graphs.values():
         entry.release(session)
     assert session.bytes_held == plain[2].bytes_held
 

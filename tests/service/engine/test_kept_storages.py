@@ -44,7 +44,7 @@ def _after(op: str, args: list) -> tuple[int, int]:
     outcome = run_steps(session, validate_program(program), settings)
     assert outcome.status == 200, outcome.body
     held = session.bytes_held
-    session.storages.remeasure(session, list(session.tensors.values()))  # the plain path's re-count, of all
+    session.storages.remeasure(list(session.tensors.values()))  # the plain path's re-count, of all
     return held, session.bytes_held
 
 

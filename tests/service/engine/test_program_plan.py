@@ -171,15 +171,29 @@ def _setup(w: torch.Tensor, b: torch.Tensor) -> dict:
 def test_a_repeated_step_is_served_by_its_plan(monkeypatch):
     w, b = torch.randn(4), torch.randn(4)
     counted = Counted(monkeypatch)
-    answers, states = _run_both([_setup(w, b), _step_program(1), _step_program(2), _step_program(3)])
+    answers, states = _run_both([_setup(w, b), _step_program(1), _step_program(2), _step_program(3),
+                                 _step_program(4)])
     _assert_same(answers, states)
-    assert counted.planned == 2 * 4  # steps 2 and 3: all four calls each (with the plan on only)
+    # step 1 is a first sighting (no plan recorded), step 2 records, steps 3 and 4 are served: all
+    # four calls each (with the plan on only)
+    assert counted.planned == 2 * 4
+
+
+def test_a_program_seen_once_records_no_plan():
+    """Only a repeat is planned: the first sighting of a program runs plainly and records nothing."""
+    store = SessionStore(Settings.from_env({}))
+    session = store.create()
+    run_program(session, validate_program(_setup(torch.randn(4), torch.randn(4))), b"s", False, store.settings)
+    for n, recorded in ((1, 0), (2, 1), (3, 1)):
+        body = _step_program(n)
+        run_program(session, validate_program(body), encode_body(body, True), False, store.settings)
+        assert len(session.caches.plans) == recorded
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "op", "ids-pattern", "scalar"])
 def test_a_changed_program_falls_back_to_the_plain_check(change, monkeypatch):
     w, b = torch.randn(4), torch.randn(4)
-    programs = [_setup(w, b), _step_program(1), _step_program(2)]
+    programs = [_setup(w, b), _step_program(0), _step_program(1), _step_program(2)]
     if change == "shape":  # the session's tensors change layout between two steps
         programs.append({"id": "re", "steps": [{"kind": "free", "ids": ["w", "b"]},
                                                _put("w", torch.randn(5)), _put("b", torch.randn(5))]})
@@ -215,12 +229,12 @@ def test_an_error_midway_answers_the_same_and_leaves_the_same_state(monkeypatch)
             {"kind": "fetch", "id": f"e{n}"},
         ]}
 
-    programs = [{"id": "setup", "steps": [_put("w", weight)]}, step(1, [0, 1]), step(2, [2, 3]), step(3, [4, 99]),
-                step(4, [5, 6])]
+    programs = [{"id": "setup", "steps": [_put("w", weight)]}, step(0, [1, 0]), step(1, [0, 1]), step(2, [2, 3]),
+                step(3, [4, 99]), step(4, [5, 6])]
     counted = Counted(monkeypatch)
     answers, states = _run_both(programs)
     _assert_same(answers, states)
-    assert answers[0][3][0] == 422 and b"index out of range" in answers[0][3][1]
+    assert answers[0][4][0] == 422 and b"index out of range" in answers[0][4][1]
     assert counted.planned == 3 + 2 + 3  # step 3: its two calls up to the failing kernel
 
 
@@ -250,10 +264,11 @@ def test_the_plans_a_session_keeps_are_bounded():
     setup = _setup(torch.randn(4), torch.randn(4))
     run_program(session, validate_program(setup), b"s", False, store.settings)
     for n in range(PLANS_PER_SESSION + 3):
-        body = {"id": f"q{n}", "steps": [_call("Tensor.add", [{"ref": "w"}, n], [f"x{n}"])] * 1 +
-                [_call("Tensor.mul", [{"ref": "b"}, 1], [f"y{n}.{k}"]) for k in range(n)]}
-        run_program(session, validate_program(body), encode_body(body, True), False, store.settings)
-    assert len(session.plans) == PLANS_PER_SESSION
+        for seen in range(2):  # a plan is recorded at a program's second sighting
+            body = {"id": f"q{n}.{seen}", "steps": [_call("Tensor.add", [{"ref": "w"}, n], [f"x{n}.{seen}"])] +
+                    [_call("Tensor.mul", [{"ref": "b"}, 1], [f"y{n}.{seen}.{k}"]) for k in range(n)]}
+            run_program(session, validate_program(body), encode_body(body, True), False, store.settings)
+    assert len(session.caches.plans) == PLANS_PER_SESSION
 
 
 def test_replay_off_keeps_no_plans():
@@ -262,7 +277,7 @@ def test_replay_off_keeps_no_plans():
     for n in range(3):
         body = {"id": f"r{n}", "steps": [_call("ones", [3], [f"o{n}"])]}
         run_program(session, validate_program(body), encode_body(body, True), False, store.settings)
-    assert not session.plans
+    assert session.caches is None
 
 
 def test_an_in_place_op_that_changes_a_layout_is_followed(monkeypatch):
@@ -278,7 +293,8 @@ def test_an_in_place_op_that_changes_a_layout_is_followed(monkeypatch):
         ]}
 
     counted = Counted(monkeypatch)
-    answers, states = _run_both([{"id": "setup", "steps": [_put("w", torch.randn(2, 3))]}, step(1), step(2), step(3)])
+    answers, states = _run_both([{"id": "setup", "steps": [_put("w", torch.randn(2, 3))]}, step(0), step(1), step(2),
+                                 step(3)])
     _assert_same(answers, states)
     assert all(status == 200 for status, _ in answers[0])
     assert counted.planned == 2 * 4  # after t_, a's new layout is taken again and matches the plan's
@@ -304,7 +320,7 @@ def test_a_call_that_resizes_its_out_tensor_is_followed(monkeypatch):
 
     counted = Counted(monkeypatch)
     answers, states = _run_both([{"id": "setup", "steps": [_put("w", torch.randn(4))]},
-                                 step(1, 1), step(2, 2), step(3, 3)])
+                                 step(0, 0), step(1, 1), step(2, 2), step(3, 3)])
     _assert_same(answers, states)
     assert all(status == 200 for status, _ in answers[0])
     # add's int differs each step (the plain check); after it, c's new layout is taken again and
@@ -325,7 +341,7 @@ def test_a_program_repeated_under_other_torch_settings_has_a_plan_of_its_own():
     bodies = [body(0, None), body(1, None), body(2, wide), body(3, wide), body(4, None)]
     _assert_same(*_run_both(bodies))
     _, session = run_bodies(bodies, Settings.from_env({}))
-    assert len(session.plans) == 2
+    assert len(session.caches.plans) == 2
     assert [session.tensors[f"r{n}"].dtype for n in range(5)] == [torch.float32] * 2 + [torch.float64] * 2 + \
         [torch.float32]
 
@@ -357,3 +373,44 @@ def test_a_templates_repeated_runs_are_served_by_its_plan_and_a_number_by_its_va
     assert all(status == 200 for status, _ in answers[0])
     assert torch.equal(states[0]["z3"][0], torch.arange(3.0).expand(4, 3) * 0.5)
     assert counted.planned == 3  # run 2 whole (the float by type); run 3's changed int: none of its calls
+
+
+def _written_template() -> dict:
+    """x.add_(lr); z = x * 2: a template that writes its input, with a number of arithmetic (by type)."""
+    return {"kind": "template", "id": "W", "inputs": [{"id": "x", "dtype": "float32", "shape": [2, 3]}],
+            "scalars": [{"id": "lr", "kind": "float"}],
+            "steps": [_call("Tensor.add_", [{"ref": "x"}, {"scalar": "lr"}], []),
+                      _call("Tensor.mul", [{"ref": "x"}, 2.0], ["z"])],
+            "outputs": ["z"]}
+
+
+def _written_run(k: int, x: str, lr: float) -> dict:
+    return {"id": f"w{k}", "steps": [{"kind": "run_template", "template": "W", "inputs": [{"ref": x}],
+                                      "scalars": [lr], "out": [f"z{k}"]}, {"kind": "fetch", "id": f"z{k}"}]}
+
+
+def test_a_template_run_with_a_vouched_runs_inputs_skips_the_pattern_check_and_a_changed_layout_does_not(
+        monkeypatch):
+    """A template run whose bound layouts and numbers are those of a run its plan vouched for call by
+    call skips the per-call pattern check (``program_plan.Vouched``; a learning rate of arithmetic by
+    type only); a bound tensor of another layout (the same shape and dtype, its rows one storage:
+    an in-place write must refuse it) takes the pattern check and meets the meta check's own error,
+    as with the plan off."""
+    from remote_autograd.service.engine.program_plan import PlanRun
+
+    matched = []
+    real = PlanRun._matches
+    monkeypatch.setattr(PlanRun, "_matches", lambda self, *a: matched.append(1) or real(self, *a))
+    setup = {"id": "setup", "steps": [_put("x", torch.randn(2, 3)), _put("row", torch.randn(1, 3)),
+                                      _call("Tensor.expand", [{"ref": "row"}, [2, 3]], ["wide"]),
+                                      _written_template()]}
+    runs = [_written_run(1, "x", 0.1), _written_run(2, "x", 0.2)]
+    answers, states = _run_both([setup, *runs])
+    assert len(matched) == 2  # run 1 recorded its plan; run 2 matched both calls (with the plan on only)
+    matched.clear()
+    runs += [_written_run(3, "x", 0.3), _written_run(4, "wide", 0.4)]
+    answers, states = _run_both([setup, *runs])
+    _assert_same(answers, states)
+    assert [status for status, _ in answers[0]] == [200, 200, 200, 200, 422]
+    assert b"add: unsupported operation: more than one element of the written-to tensor" in answers[0][4][1]
+    assert len(matched) == 2 + 1  # run 2 both calls, run 3 none (vouched), run 4 up to its refused call

@@ -137,7 +137,7 @@ def test_a_call_worth_more_than_the_programs_time_left_does_not_start():
 
 def test_a_replayed_plan_keeps_the_cost_its_calls_were_checked_with(monkeypatch):
     session, settings = _store()
-    for pid in ("p1", "p2"):
+    for pid in ("p0", "p1", "p2"):  # a first sighting, then its plan recorded, then served
         assert run_steps(session, _mm_program(pid), settings).status == 200
     counted = Counted(monkeypatch)
     with Kernels() as kernels:

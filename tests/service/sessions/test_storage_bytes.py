@@ -199,7 +199,7 @@ def _session(limit: int) -> Session:
 def test_what_a_graph_saves_past_the_limit_is_refused_and_given_back_when_it_goes():
     session = _session(1 << 30)
     x = CustomTensor(torch.ones(1000, requires_grad=True))
-    session.storages.hold(session, [x], 10_000)
+    session.storages.hold([x], 10_000)
     assert session.bytes_held == 4000
     with counting_saved(session, 10_000):
         y = x.value * 2  # an intermediate no id names
@@ -210,14 +210,14 @@ def test_what_a_graph_saves_past_the_limit_is_refused_and_given_back_when_it_goe
         with pytest.raises(ProtocolError) as refused:
             (y * 3).sin().cos().exp()  # saves its intermediates: 12000, 16000 bytes
         assert refused.value.code == ErrorCode.TOO_LARGE and "max_session_bytes=10000" in str(refused.value)
-    session.storages.settle(session)
+    session.storages.settle()
     assert session.bytes_held == 8000  # the refused op's partial graph went
     del y, w
     assert session.bytes_held == 8000  # z's graph still holds y
     z.sum().backward()  # frees z's graph
-    session.storages.settle(session)
+    session.storages.settle()
     assert session.bytes_held == 4000
-    session.storages.drop(session, [x])
+    session.storages.drop([x])
     assert session.bytes_held == 0 and len(session.storages) == 0
 
 
@@ -238,7 +238,7 @@ def test_counting_what_is_saved_changes_no_value_and_no_gradient():
     for p, c in zip(plain, counted):
         assert torch.equal(p, c)
     del counted
-    session.storages.settle(session)
+    session.storages.settle()
     assert session.bytes_held == 0  # every pin went with its graph
 
 

@@ -1,4 +1,4 @@
-"""``ProgramAnswer``: a program's answer as a backend hands it to the route, encoded."""
+"""``EncodedAnswer``: a program's answer (``sessions.store.ProgramAnswer``) as a backend hands it to the route, encoded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ProgramAnswer:
+class EncodedAnswer:
     """A program's answer, encoded: status, media type, body parts and where the time went."""
 
     status: int
