@@ -9,10 +9,9 @@ import base64
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import jsonschema
 import msgpack
 import pytest
 import torch
@@ -21,6 +20,9 @@ from remote_autograd.proto import decode_tensor
 from remote_autograd.proto.schema import SCHEMA_PATH, document, render
 
 from ..answer_schema import check_answer, model_of
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SPEC = Path(__file__).resolve().parents[2] / "proto" / "SPEC.md"
 EXAMPLES = SPEC.with_name("SPEC-examples.md")  # every message in JSON and msgpack (SPEC.md §13)
@@ -35,6 +37,8 @@ def test_schema_file_is_current():
 
 
 def test_schema_file_is_valid_json_schema():
+    import jsonschema  # here, not at the top: its import takes seconds (its format checkers), paid by each worker collecting
+
     jsonschema.Draft202012Validator.check_schema(json.loads(SCHEMA_PATH.read_text()))
 
 
@@ -47,6 +51,8 @@ def _blocks(kind: str) -> dict[str, str]:
 
 
 def _validator(name: str) -> jsonschema.Validator:
+    import jsonschema
+
     schema = {**document(), "$ref": f"#/$defs/{name}"}
     return jsonschema.Draft202012Validator(schema)
 
