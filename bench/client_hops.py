@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -21,10 +21,11 @@ from remote_autograd import client
 PREFIX = "remote_autograd.client"
 
 
-def trace(walk: Callable[[client.Session, torch.Tensor, torch.Tensor], None], *, requires_grad: bool = False,
+def trace(walk: Callable[[client.Session, torch.Tensor, torch.Tensor], Any], *, requires_grad: bool = False,
           pipeline: bool = True, prefix: str = PREFIX, every_thread: bool = False) -> list[tuple[str, str, int]]:
     """(module, function, thread id) for each call into ``prefix``'s modules during ``walk(sess, a, b)``,
     run once to warm up (route lookups, the meta memo: one-time work is not counted), then traced.
+    What ``walk`` returns lives on past the trace, as a user's variables do: its frees are not counted.
     ``a`` and ``b`` are remote ``randn(3)``s (``requires_grad``: ``a`` is a leaf that requires grad).
     ``pipeline=False`` sends each op at once; ``every_thread`` also follows the threads the
     in-process app starts (its event loop, its workers), to see the server's side."""
@@ -46,19 +47,20 @@ def trace(walk: Callable[[client.Session, torch.Tensor, torch.Tensor], None], *,
         with client.connect(transport=client.InProcessTransport(), pipeline=pipeline) as sess:
             a = sess.tensor(torch.randn(3), requires_grad=requires_grad)
             b = sess.tensor(torch.randn(3))
-            walk(sess, a, b)
+            warm = walk(sess, a, b)
+            del warm
             recording.set()
-            walk(sess, a, b)
+            kept = walk(sess, a, b)
             recording.clear()
+            del kept
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
     return calls
 
 
-def _add(sess: client.Session, a: torch.Tensor, b: torch.Tensor) -> None:
-    c = a + b
-    del c
+def _add(sess: client.Session, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
 
 
 def trace_one_add(requires_grad: bool = False, *, pipeline: bool = True, prefix: str = PREFIX,
