@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from remote_autograd import client
+from remote_autograd.service.settings import Settings
 
 from .answer_schema import check_answer, response_hook
 from .servers import running
@@ -54,7 +55,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is not None and any(name in metafunc.fixturenames for name in _SERVED):
         if "server_url" not in metafunc.fixturenames:  # sess and the rest reach it only when they need it
             metafunc.fixturenames.append("server_url")
-        metafunc.parametrize("server_url", marker.args, indirect=True, scope="session")
+        # the tenants backend is the shared server's own default settings (``tenants_server_url``): in the
+        # fast loop its cases would run each test twice on one server, so they are ``make test``'s alone
+        backends = [pytest.param(name, marks=pytest.mark.slow) if name == "tenants" else name for name in marker.args]
+        metafunc.parametrize("server_url", backends, indirect=True, scope="session")
 
 
 TESTS = Path(__file__).resolve().parent
@@ -186,12 +190,16 @@ def inprocess_server_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def tenants_server_url(inprocess_server_url: str) -> str:
-    """The shared server's settings with every tenant (here the one open one) in a worker process of its own:
-    the default settings since every server runs its tenants so (``REMOTE_AUTOGRAD_TENANT_PROCESSES=on``), so
-    the shared server itself, not a second one just like it (a front and a worker: seconds of each xdist
-    worker's time)."""
-    return inprocess_server_url
+def tenants_server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The shared server's settings with every tenant (here the one open one) in a worker process of its own.
+    Those are the default settings (``REMOTE_AUTOGRAD_TENANT_PROCESSES=on``) since every server runs its
+    tenants so: then it is the shared server itself, not a second one just like it (a front and a worker:
+    seconds of each xdist worker's time)."""
+    if Settings.from_env({}).per_tenant_processes():
+        yield request.getfixturevalue("inprocess_server_url")
+        return
+    with start_server(REMOTE_AUTOGRAD_TEST_OPS="1", REMOTE_AUTOGRAD_TENANT_PROCESSES="on") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
