@@ -59,9 +59,12 @@ test: $(VENV)/.installed-test
 
 # The inner loop: proto, client, ops and service on the shared servers, without the cases generated
 # from the op table, the end-to-end, load, real-model and Ray tests, the modules that start
-# servers of their own (tests/conftest.py marks them) and inductor's compiles; `make test` runs all.
+# servers of their own (tests/conftest.py marks them), inductor's compiles and the tests marked
+# `slow` (a process of their own, a model's training loop, hypothesis's many examples: seconds
+# each; and the tenants backend's cases, the shared server's own settings run twice); `make test` runs all. A module none of whose tests is selected is not even imported
+# (tests/conftest.py, pytest_ignore_collect): torch's op databases are not loaded for nothing.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest $(XDIST) -m "not optable and not e2e and not load and not real_model and not ray and not servers and not inductor and not tooling" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not optable and not e2e and not load and not real_model and not ray and not servers and not inductor and not tooling and not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

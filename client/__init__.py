@@ -35,6 +35,27 @@ factories, ops by name) and ``_ops`` its ``sess.ops`` namespace.
 Where the core calls something above it (the handlers, inference), it defines a table and the
 module above fills it as it is imported (``_core``'s docstring lists them); this file only imports
 the rooms whose import registers them, and wires nothing.
+
+Its modules (ARCHITECTURE.md maps the packages; what each module holds is told here):
+
+- ``_core.py``: ``RemoteTensor``, ``SessionCore`` (the queue, ``flush``), ``call_op`` (an op's step), the
+  tables the rooms above fill (``LOCAL_HANDLERS``, ``INFERENCE``)
+- ``_session.py``: ``Session``, the public one: ``SessionCore`` plus uploads (``sess.tensor``), the contract's
+  factories (``sess.zeros``, ...), seeds and weights
+- ``_ops.py``: ``sess.ops.<name>``: any op of the table by name
+
+The walk of one op, back from the server:
+
+And back. The runner stores each output as a ``CustomTensor`` (``service/sessions/custom_tensor.py``) under
+the id the client chose, and answers its metadata (``{id, dtype, shape, requires_grad}``), except in the SDK's
+programs: they set ``omit_known_meta`` (the SDK inferred it all), and only what the client cannot know comes
+back (the outputs of an ``out_many`` call, which grads of an ``allow_unused`` grad are None, a backward's
+``no_grad``); a ``fetch`` step answers the tensor's data (``service/engine/answers.py``,
+``proto/tensors.py``). A failing step stops the program: its answer carries the error and the results before
+it (``service/engine/runner.py``, ``_as_protocol_error``). The route encodes the answer (msgpack, JSON or
+framed) and sends it; ``SessionCore.flush`` hands each result to its step's origin, the SDK corrects the
+metadata it had predicted, and ``item()`` decodes the fetched value (``proto/tensors.py``, ``decode_tensor``)
+into a Python number. A failed step raises ``RemoteError`` at the user's line that queued it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ For notebooks the SDK's names are also here::
 
 They load on first use, so a server that imports ``remote_autograd.service``
 never imports the SDK (nor httpx) through this file.
+
+Beside them, ``_fill_buffer.py``: ``FillBuffer``, a body's memory filled as it arrives (the server and the
+SDK read bodies into it; a speed path for a ``bytearray`` grown piece by piece).
 """
 
 from __future__ import annotations

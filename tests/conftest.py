@@ -17,13 +17,16 @@ the service's and the end-to-end tests' to check.
 The ladder: ``make test-fast`` leaves out what the markers below name (set by folder, file and
 backend in ``pytest_collection_modifyitems``, so no test can forget its mark): the end-to-end,
 load, real-model and Ray tests, and the modules that start servers of their own settings (the
-limits, the tenants' processes, the attacks: each server a process); ``make test`` runs all.
+limits, the tenants' processes, the attacks: each server a process); besides, the tests marked
+``optable``, ``inductor`` or ``slow`` where they are written. ``make test`` runs all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -31,6 +34,7 @@ import httpx
 import pytest
 
 from remote_autograd import client
+from remote_autograd.service.settings import Settings
 
 from .answer_schema import check_answer, response_hook
 from .servers import running
@@ -51,17 +55,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is not None and any(name in metafunc.fixturenames for name in _SERVED):
         if "server_url" not in metafunc.fixturenames:  # sess and the rest reach it only when they need it
             metafunc.fixturenames.append("server_url")
-        metafunc.parametrize("server_url", marker.args, indirect=True, scope="session")
+        # the tenants backend is the shared server's own default settings (``tenants_server_url``): in the
+        # fast loop its cases would run each test twice on one server, so they are ``make test``'s alone
+        backends = [pytest.param(name, marks=pytest.mark.slow) if name == "tenants" else name for name in marker.args]
+        metafunc.parametrize("server_url", backends, indirect=True, scope="session")
 
 
 TESTS = Path(__file__).resolve().parent
-# (marker, whether an item has it): the rungs ``make test-fast`` leaves out
+# (marker, whether a test module's every test has it, by the module's path): the rungs ``make test-fast``
+# leaves out; a test on the ray backend is marked ``ray`` too (``pytest_collection_modifyitems``)
 _RUNGS = {
-    "e2e": lambda item, rel: rel.parts[0] == "e2e",
-    "load": lambda item, rel: rel.name == "test_load.py",
-    "real_model": lambda item, rel: rel.name in ("test_real_models.py", "test_training.py", "test_training_idioms.py"),
-    "ray": lambda item, rel: rel.name == "test_ray_cluster.py" or "ray" in _backend_of(item),
-    "servers": lambda item, rel: _starts_servers(item.path),
+    "e2e": lambda rel: rel.parts[0] == "e2e",
+    "load": lambda rel: rel.name == "test_load.py",
+    "real_model": lambda rel: rel.name in ("test_real_models.py", "test_training.py", "test_training_idioms.py"),
+    "ray": lambda rel: rel.name == "test_ray_cluster.py",
+    "servers": lambda rel: _starts_servers(TESTS / rel),
 }
 
 
@@ -72,6 +80,41 @@ def _starts_servers(path: Path) -> bool:
     return "running(" in text or "start_server(" in text
 
 
+@functools.cache
+def _module_marks(path: Path) -> frozenset[str]:
+    """The marks every test of the module at ``path`` has: its rungs, and its ``pytestmark = pytest.mark.X``."""
+    rel = path.resolve().relative_to(TESTS)
+    marks = {name for name, has in _RUNGS.items() if has(rel)}
+    marks |= set(re.findall(r"^pytestmark = \[?pytest\.mark\.(\w+)\b", path.read_text(), re.M))
+    return frozenset(marks)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test module whose every test ``-m`` leaves out is not even imported (``make test-fast``):
+    importing the op table's generated cases imports torch's op databases (``op_db``, ``module_db``),
+    others schemathesis or a model zoo, seconds in each xdist worker, only for the cases to be deselected."""
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and _leaves_out(config.getoption("markexpr"), _module_marks(collection_path))):
+        return True
+    return None
+
+
+@functools.cache
+def _leaves_out(markexpr: str, marks: frozenset[str]) -> bool:
+    """Whether ``markexpr`` deselects every test that has ``marks``, whatever other marks it has."""
+    if not markexpr or not marks:
+        return False
+    from _pytest.mark.expression import Expression  # pytest's own reading of ``-m``
+
+    expression = Expression.compile(markexpr)
+    others = sorted(set(re.findall(r"[A-Za-z_]\w*", markexpr)) - marks - {"and", "or", "not"})
+    for values in itertools.product((False, True), repeat=len(others)):
+        has = marks | {name for name, on in zip(others, values) if on}
+        if expression.evaluate(lambda name, **kwargs: name in has):
+            return False
+    return True
+
+
 def _backend_of(item: pytest.Item) -> str:
     callspec = getattr(item, "callspec", None)
     return str(callspec.params.get("server_url", "")) if callspec else ""
@@ -79,10 +122,10 @@ def _backend_of(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        rel = item.path.resolve().relative_to(TESTS)
-        for name, has in _RUNGS.items():
-            if has(item, rel):
-                item.add_marker(name)
+        for name in _module_marks(item.path) & _RUNGS.keys():
+            item.add_marker(name)
+        if "ray" in _backend_of(item):
+            item.add_marker("ray")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -147,8 +190,14 @@ def inprocess_server_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def tenants_server_url() -> Iterator[str]:
-    """The shared server's settings with every tenant (here the one open one) in a worker process of its own."""
+def tenants_server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The shared server's settings with every tenant (here the one open one) in a worker process of its own.
+    Those are the default settings (``REMOTE_AUTOGRAD_TENANT_PROCESSES=on``) since every server runs its
+    tenants so: then it is the shared server itself, not a second one just like it (a front and a worker:
+    seconds of each xdist worker's time)."""
+    if Settings.from_env({}).per_tenant_processes():
+        yield request.getfixturevalue("inprocess_server_url")
+        return
     with start_server(REMOTE_AUTOGRAD_TEST_OPS="1", REMOTE_AUTOGRAD_TENANT_PROCESSES="on") as url:
         yield url
 

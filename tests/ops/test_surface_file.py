@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 
+import pytest
 import torch
 
 from remote_autograd.service.ops import OP_TABLE, surface
@@ -41,6 +42,7 @@ def test_every_spelling_names_the_callable_the_sdk_routes_by_it():
     assert not wrong
 
 
+@pytest.mark.slow  # imports torch's op_db (seconds, in each worker that runs it)
 def test_every_opinfo_is_accounted_for(op_db):
     """Every spelling an OpInfo declares that reaches ``__torch_function__`` (``F.tanh`` does not: it
     calls ``Tensor.tanh``, which the SDK sees instead) is allowed, refused, denied, a value or a factory."""
@@ -59,6 +61,7 @@ def test_refusals_say_why():
     assert all(op["why"] for op in SURFACE["refused"].values()) and all(SURFACE["deny"].values())
 
 
+@pytest.mark.slow  # imports torch's op_db and derives
 def test_a_sample_of_opinfos_derives_the_committed_entries(op_db):
     ops, refused = derive.derive_opinfos(SAMPLED)
     for name, entry in ops.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -109,6 +110,7 @@ def test_arbitrary_bytes_as_json(body):
     _decode_everything(obj)
 
 
+@pytest.mark.slow  # 200 examples
 @PROPERTY
 @given(_programs)
 def test_wrong_programs_only_raise_protocol_errors(obj):
@@ -149,6 +151,7 @@ _put_steps = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow  # 200 examples
 @PROPERTY
 @given(st.lists(_put_steps, min_size=1, max_size=3))
 def test_put_programs_with_wrong_tensors_only_raise_protocol_errors(steps):

@@ -10,6 +10,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a server process's start in a child
+
 _CHILD = """
 import gc, time, weakref
 from remote_autograd.service.http.app import create_app

@@ -178,6 +178,7 @@ def test_a_graph_that_is_no_template_runs_call_by_call_and_says_so(sess):
     assert out.tolist() == [2.0, 4.0, 6.0] and out.device.type == "cpu"
 
 
+@pytest.mark.inductor  # the CPU function compiles with torch's default backend: inductor, here
 def test_local_code_compiles_as_before_in_the_same_process(sess):
     """After a remote compile: a CPU function compiles with torch's default backend, and dynamo's own
     rewrites (off while a graph of remote tensors is traced) are back."""

@@ -39,7 +39,7 @@ def _per_sample_grads(model: nn.Module, loss_fn=nn.functional.mse_loss):
     return per_sample
 
 
-@pytest.mark.parametrize("task", ["regression", "classification"])
+@pytest.mark.parametrize("task", ["regression", pytest.param("classification", marks=pytest.mark.slow)])
 def test_per_sample_gradients_of_an_mlp_equal_cpu_one_template_per_call(tapped, task):
     sess, tap = tapped
     # classification: cross_entropy's batching rule makes a tensor on the device of its own (dynamo's
@@ -72,6 +72,7 @@ def test_per_sample_gradients_of_an_mlp_equal_cpu_one_template_per_call(tapped, 
             assert torch.equal(got[k].cpu(), want[call][k]), k
 
 
+@pytest.mark.slow  # a compile per batch size
 def test_per_sample_gradients_of_batches_of_other_sizes(sess):
     """A data loader's last batch is smaller: the batch size traced dynamic (as dynamo's second shape
     would make it), the template takes it as a number of each call."""

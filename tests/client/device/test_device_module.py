@@ -107,6 +107,7 @@ def _observed(which: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # a process of its own, with a DataLoader's workers
 def test_a_cpu_dataloader_pinning_memory_and_fork_rng_behave_as_without_the_sdk():
     without = _observed("plain")
     with_sdk = _observed("sdk")

@@ -1,8 +1,8 @@
 """The SDK's path for one op stays short: ``bench/client_hops.py``'s count for one ``a + b``.
 
-ARCHITECTURE's walk of one op quotes the figures (18 calls into the client package across 7
-files, pipelined; 35 calls across 10 files before the SDK's rooms). The bound leaves room for a
-small change; a new layer of calls per op would cross it.
+18 calls into the client package across 7 files, pipelined (35 calls across 10 files before the
+SDK's rooms). The bound leaves room for a small change; a new layer of calls per op would cross
+it. The whole walk, client, wire and server, is ``bench/op_hops.py``'s (``tests/bench``).
 """
 
 from __future__ import annotations

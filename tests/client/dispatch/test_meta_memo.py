@@ -90,7 +90,9 @@ def _run(loop, memo):
         return [s for body in programs() for s in body["steps"] if s["kind"] != "free"], result
 
 
-@pytest.mark.parametrize("name", list(LOOPS))
+# the optimizers' loop in the fast loop; the models' (seconds each) in `make test`
+@pytest.mark.parametrize("name", [name if name == "optimizers" else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in LOOPS])
 def test_a_training_loop_is_the_same_with_and_without_the_memo(name):
     MEMO.clear()
     with_memo = _run(LOOPS[name], _meta_memo.verifying())  # every hit checked against the plain path

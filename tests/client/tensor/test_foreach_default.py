@@ -100,6 +100,7 @@ def test_param_groups_read_as_the_user_made_them():
             "param_groups"][0]
 
 
+@pytest.mark.slow  # a process of its own importing torch.distributed
 def test_torch_distributed_optim_still_compiles():
     """torch.distributed.optim compiles torch's optimizer functions with TorchScript at its import."""
     import subprocess

@@ -18,6 +18,8 @@ from remote_autograd.client.transport import _embedded
 
 from ...servers import ROOT
 
+pytestmark = pytest.mark.slow  # each starts the embedded server, a process of its own
+
 _SCRIPT = textwrap.dedent("""
     import os, sys, time, torch
     from remote_autograd import client

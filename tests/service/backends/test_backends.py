@@ -4,14 +4,15 @@ for ``answer_program``). The Ray backend's module imports ray, an extra the test
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import pytest
 
-from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.backends.protocol import SessionBackend
-from remote_autograd.service.backends.ray_sessions import RaySessions
-from remote_autograd.service.backends.tenant_processes import TenantProcesses
+
+# by name, imported by the test: importing ray at collection costs each worker seconds
+BACKENDS = {"LocalSessions": "local_sessions", "TenantProcesses": "tenant_processes", "RaySessions": "ray_sessions"}
 
 METHODS = [name for name, member in vars(SessionBackend).items()
            if callable(member) and not name.startswith("_")]
@@ -29,9 +30,11 @@ def test_the_protocol_names_what_the_routes_call():
                             "answer_program", "read_tensor", "health", "readiness", "start", "close"}
 
 
-@pytest.mark.parametrize("backend", [LocalSessions, TenantProcesses, RaySessions], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("backend_name", list(BACKENDS))
 @pytest.mark.parametrize("name", METHODS)
-def test_each_backend_implements_the_protocol(backend, name):
+def test_each_backend_implements_the_protocol(backend_name, name):
+    module = importlib.import_module(f"remote_autograd.service.backends.{BACKENDS[backend_name]}")
+    backend = getattr(module, backend_name)
     wanted = getattr(SessionBackend, name)
     given = getattr(backend, name, None)
     assert given is not None, f"{backend.__name__} lacks {name}"

@@ -140,7 +140,7 @@ async def _session_on(kind: str):
             await closing
 
 
-@pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
+@pytest.mark.parametrize("kind", ["inprocess", pytest.param("tenant-process", marks=pytest.mark.slow)])  # a worker process: seconds
 def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
     async def main():
         async with _session_on(kind) as (backend, sid):
@@ -160,7 +160,7 @@ def test_a_cancelled_caller_cancels_its_queued_program(kind: str):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("kind", ["inprocess", "tenant-process"])
+@pytest.mark.parametrize("kind", ["inprocess", pytest.param("tenant-process", marks=pytest.mark.slow)])  # a worker process: seconds
 def test_a_cancelled_watch_stops_the_program_at_its_next_step(kind: str):
     """The route cancels its program's watch when the client disconnects: through a worker process too."""
     async def main():

@@ -185,6 +185,7 @@ def test_the_comparison_sees_a_replay_that_launches_nothing(monkeypatch):
         _assert_same(plain, _run(bodies, "emulate"))
 
 
+@pytest.mark.slow  # an app of its own settings, a training loop replayed as graphs
 def test_the_sdk_trains_the_same_with_graphs_as_on_cpu():
     """The device is the only difference: a loop on local torch and the same loop on a server
     that replays it as graphs reach the same losses and parameters."""

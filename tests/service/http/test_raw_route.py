@@ -49,8 +49,8 @@ def _program(as_json: bool, op: str) -> dict:
     ]}
 
 
-@pytest.mark.parametrize("op", ["tanh", "no_such_op"])
-@pytest.mark.parametrize("ctype", [JSON, MSGPACK])
+@pytest.mark.parametrize("op", ["tanh", pytest.param("no_such_op", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("ctype", [pytest.param(JSON, marks=pytest.mark.slow), MSGPACK])  # an app each: seconds
 def test_the_raw_program_route_answers_as_a_plain_fastapi_route(ctype, op):
     as_json = ctype == JSON
     program = _program(as_json, op)
