@@ -35,7 +35,8 @@ def user_line(f) -> str | None:
     """``file:line`` of the first frame from ``f`` up that runs neither torch's code nor ours."""
     while f is not None:
         code = f.f_code
-        if frame_kind(code) == USER:
+        known = _KIND_OF_CODE.get(id(code))  # frame_kind's cache, read here: no call per frame walked
+        if (known[1] if known is not None else frame_kind(code)) == USER:
             return f"{code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return None
