@@ -19,8 +19,10 @@ def wants_msgpack(accept: str | None, content_type: str | None) -> bool:
     """
     if accept:
         accept = accept.lower()
+        if "msgpack" in accept or FRAMES in accept:  # asked for by name (then never wildcards alone)
+            return True
         if not accepts_anything(accept):
-            return "msgpack" in accept or FRAMES in accept
+            return False
     return is_msgpack(content_type) or is_frames(content_type)
 
 
