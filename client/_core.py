@@ -163,7 +163,8 @@ class RemoteTensor(torch.Tensor):
         return out
 
     def _fetch(self, *, value: bool, grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        self._check_usable()
+        if self._error is not None:  # self._check_usable(), inline: every read of a value
+            raise self._error
         message = self._session.fetch(self._id, value=value, grad=grad)
         v = decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
         g = decode_tensor(message["grad"], copy=False) if message.get("grad") is not None else None
@@ -577,8 +578,8 @@ class SessionCore:
         if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
             refuse_custom_function(None)
         index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), Origin("fetch", None))
-        message = self.take_result(index)["tensor"]
-        return message
+        # self.take_result(index), inline: every read of a value
+        return (self.flush()[index] if self.pipeline else self._pending_results[index])["tensor"]
 
 
 _RESENT = Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
@@ -842,7 +843,7 @@ def _queue_outputs(session: SessionCore, call: Callable, op: str, origin_where: 
     ids, outs, refs = [], [], []
     for meta in metas:  # one loop, not three comprehensions: no frame per comprehension per op
         shape, dtype = meta[0], meta[1]  # a third item, False: torch leaves this output without a graph
-        tid = session.new_id()
+        tid = session.new_id()  # (a Recorder's too: not inlined)
         o = RemoteTensor._new(session, tid, shape, dtype) if not rg or len(meta) > 2 else RemoteTensor._new(
             session, tid, shape, dtype, requires_grad=dtype.is_floating_point or dtype.is_complex, leaves=leaves,
             is_leaf=False)
