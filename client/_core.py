@@ -52,7 +52,7 @@ import torch
 import torch.compiler as _compiler
 from torch.utils._pytree import tree_leaves
 
-from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor
+from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor, torch_globals
 from remote_autograd.proto.frames import FRAME_MIN_BYTES
 from remote_autograd.proto.messages import CallStep, FetchStep, FreeStep, PutStep
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies
@@ -467,7 +467,8 @@ class SessionCore:
         change since its last (the ops so far are sent first: a program runs under one)."""
         if self._queue_dtype is not None:
             self.flush()
-        self._globals.start()
+        # the queue's first op: torch's settings now (raises, at the user's line, when unreadable)
+        self._globals.flags = torch_globals.read_flags()
         self._queue_dtype = dtype
 
     def autograd_fields(self) -> dict:

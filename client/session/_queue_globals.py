@@ -36,7 +36,8 @@ _ANOMALY, _CHECK_NAN = torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enab
 
 class QueueGlobals:
     """A session's queue's view of torch's settings: ``flags`` when its first op came (``None``: no op
-    queued), whether a backward was queued under anomaly detection, and the lines kept."""
+    queued; ``SessionCore.globals_changed`` reads them), whether a backward was queued under anomaly
+    detection, and the lines kept."""
 
     __slots__ = ("flags", "anomaly", "lines")
 
@@ -44,10 +45,6 @@ class QueueGlobals:
         self.flags: tuple | None = None
         self.anomaly = False
         self.lines: OrderedDict[str, list] = OrderedDict()
-
-    def start(self) -> None:
-        """The queue's first op: torch's settings now (raises, at the user's line, when unreadable)."""
-        self.flags = torch_globals.read_flags()
 
     def autograd_fields(self) -> dict:
         """A backward or grad step's fields that make it run under anomaly detection as torch's would now."""
