@@ -62,7 +62,7 @@ def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = Fal
         return {"dtype": name, "shape": shape, "data": t.reshape(-1).tolist()}
     if as_view and not as_json:
         return {"dtype": name, "shape": shape, "data": _raw_view(t)}
-    raw = _raw_bytes(t)
+    raw = t.numpy().tobytes() if t.dtype in _NUMPY_DTYPES else _raw_view(t).tobytes()  # (numpy lacks some dtypes)
     if as_json:
         return {"dtype": name, "shape": shape, "data": base64.b64encode(raw).decode("ascii")}
     return {"dtype": name, "shape": shape, "data": raw}
@@ -79,12 +79,6 @@ def _list_is_exact(t: torch.Tensor, name: str) -> bool:
 # dtypes numpy has: their bytes come straight from ``numpy()``, without the uint8 view below
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128, torch.int8,
                            torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
-
-
-def _raw_bytes(t: torch.Tensor) -> bytes:
-    if t.dtype in _NUMPY_DTYPES:
-        return t.numpy().tobytes()
-    return _raw_view(t).tobytes()
 
 
 # an integer dtype of each element size: a strided view of any dtype numpy lacks (bfloat16, float8, complex32)
