@@ -73,7 +73,11 @@ class MetaMemo:
             try:
                 keys = []
                 for a in args:  # a loop, not a comprehension: no frame of its own per op
-                    keys.append(_key(a, tensors))
+                    if not tensors and isinstance(a, RemoteTensor):  # _key's first RemoteTensor, inline (most ops'
+                        tensors.append(a)                             # first argument): no earlier one to look for
+                        keys.append((RemoteTensor, a._shape, a._strides, a._dtype, a._rg))
+                    else:
+                        keys.append(_key(a, tensors))
                 key = (rule, func, tuple(keys),
                        tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else (),
                        _GRAD_ENABLED(), default_dtype or _DEFAULT_DTYPE(), _ANY_AUTOCAST() and _autocast_state())
@@ -152,7 +156,7 @@ def _key(v: Any, tensors: list) -> Any:
             if seen is v:
                 return _SAME, i
         tensors.append(v)
-        return RemoteTensor, v._shape, v._strides, v._dtype, v._rg
+        return RemoteTensor, v._shape, v._strides, v._dtype, v._rg  # (``answer`` builds a call's first one alike)
     if isinstance(v, torch.Tensor):
         return torch.Tensor, tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.requires_grad
     if isinstance(v, _SEQUENCES):
