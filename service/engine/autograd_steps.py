@@ -120,8 +120,9 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     # Room for the new grads first (a 413 leaves the graph intact for a retry), then
     # temporaries, then commit: a failing backward leaves every .grad untouched.
     targets, reserved = _reserve(session, settings, targets, roots if implicit else None)
-    try:
-        with tensor_hooks.retained_after_hooks(session, step.hooks, targets) as after:
+    try:  # only a hook of the step's can change what a retained non-leaf's grad is after it
+        with (tensor_hooks.retained_after_hooks(session, step.hooks, targets) if step.hooks
+              else contextlib.nullcontext({})) as after:
             grads = torch.autograd.grad(roots, [*(ct.value for ct in targets), *captures], grad_tensors,
                                         retain_graph=retain, create_graph=step.create_graph, allow_unused=True)
         if after:
@@ -141,7 +142,7 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     session.storages.remeasure(changed)  # the grads by storage (an owned grad may share one)
     session.storages.release(reserved)
     without = [ct for ct in targets if ct.grad is None]
-    missing = _still_without_grad(session, _reached(without, roots) if implicit and without else without)
+    missing = _still_without_grad(session, _reached(without, roots) if implicit else without) if without else []
     result = _backward_result(run, missing)
     return {**(result or {}), "captured": arrived} if captures else result
 

@@ -30,9 +30,6 @@ class BodyBytes:
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
 
-    def hold(self) -> "BodyHold":
-        return BodyHold(self)
-
 
 class BodyHold:
     """One request's bytes in ``BodyBytes``; ``release`` gives them back (the route calls it when

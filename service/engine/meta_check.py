@@ -99,7 +99,7 @@ def checked(call, args: list, kwargs: dict, grad_enabled: bool) -> tuple[Needs, 
     if inplace:
         _check_written(entry, args)
     try:
-        layouts = (entry.name, fn, inplace, grad_enabled, _key(args), _key(kwargs) if kwargs else None)
+        layouts = (entry.name, fn, inplace, grad_enabled, _key_of(args, {}), _key_of(kwargs, {}) if kwargs else None)
     except Unhashable:
         return _answer(_on_meta(call, args, kwargs, inplace)[0], entry, args, kwargs), _MISSING
     key = layouts
@@ -186,15 +186,10 @@ def _check_written(entry: OpEntry, args: list) -> None:
 # -- the memo's key: everything about the arguments a kernel's checks can see ---------------------
 
 
-def _key(value: Any) -> Any:
-    """A hashable picture of ``value``: tensors by layout (shapes, strides, offset, dtype, storage size
-    and which arguments share a storage), Python values with their type (``1``, ``1.0`` and ``True``
-    are equal as keys but not as torch arguments)."""
-    storages: dict[int, int] = {}
-    return _key_of(value, storages)
-
-
 def _key_of(value: Any, storages: dict[int, int]) -> Any:
+    """A hashable picture of ``value``: tensors by layout (shapes, strides, offset, dtype, storage size
+    and which arguments share a storage, numbered in ``storages``), Python values with their type (``1``,
+    ``1.0`` and ``True`` are equal as keys but not as torch arguments)."""
     if isinstance(value, torch.Tensor):
         return layout(value, storages)
     kind = type(value)

@@ -281,7 +281,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
                 run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
         if step.autocast is None:
-            result = _apply(call.fn, step.grad_enabled, args, kwargs)
+            with _grad_mode(step.grad_enabled):  # ``_apply``, inline: the plain path of every call step
+                result = call.fn(*args, **kwargs)
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
                                   lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)

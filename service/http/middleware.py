@@ -106,20 +106,18 @@ class Gatekeeper:
         await send({"type": "http.response.body", "body": body})
 
     def _observe(self, scope: dict, status: int, seconds: float, rid: str) -> None:
-        route = self._route_template(scope)
+        # the route's template (``/v1/sessions/{sid}``, not the path: bounded labels), found by matching
+        # when auth refused early
+        route = scope.get("route")
+        if route is None:
+            route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
+        route = getattr(route, "path", None) or "unmatched"
         self.metrics.count_request(route, scope["method"], status)
         if status >= 500:
             error_log.error("answered %d to %s %s", status, scope["method"], route,
                             extra=_fields(scope, route, status, seconds, rid))
         elif access_log.isEnabledFor(logging.INFO):
             access_log.info("%s %s %d", scope["method"], route, status, extra=_fields(scope, route, status, seconds, rid))
-
-    def _route_template(self, scope: dict) -> str:
-        """``/v1/sessions/{sid}``, not the path (bounded labels); found by matching when auth refused early."""
-        route = scope.get("route")
-        if route is None:
-            route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
-        return getattr(route, "path", None) or "unmatched"
 
 
 def _fields(scope: dict, route: str, status: int, seconds: float, rid: str) -> dict[str, Any]:

@@ -67,19 +67,19 @@ class Budget:
             self.held -= nbytes
 
 
-def storage_of(t: torch.Tensor) -> tuple[object, object, int]:
-    """(key, what keeps the key unique while counted, bytes) of the memory ``t`` holds."""
-    try:
-        storage = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # no plain storage (sparse): counted as its dense size
-        return ("tensor", id(t)), t, t.numel() * t.element_size()
-    return storage._cdata, storage, storage.nbytes()
-
-
-def _pieces(ct: CustomTensor) -> list[tuple[object, object, int]]:
-    pieces = [storage_of(ct.value)]
-    if ct.grad is not None:
-        pieces.append(storage_of(ct.grad))
+def storage_of(*tensors: torch.Tensor | None) -> list[tuple[object, object, int]]:
+    """(key, what keeps the key unique while counted, bytes) of the memory each of ``tensors`` holds,
+    ``None`` skipped (a tensor's pieces: ``storage_of(ct.value, ct.grad)``)."""
+    pieces = []
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no plain storage (sparse): counted as its dense size
+            pieces.append((("tensor", id(t)), t, t.numel() * t.element_size()))
+        else:
+            pieces.append((storage._cdata, storage, storage.nbytes()))
     return pieces
 
 
@@ -108,7 +108,7 @@ class StorageLedger:
         they bring that the session does not hold yet would pass ``limit``."""
         if self.dead:
             self.settle()
-        per_ct = [_pieces(ct) for ct in cts]
+        per_ct = [storage_of(ct.value, ct.grad) for ct in cts]
         new: dict[object, int] = {}
         for pieces in per_ct:
             for key, _, nbytes in pieces:
@@ -134,17 +134,19 @@ class StorageLedger:
         Never refuses: the bytes exist already (the step's meta check charged a growth before
         the kernel ran, ``meta_check``), and an honest count is what later charges compare with.
         """
-        delta = -self._settled()
+        delta = -self._settled() if self.dead else 0
         for ct in cts:
-            pieces = _pieces(ct)
+            pieces = storage_of(ct.value, ct.grad)
             for key, keep, nbytes in pieces:  # new references first: a storage kept stays counted
                 entry = self._entries.get(key)
                 if entry is None:
                     delta += nbytes
-                elif entry[1] != nbytes:  # resize_ grew it
+                    self._entries[key] = [keep, nbytes, 1]
+                    continue
+                if entry[1] != nbytes:  # resize_ grew it
                     delta += nbytes - entry[1]
                     entry[1] = nbytes
-                self._add(key, keep, nbytes)
+                entry[2] += 1
             for key in ct.held:
                 delta -= self._remove(key)
             ct.held = tuple(key for key, _, _ in pieces)
@@ -157,7 +159,7 @@ class StorageLedger:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
         this runs for every tensor a graph saves, and the runner settles after every step.)"""
-        key, keep, nbytes = storage_of(t)
+        [(key, keep, nbytes)] = storage_of(t)
         if key not in self._entries:
             # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
             self._from_pool(nbytes, limit)

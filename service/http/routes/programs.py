@@ -16,7 +16,7 @@ from fastapi import APIRouter
 
 from remote_autograd.proto.frames import iter_parts
 
-from ...engine.guards import declared_length, read_body
+from ...engine.guards import BodyHold, declared_length, read_body
 from ...engine.program_watch import ProgramWatch
 from ..openapi import route_doc
 from ..raw_route import RawRoute
@@ -36,7 +36,7 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     sid = scope["path_params"]["sid"]
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
     await backend.check_session(sid, owner, declared_length(declared))
-    hold = state.bodies.hold()  # the body's bytes count among all bodies the server holds until answered
+    hold = BodyHold(state.bodies)  # the body's bytes count among all bodies the server holds until answered
     try:
         body = await read_body(receive, declared, settings.max_body_bytes, settings.body_timeout_seconds, hold)
         watch = ProgramWatch(settings.max_program_seconds)
