@@ -50,7 +50,7 @@ from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import Needs
-from . import program_plan
+from . import program_plan, speed_caches
 from .program_run import ProgramRun
 from .program_watch import ProgramWatch
 from .saved_tensors import counting_saved
@@ -89,7 +89,7 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
         # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
         with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
             # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
-            graphs = (program_plan.speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
+            graphs = (speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
                       and run.forward is None and not session.checkpoints else None)
             if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
                 steps.execute(0, len(program.steps))
