@@ -184,7 +184,6 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     return ProgramAnswer(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
 
 
-
 class StepLoop:
     """A program's steps run in order, from any step to any other: all at once on the plain path,
     in two parts around a capture (``graph_steps``). ``failed``: the outcome of the step that failed
@@ -254,28 +253,6 @@ class StepLoop:
             if pending is not None:
                 pending.append((name, perf_counter() - began))  # counted by the histogram's ``fold``
         return True
-
-
-def _execute(run: ProgramRun, step, index: int) -> Any:
-    """One step of a template (``templates.run_plainly``) through the handler of its kind: the time
-    limit asked first, a failure raised as a ``ProtocolError``, what the graph let go settled after."""
-    if run.watch is not None:
-        run.watch.check(index, step)
-    try:
-        if type(step) is CallStep:
-            return _call(run, step, index)
-        result = _HANDLERS[type(step)](run, step)
-        run.check.other(step)
-        return result
-    except ProtocolError:
-        raise
-    except Exception as exc:  # as StepLoop.execute: every failure becomes data
-        err = _as_protocol_error(exc, index, _step_op(step))
-        exc.__traceback__ = exc.__context__ = None
-        raise err from None
-    finally:
-        if run.session.storages.dead:
-            run.session.storages.settle()
 
 
 def _execute(run: ProgramRun, step, index: int) -> Any:
