@@ -25,7 +25,7 @@ from remote_autograd.service.engine.answers import encode_answer, keepable
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
 from remote_autograd.service.engine.runner import run_steps
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.step_histogram import OP_BUCKETS, StepHistogram
+from remote_autograd.service.step_histogram import FOLD_AT, OP_BUCKETS, StepHistogram
 from remote_autograd.service.sessions.store import SessionStore
 
 from ...bits import assert_same_bits
@@ -162,6 +162,20 @@ def test_step_histogram_renders_like_prometheus_histogram():
         reference.labels(op).observe(seconds)
     created = re.compile(r"(_created\{.*\}) .*")
     assert created.sub(r"\1", generate_latest(ours).decode()) == created.sub(r"\1", generate_latest(theirs).decode())
+
+
+def test_the_runner_folds_the_step_times_once_enough_wait():
+    """Each step's time waits in ``pending`` (no call of ours per step); after a program that leaves
+    ``FOLD_AT`` or more waiting, the runner folds them: the list stays bounded with no scrape."""
+    store, session, settings = _session()
+    steps = StepHistogram("op_seconds", "doc", OP_BUCKETS)
+    run_steps(session, validate_program({"id": "a", "steps": [_put("a", torch.ones(2))]}), settings, observe=steps)
+    assert [op for op, _ in steps.pending] == ["put"]  # one step: it waits
+    steps.pending.extend([("add", 1e-3)] * (FOLD_AT - 2))
+    run_steps(session, validate_program({"id": "b", "steps": [_put("b", torch.ones(2))]}), settings, observe=steps)
+    assert steps.pending == []  # FOLD_AT waited: folded
+    rows = steps.rows()
+    assert sum(rows["put"][:-2]) == 2 and sum(rows["add"][:-2]) == FOLD_AT - 2
 
 
 def test_small_fetches_are_bytes_and_count_against_the_retry_cache():
