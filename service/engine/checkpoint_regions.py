@@ -46,7 +46,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
                                             GradStep, LoadStep, PutStep, RunTemplateStep, SetRequiresGradStep)
 
 from ..ops._context import CURRENT, RunContext
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from .templates import Execute, GradStandIn, renamed
 from .values import ProgramRun, pinned, step_refs
 

@@ -39,7 +39,7 @@ from remote_autograd.proto.messages import CallStep, FunctorchStep
 
 from .. import ops as _ops
 from ..ops._context import CURRENT, RunContext, current
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from . import region_memo, step_cost
 from .values import bound, resolve_args, resolve_kwargs, resolve_value, store_made
 

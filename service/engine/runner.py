@@ -65,8 +65,7 @@ from remote_autograd.proto.messages import (
 
 from .. import ops as _ops
 from ..ops._context import CURRENT
-from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import ProgramAnswer, Session, check_open
+from ..sessions.store import CustomTensor, ProgramAnswer, Session, check_open
 from ..settings import Settings
 from ..step_histogram import FOLD_AT, StepHistogram
 from . import checkpoint_regions, functorch_regions, graph_steps, meta_check, program_plan, speed_caches, templates

@@ -17,8 +17,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import CallStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep
 from remote_autograd.proto.tensors import decode_tensor_data
 
-from ..sessions.custom_tensor import CustomTensor
-from ..sessions.store import Session
+from ..sessions.store import CustomTensor, Session
 from .values import ProgramRun, check_new_ids, meta_message, resolve_value, step_refs, store_tensors
 
 
