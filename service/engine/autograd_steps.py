@@ -144,8 +144,8 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
         if g is not None:
             _accumulate(ct, g, step.create_graph, own)
             changed.append(ct)
-    session.storages.remeasure(changed)  # the grads by storage (an owned grad may share one)
-    session.storages.release(reserved)
+    # the grads by storage (an owned grad may share one), the room reserved for them given back: one change
+    session.storages.remeasure(changed, give_back=reserved)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit else without) if without else []
     result = _backward_result(run, missing)

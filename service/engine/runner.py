@@ -360,8 +360,8 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
             run.forward.record(index, step.op, result, [*args, *kwargs.values()])
         return _store_outputs(run, step, call, result, args, kwargs, index)  # charged from the reservation
     finally:
-        if reserved:
-            session.storages.unreserve()  # what the outputs did not take (a view brings no bytes)
+        if reserved and session.storages.pool:  # the outputs took less than the meta check reserved
+            session.storages.unreserve()  # (a view brings no bytes)
 
 
 def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None:
