@@ -15,6 +15,7 @@ import asyncio
 import logging
 import socket
 from contextlib import asynccontextmanager
+from functools import partial
 from time import perf_counter
 from typing import AsyncIterator
 
@@ -26,14 +27,13 @@ from remote_autograd.proto.negotiation import wants_msgpack
 
 from .. import __version__
 from ..engine import compiled_templates
-from ..engine.admission import admit_program
 from ..engine.answers import encode_answer
-from ..engine.guards import ProgramSlots
+from ..engine.guards import ProgramSlots, admit_program
 from ..engine.program_watch import ProgramWatch
 from ..engine.programs import StepObserver, read_tensor, run_program
 from ..sessions.store import SessionStore
 from ..settings import Settings
-from .encoded_answer import EncodedAnswer
+from .protocol import EncodedAnswer
 from .workers import WorkerThreads
 
 log = logging.getLogger("remote_autograd.service")
@@ -129,18 +129,22 @@ class LocalSessions:
         program, key = await admit_program(body, ctype, self.settings)  # key: what identifies it for retries
         watch = watch or ProgramWatch(self.settings.max_program_seconds)
         as_msgpack = wants_msgpack(accept, ctype)
-        with self.slots.take(session.id, owner):  # admitted: queued behind the session's earlier programs, then running
+        self.slots.take(session.id, owner)  # admitted: queued behind the session's earlier programs, then running
+        try:
             await session.gate.acquire()  # this session's programs queue here, not in the workers
             try:
                 start = perf_counter()
-                outcome = await self.workers.run(session.worker, lambda: run_program(
-                    session, program, key, not as_msgpack, self.settings, observe=self.on_step, watch=watch))
+                outcome = await self.workers.run(session.worker, partial(
+                    run_program, session, program, key, not as_msgpack, self.settings, observe=self.on_step,
+                    watch=watch))
             except BaseException:
                 watch.cancel()  # cancelled while it runs: it stops at its next step
                 session.gate.release()
                 raise
             worker = perf_counter() - start
             self.observe_program(worker)
+        finally:
+            self.slots.give(session.id, owner)
         try:  # the slot is free (the program ran); the gate is held until the answer is sent
             media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
             yield EncodedAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)

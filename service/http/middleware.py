@@ -12,6 +12,8 @@ exception middleware and the router (a speed path: see ``service/http/raw_route.
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from time import perf_counter
 from typing import Any, Callable
 
@@ -20,13 +22,14 @@ from starlette.routing import Match
 from remote_autograd.proto import MSGPACK, ProtocolError, encode_body
 from remote_autograd.proto.negotiation import wants_msgpack
 
-from ..logs import REQUEST_ID, request_id_from
+from ..logs import REQUEST_ID
 from .auth import METRICS_PATH, PUBLIC_PATHS, Tokens
-from .metrics import Metrics
+from .metrics import METHODS, Metrics
 from .raw_route import RawRoute
 
 access_log = logging.getLogger("remote_autograd.service.access")
 error_log = logging.getLogger("remote_autograd.service")
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")  # a request id of the caller's we echo and log
 
 
 def error_response(err: ProtocolError, as_msgpack: bool) -> tuple[bytes, str]:
@@ -41,6 +44,7 @@ class Gatekeeper:
     def __init__(self, app: Callable, *, tokens: Tokens, metrics: Metrics, routes: list) -> None:
         self.app, self.tokens, self.metrics, self.routes = app, tokens, metrics, routes
         self._raw_routes: list[RawRoute] | None = None  # found at the first request, once all routes exist
+        self._counters: dict[tuple, Any] = {}  # the requests counter of each (route, method, status) counted
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -48,7 +52,8 @@ class Gatekeeper:
             return
         start = perf_counter()
         headers = dict(scope["headers"])
-        rid = request_id_from(headers.get(b"x-request-id"))
+        rid = headers.get(b"x-request-id")  # the caller's if it is short and plain, else a new one
+        rid = rid.decode() if rid and _SANE_ID.fullmatch(rid) else uuid.uuid4().hex
         status = 500  # if the app raises before answering, Starlette answers 500
         started = False
         context = REQUEST_ID.set(rid)
@@ -82,7 +87,7 @@ class Gatekeeper:
         if path == METRICS_PATH and self.tokens.is_operator(authorization):
             state["operator"] = True
             return None
-        return self.tokens.owner(authorization)
+        return self.tokens.owner(authorization) if self.tokens.enabled else None
 
     def _raw_route_app(self, scope: dict) -> Callable | None:
         """The ASGI app of the ``RawRoute`` that fully matches ``scope`` (its path parameters and route
@@ -112,7 +117,12 @@ class Gatekeeper:
         if route is None:
             route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
         route = getattr(route, "path", None) or "unmatched"
-        self.metrics.count_request(route, scope["method"], status)
+        method = scope["method"]
+        key = (route, method if method in METHODS else "OTHER", status)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.metrics.request_counter(*key)
+        counter.inc()
         if status >= 500:
             error_log.error("answered %d to %s %s", status, scope["method"], route,
                             extra=_fields(scope, route, status, seconds, rid))

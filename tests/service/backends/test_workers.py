@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from remote_autograd.proto import ProtocolError
-from remote_autograd.service.engine.guards import read_body
+from remote_autograd.service.engine.guards import declared_length, read_body
 from remote_autograd.service.backends.workers import WorkerThreads
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
@@ -65,12 +65,12 @@ def _body(data: bytes, more: bool = False) -> dict:
 @pytest.mark.parametrize("declared", ["10", None])
 def test_read_body_joins_pieces_with_or_without_a_length(declared):
     receive = _receiver(_body(b"01234", True), _body(b"567", True), _body(b"89"))
-    assert bytes(asyncio.run(read_body(receive, declared, 100, 5.0))) == b"0123456789"
+    assert bytes(asyncio.run(read_body(receive, declared, declared_length(declared), 100, 5.0))) == b"0123456789"
 
 
 def test_read_body_returns_a_single_message_as_it_came():
     data = b"x" * 50
-    assert asyncio.run(read_body(_receiver(_body(data)), "50", 100, 5.0)) is data
+    assert asyncio.run(read_body(_receiver(_body(data)), "50", 50, 100, 5.0)) is data
 
 
 @pytest.mark.parametrize("declared, messages, status, words", [
@@ -82,7 +82,7 @@ def test_read_body_returns_a_single_message_as_it_came():
 ])
 def test_read_body_refuses_what_does_not_fit(declared, messages, status, words):
     with pytest.raises(ProtocolError) as info:
-        asyncio.run(read_body(_receiver(*messages), declared, 100, 5.0))
+        asyncio.run(read_body(_receiver(*messages), declared, declared_length(declared), 100, 5.0))
     assert info.value.status == status and words in str(info.value)
 
 
