@@ -31,7 +31,7 @@ from ..engine.answers import encode_answer
 from ..engine.guards import ProgramSlots, admit_program
 from ..engine.program_watch import ProgramWatch
 from ..engine.programs import StepObserver, read_tensor, run_program
-from ..sessions.store import SessionStore
+from ..sessions.store import Session, SessionStore
 from ..settings import Settings
 from .protocol import EncodedAnswer
 from .workers import WorkerThreads
@@ -112,20 +112,24 @@ class LocalSessions:
 
     # -- work ------------------------------------------------------------------------------
 
-    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
-        """404/410 for an id ``owner`` holds no session under, before a byte of its body is read."""
-        self.store.get(sid, owner)
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> Session:
+        """404/410 for an id ``owner`` holds no session under, before a byte of its body is read; the
+        session, for ``answer_program``'s ``found``."""
+        return self.store.get(sid, owner)
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: Session | None = None
+                             ) -> AsyncIterator[EncodedAnswer]:
         """Decode, check and run one program's ``body`` in session ``sid``; its answer, encoded, for
         the caller to send inside the ``async with``. Until then the session runs no other program:
         a big fetched tensor goes out as a view of the session's own memory, which the next
         program could write. ``watch`` stops it between steps (the route cancels it when its
         client disconnects); without one, the time limit still holds, and a cancelled
-        ``async with`` (the Ray front's ``ray.cancel``) stops it too."""
-        session = self.store.get(sid, owner)
+        ``async with`` (the Ray front's ``ray.cancel``) stops it too. ``found``: the session
+        ``check_session`` returned for this request (one deleted or expired since is found closed
+        when the program runs: 404), else it is looked up here."""
+        session = found if found is not None else self.store.get(sid, owner)
         program, key = await admit_program(body, ctype, self.settings)  # key: what identifies it for retries
         watch = watch or ProgramWatch(self.settings.max_program_seconds)
         as_msgpack = wants_msgpack(accept, ctype)

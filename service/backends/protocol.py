@@ -9,7 +9,7 @@ checks that each backend's methods have these names, parameters and kinds (async
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
@@ -53,12 +53,14 @@ class SessionBackend(Protocol):
     async def delete_session(self, sid: str, owner: str | None) -> None:
         """Free the session and every byte it holds."""
 
-    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
-        """404/410 before a byte of a program's body is read."""
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> Any:
+        """404/410 before a byte of a program's body is read; what ``answer_program`` takes as ``found``."""
 
     def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
-                       watch: ProgramWatch | None = None) -> AbstractAsyncContextManager[EncodedAnswer]:
-        """Admit and run one program; its encoded answer, to send inside the ``async with``."""
+                       watch: ProgramWatch | None = None, found: Any = None) -> AbstractAsyncContextManager[EncodedAnswer]:
+        """Admit and run one program; its encoded answer, to send inside the ``async with``. ``found``:
+        what ``check_session`` returned for this request, if it was asked (``LocalSessions``: the
+        session, not looked up again; the other backends return and take None)."""
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

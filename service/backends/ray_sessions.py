@@ -138,8 +138,8 @@ class RaySessions:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded,
         as bytes of its own (nothing of the session's is held while the caller sends it). A cancelled
         ``watch`` cancels the worker's call, which stops the program at its next step there."""

@@ -180,8 +180,8 @@ class TenantProcesses:
             await self._call(worker, sid, "describe_session", {"sid": sid})
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as it came; its answer comes back encoded, as bytes of its own
         (nothing of the session's is held while the caller sends it). A cancelled ``watch`` (the
         client went away) or caller cancels the program's task in the worker: it stops at its next

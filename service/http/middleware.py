@@ -67,9 +67,28 @@ class Gatekeeper:
 
         try:
             try:
+                # the caller's token (None on public paths and for the operator, whom the metrics route
+                # is told of as ``state["operator"]``), or 401
                 state = scope.setdefault("state", {})
-                state["owner"] = self._caller(scope, state, headers.get(b"authorization"))
-                await (self._raw_route_app(scope) or self.app)(scope, receive, send_with_id)
+                path, authorization, tokens = scope["path"], headers.get(b"authorization"), self.tokens
+                if path in PUBLIC_PATHS:
+                    state["owner"] = None
+                elif path == METRICS_PATH and tokens.is_operator(authorization):
+                    state["owner"], state["operator"] = None, True
+                else:
+                    state["owner"] = tokens.owner(authorization) if tokens.enabled else None
+                # the app of the ``RawRoute`` that fully matches (its path parameters and route put in
+                # ``scope``, as the router would), else the app's router
+                app = self.app
+                if self._raw_routes is None:
+                    self._raw_routes = [route for route in self.routes if isinstance(route, RawRoute)]
+                for route in self._raw_routes:
+                    match, child = route.matches(scope)
+                    if match is Match.FULL:
+                        scope.update(child)
+                        app = route.app
+                        break
+                await app(scope, receive, send_with_id)
             except ProtocolError as err:  # refused here, or raised by a raw route (the router's handlers are past)
                 if started:
                     raise
@@ -77,29 +96,6 @@ class Gatekeeper:
         finally:
             REQUEST_ID.reset(context)
             self._observe(scope, status, perf_counter() - start, rid)
-
-    def _caller(self, scope: dict, state: dict, authorization: bytes | None) -> str | None:
-        """The caller's token (None on public paths and for the operator, whom the metrics route is
-        told of as ``state["operator"]``), or 401."""
-        path = scope["path"]
-        if path in PUBLIC_PATHS:
-            return None
-        if path == METRICS_PATH and self.tokens.is_operator(authorization):
-            state["operator"] = True
-            return None
-        return self.tokens.owner(authorization) if self.tokens.enabled else None
-
-    def _raw_route_app(self, scope: dict) -> Callable | None:
-        """The ASGI app of the ``RawRoute`` that fully matches ``scope`` (its path parameters and route
-        are put in ``scope``, as the router would), or None."""
-        if self._raw_routes is None:
-            self._raw_routes = [route for route in self.routes if isinstance(route, RawRoute)]
-        for route in self._raw_routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                scope.update(child)
-                return route.app
-        return None
 
     async def _refuse(self, err: ProtocolError, headers: dict, send: Callable) -> None:
         as_msgpack = wants_msgpack(header_text(headers.get(b"accept")), header_text(headers.get(b"content-type")))

@@ -53,7 +53,7 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     sid = scope["path_params"]["sid"]
     expected = declared_length(declared)
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
-    await backend.check_session(sid, owner, expected)
+    found = await backend.check_session(sid, owner, expected)
     # the body's bytes count among all bodies the server holds (``bodies``) until it is answered
     body = await read_body(receive, declared, expected, settings.max_body_bytes, settings.body_timeout_seconds,
                            bodies)
@@ -65,7 +65,7 @@ async def answer_program_request(scope: dict, receive, send) -> None:
         listening = [None]
         listening[0] = asyncio.get_running_loop().call_later(LISTEN_AFTER_SECONDS, _listen, receive, watch, listening)
         try:
-            async with backend.answer_program(sid, owner, body, ctype, accept, watch) as answer:
+            async with backend.answer_program(sid, owner, body, ctype, accept, watch, found) as answer:
                 listening[0].cancel()
                 # inside: the session runs nothing else until its answer is sent
                 # where the time went, for clients and benchmarks: steps inside the worker, and the worker hop
