@@ -57,7 +57,8 @@ class SessionBackend(Protocol):
         """404/410 before a byte of a program's body is read; what ``answer_program`` takes as ``found``."""
 
     def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
-                       watch: ProgramWatch | None = None, found: Any = None) -> AbstractAsyncContextManager[EncodedAnswer]:
+                       watch: ProgramWatch | None = None,
+                       found: Any = None) -> AbstractAsyncContextManager[EncodedAnswer]:
         """Admit and run one program; its encoded answer, to send inside the ``async with``. ``found``:
         what ``check_session`` returned for this request, if it was asked (``LocalSessions``: the
         session, not looked up again; the other backends return and take None)."""

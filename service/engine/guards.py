@@ -68,7 +68,8 @@ async def read_body(receive: Callable, declared: str | None, expected: int | Non
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ProtocolError(ErrorCode.BAD_REQUEST, f"client disconnected after {size} bytes of the body")
+                        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                            f"client disconnected after {size} bytes of the body")
                     chunk, more = message.get("body", b""), message.get("more_body", False)
                     end = size + len(chunk)
                     if end > limit:
