@@ -1,4 +1,4 @@
-"""``WorkerThreads``, ``read_body`` and ``ProgramSlots`` without HTTP: the halves of a program's trip through the server."""
+"""``WorkerThreads``, ``read_body`` and ``ProgramSlots`` without HTTP: halves of a program's trip through the server."""
 
 from __future__ import annotations
 
