@@ -10,7 +10,7 @@ from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tens
 from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
 from remote_autograd.proto.negotiation import accepts_frames
 
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from ..sessions.store import ProgramAnswer
 
 
