@@ -47,6 +47,8 @@ class Gatekeeper:
         self._counters: dict[tuple, Any] = {}  # the requests counter of each (route, method, status) counted
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        # The request id, the caller and the raw route are found here inline: every request (every
+        # op's) passes, and each was a method or function of its own to follow for a few lines.
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
