@@ -30,9 +30,10 @@ from ..engine import compiled_templates
 from ..engine.answers import encode_answer
 from ..engine.guards import ProgramSlots, admit_program
 from ..engine.program_watch import ProgramWatch
-from ..engine.programs import StepObserver, read_tensor, run_program
+from ..engine.runner import read_tensor, run_program
 from ..sessions.store import Session, SessionStore
 from ..settings import Settings
+from ..step_histogram import StepHistogram
 from .protocol import EncodedAnswer
 from .workers import WorkerThreads
 
@@ -50,7 +51,7 @@ class LocalSessions:
         self.slots = ProgramSlots.of(settings)
         self.name, self.node = name, node or socket.gethostname()
         self.observe_program = lambda seconds: None  # the front's program-time histogram, when it has one
-        self.on_step: StepObserver | None = None  # the step-time histogram, when there is one
+        self.on_step: StepHistogram | None = None  # the step-time histogram, when there is one
         self._sweeper: asyncio.Task | None = None
 
     # -- life of the backend ---------------------------------------------------------------
