@@ -43,7 +43,8 @@ class FillBuffer:
 
     def __init__(self, nbytes: int) -> None:
         self.filled = 0
-        if nbytes < _BIG:  # small: a plain bytearray is cheaper than a torch-backed buffer
+        if nbytes < FILL_MIN_BYTES:  # small: a plain bytearray is cheaper than a torch-backed buffer (the
+            # server's ``read_body`` grows a plain bytearray for a body this small, without one of these)
             self.view = memoryview(bytearray(nbytes))
             return
         import torch
@@ -61,7 +62,7 @@ class FillBuffer:
         self.filled = end
 
 
-_BIG = 1 << 20
+FILL_MIN_BYTES = 1 << 20  # below this a FillBuffer is a plain bytearray
 _POPULATE_MIN_BYTES = 8 << 20
 _POPULATE_STEP = 8 << 20
 _POPULATE_AHEAD = 64 << 20

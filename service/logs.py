@@ -2,17 +2,15 @@
 
 Every line has the same keys (``time, level, logger, message, request_id, route,
 status, duration_ms, session``; null when unknown), so a log pipeline needs no
-per-message parsing. The request id comes from the caller's ``X-Request-ID`` when it
-is sane, else is generated; a context variable carries it into worker threads.
+per-message parsing. The request id (the ``Gatekeeper``'s: the caller's ``X-Request-ID``
+when it is sane, else a new one) is carried into worker threads by a context variable.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
-import uuid
 from contextvars import ContextVar
 from datetime import datetime, timezone
 
@@ -21,14 +19,6 @@ from datetime import datetime, timezone
 LIFECYCLE = "remote_autograd.service.lifecycle"
 REQUEST_ID: ContextVar[str | None] = ContextVar("remote_autograd_request_id", default=None)
 FIELDS = ("request_id", "route", "status", "duration_ms", "session")
-_SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
-
-
-def request_id_from(header: bytes | None) -> str:
-    """The caller's request id if it is short and plain (it is echoed and logged), else a new one."""
-    if header and _SANE_ID.fullmatch(header):
-        return header.decode()
-    return uuid.uuid4().hex
 
 
 class JsonFormatter(logging.Formatter):

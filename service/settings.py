@@ -94,7 +94,7 @@ class Settings:
     tenant_idle_seconds: float = 300.0  # a token's worker process stops after this long without a session
     state_dir: str = ""  # sessions are written here on SIGTERM and restored at start (service.backends.state_volume)
     ray_namespace: str = "remote-autograd"
-    # -- admission, fair work and connections (service/engine/guards.py, service/engine/admission.py,
+    # -- admission, fair work and connections (service/engine/guards.py,
     #    service/engine/program_watch.py, service/http/http_protocol.py) --
     max_tensor_dims: int = 64  # dims of one tensor on the wire
     max_list_values: int = 1 << 20  # values a body's lists hold in all (JSON: counted by its separators)

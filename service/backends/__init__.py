@@ -5,11 +5,10 @@ actors (``ray_sessions``, an optional extra), with what they need (threads, chan
 Its modules (ARCHITECTURE.md maps the packages; what each module holds is told here):
 
 - ``protocol.py``: ``SessionBackend``: what the routes ask of a backend
-  (``tests/service/backends/test_backends.py`` checks the three)
-- ``encoded_answer.py``: ``EncodedAnswer``: a program's answer (``ProgramAnswer``), encoded, as a backend
-  hands it to the route
+  (``tests/service/backends/test_backends.py`` checks the three); ``EncodedAnswer``: a program's answer
+  (``ProgramAnswer``), encoded, as a backend hands it to the route
 - ``local_sessions.py``: ``LocalSessions``: sessions in this process (a ``SessionStore`` and
-  ``WorkerThreads``); admits a program (``engine/admission.py``), takes a slot, runs it on the session's
+  ``WorkerThreads``); admits a program (``engine/guards.py``), takes a slot, runs it on the session's
   thread; what the other backends run inside their workers
 - ``workers.py``: ``WorkerThreads``: each session's programs run on one worker thread
 - ``tenant_processes.py``: ``TenantProcesses``: the backend with a worker process per token (the default, one
@@ -36,7 +35,7 @@ In the walk of one op:
 
 The backend (``service/backends/local_sessions.py``; with a process per tenant the front's ``TenantProcesses``
 passes the body to the tenant's worker, and with Ray the front passes it to a worker actor: each runs this
-same ``LocalSessions``). ``answer_program`` has ``service/engine/admission.py`` decode the body
+same ``LocalSessions``). ``answer_program`` has ``service/engine/guards.py`` decode the body
 (``proto/codec.py`` or ``proto/frames.py``, at most ``max_list_values`` values built; on a thread when big),
 check the step count and tensor dims and sizes it claims (``check_limits``: the one place these limits are
 checked, on every path), and validate it into a ``Program`` (``proto/messages.py``). It takes a program slot

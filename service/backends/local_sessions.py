@@ -15,6 +15,7 @@ import asyncio
 import logging
 import socket
 from contextlib import asynccontextmanager
+from functools import partial
 from time import perf_counter
 from typing import AsyncIterator
 
@@ -26,15 +27,14 @@ from remote_autograd.proto.negotiation import wants_msgpack
 
 from .. import __version__
 from ..engine import compiled_templates
-from ..engine.admission import admit_program
 from ..engine.answers import encode_answer
-from ..engine.guards import ProgramSlots
+from ..engine.guards import ProgramSlots, admit_program
 from ..engine.program_watch import ProgramWatch
 from ..engine.runner import read_tensor, run_program
-from ..sessions.store import SessionStore
+from ..sessions.store import Session, SessionStore
 from ..settings import Settings
 from ..step_histogram import StepHistogram
-from .encoded_answer import EncodedAnswer
+from .protocol import EncodedAnswer
 from .workers import WorkerThreads
 
 log = logging.getLogger("remote_autograd.service")
@@ -113,35 +113,43 @@ class LocalSessions:
 
     # -- work ------------------------------------------------------------------------------
 
-    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
-        """404/410 for an id ``owner`` holds no session under, before a byte of its body is read."""
-        self.store.get(sid, owner)
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> Session:
+        """404/410 for an id ``owner`` holds no session under, before a byte of its body is read; the
+        session, for ``answer_program``'s ``found``."""
+        return self.store.get(sid, owner)
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: Session | None = None
+                             ) -> AsyncIterator[EncodedAnswer]:
         """Decode, check and run one program's ``body`` in session ``sid``; its answer, encoded, for
         the caller to send inside the ``async with``. Until then the session runs no other program:
         a big fetched tensor goes out as a view of the session's own memory, which the next
         program could write. ``watch`` stops it between steps (the route cancels it when its
         client disconnects); without one, the time limit still holds, and a cancelled
-        ``async with`` (the Ray front's ``ray.cancel``) stops it too."""
-        session = self.store.get(sid, owner)
+        ``async with`` (the Ray front's ``ray.cancel``) stops it too. ``found``: the session
+        ``check_session`` returned for this request (one deleted or expired since is found closed
+        when the program runs: 404), else it is looked up here."""
+        session = found if found is not None else self.store.get(sid, owner)
         program, key = await admit_program(body, ctype, self.settings)  # key: what identifies it for retries
         watch = watch or ProgramWatch(self.settings.max_program_seconds)
         as_msgpack = wants_msgpack(accept, ctype)
-        with self.slots.take(session.id, owner):  # admitted: queued behind the session's earlier programs, then running
+        self.slots.take(session.id, owner)  # admitted: queued behind the session's earlier programs, then running
+        try:
             await session.gate.acquire()  # this session's programs queue here, not in the workers
             try:
                 start = perf_counter()
-                outcome = await self.workers.run(session.worker, lambda: run_program(
-                    session, program, key, not as_msgpack, self.settings, observe=self.on_step, watch=watch))
+                outcome = await self.workers.run(session.worker, partial(
+                    run_program, session, program, key, not as_msgpack, self.settings, observe=self.on_step,
+                    watch=watch))
             except BaseException:
                 watch.cancel()  # cancelled while it runs: it stops at its next step
                 session.gate.release()
                 raise
             worker = perf_counter() - start
             self.observe_program(worker)
+        finally:
+            self.slots.give(session.id, owner)
         try:  # the slot is free (the program ran); the gate is held until the answer is sent
             media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
             yield EncodedAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)

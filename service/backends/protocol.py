@@ -1,4 +1,4 @@
-"""``SessionBackend``: what the HTTP layer asks of wherever sessions live.
+"""``SessionBackend``: what the HTTP layer asks of wherever sessions live; ``EncodedAnswer``, what it gets.
 
 Three backends implement it: ``LocalSessions`` (this process), ``TenantProcesses`` (a worker
 process per token, each running a ``LocalSessions``) and ``RaySessions`` (worker actors, each
@@ -9,11 +9,23 @@ checks that each backend's methods have these names, parameters and kinds (async
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
-from .encoded_answer import EncodedAnswer
+
+
+class EncodedAnswer(NamedTuple):
+    """A program's answer (``sessions.store.ProgramAnswer``) as a backend hands it to the route, encoded:
+    status, media type, body parts and where the time went. A named tuple, made once per program
+    without an ``__init__`` of ours to run."""
+
+    status: int
+    media_type: str
+    parts: list
+    total: int
+    steps_seconds: float  # in the program's steps
+    worker_seconds: float  # queued behind the session and running, as the backend saw it
 
 
 class SessionBackend(Protocol):
@@ -41,12 +53,15 @@ class SessionBackend(Protocol):
     async def delete_session(self, sid: str, owner: str | None) -> None:
         """Free the session and every byte it holds."""
 
-    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> None:
-        """404/410 before a byte of a program's body is read."""
+    async def check_session(self, sid: str, owner: str | None, body_bytes: int | None) -> Any:
+        """404/410 before a byte of a program's body is read; what ``answer_program`` takes as ``found``."""
 
     def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
-                       watch: ProgramWatch | None = None) -> AbstractAsyncContextManager[EncodedAnswer]:
-        """Admit and run one program; its encoded answer, to send inside the ``async with``."""
+                       watch: ProgramWatch | None = None,
+                       found: Any = None) -> AbstractAsyncContextManager[EncodedAnswer]:
+        """Admit and run one program; its encoded answer, to send inside the ``async with``. ``found``:
+        what ``check_session`` returned for this request, if it was asked (``LocalSessions``: the
+        session, not looked up again; the other backends return and take None)."""
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

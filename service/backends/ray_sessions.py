@@ -40,7 +40,7 @@ from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
 from ..sessions.store import check_token_sessions, tenant_tag
 from ..settings import Settings
-from .encoded_answer import EncodedAnswer
+from .protocol import EncodedAnswer
 from .ray_worker import WORKER_PREFIX, SessionWorker, worker_name
 
 WORKER_RESOURCE = "remote_autograd_worker"
@@ -138,8 +138,8 @@ class RaySessions:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as bytes (decoded there, once); its answer comes back encoded,
         as bytes of its own (nothing of the session's is held while the caller sends it). A cancelled
         ``watch`` cancels the worker's call, which stops the program at its next step there."""
@@ -151,7 +151,8 @@ class RaySessions:
                 watch.on_cancel(lambda: ray.cancel(ref))
             return ref
 
-        with self.slots.take(sid, owner):
+        self.slots.take(sid, owner)
+        try:
             start = time.perf_counter()
             try:
                 status, media_type, answer, steps, worker = await self._ask(sid, owner, call)
@@ -160,6 +161,8 @@ class RaySessions:
                                     "stopped at a step boundary on its worker") from None
             hop = time.perf_counter() - start
             self.observe_program(hop)
+        finally:
+            self.slots.give(sid, owner)
         yield EncodedAnswer(status, media_type, [answer], len(answer), steps, hop)
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,

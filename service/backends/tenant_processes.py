@@ -44,7 +44,7 @@ from ..engine.program_watch import ProgramWatch
 from ..logs import LIFECYCLE
 from ..settings import Settings
 from .byte_grants import BytePool
-from .encoded_answer import EncodedAnswer
+from .protocol import EncodedAnswer
 from .state_volume import tenant_dir  # the state volume's layout: one directory per tenant
 from .step_deadline import StepDeadline
 from .tenant_channel import ChannelClosed
@@ -180,19 +180,22 @@ class TenantProcesses:
             await self._call(worker, sid, "describe_session", {"sid": sid})
 
     @asynccontextmanager
-    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None,
-                             accept: str | None, watch: ProgramWatch | None = None) -> AsyncIterator[EncodedAnswer]:
+    async def answer_program(self, sid: str, owner: str | None, body, ctype: str | None, accept: str | None,
+                             watch: ProgramWatch | None = None, found: None = None) -> AsyncIterator[EncodedAnswer]:
         """The body goes to the worker as it came; its answer comes back encoded, as bytes of its own
         (nothing of the session's is held while the caller sends it). A cancelled ``watch`` (the
         client went away) or caller cancels the program's task in the worker: it stops at its next
         step there (the worker's own watch keeps the time limit). A step still running past the
         limit, or past its client's leaving, ends the worker (``step_deadline``)."""
         worker = await self._route(sid, owner)
-        with self.slots.take(sid, owner):
+        self.slots.take(sid, owner)
+        try:
             start = perf_counter()
             fields, answer = await self._run(worker, sid, {"sid": sid, "ctype": ctype, "accept": accept}, body, watch)
             hop = perf_counter() - start
             self.observe_program(hop)
+        finally:
+            self.slots.give(sid, owner)
         yield EncodedAnswer(fields["status"], fields["media_type"], [answer], len(answer), fields["steps"], hop)
 
     async def _run(self, worker: WorkerProcess, sid: str, fields: dict, body, watch: ProgramWatch | None):

@@ -19,7 +19,10 @@ _STOP = None
 
 
 class WorkerThreads:
-    """``await workers.run(i, fn, *args)`` calls ``fn(*args)`` on thread ``i``, with the caller's context."""
+    """``await workers.run(i, fn, *args)`` calls ``fn(*args)`` on thread ``i``, with the caller's context.
+
+    ``run`` is a plain function that returns the future to await, not a coroutine: a coroutine
+    would be one more frame suspended on the hop, resumed when the answer comes."""
 
     def __init__(self, count: int, name: str = "remote-autograd") -> None:
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
@@ -44,12 +47,12 @@ class WorkerThreads:
             counts[index] += 1
         return counts.index(min(counts))
 
-    async def run(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
-        """The result of ``fn(*args)`` run on thread ``index`` (its exception is raised here)."""
+    def run(self, index: int, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """A future of the result of ``fn(*args)`` run on thread ``index`` (awaiting it raises its exception)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queues[index].put((loop, future, contextvars.copy_context(), fn, args))
-        return await future
+        return future
 
     def shutdown(self) -> None:
         """Let each thread finish what it was given, then stop it."""
@@ -68,14 +71,9 @@ def _serve(jobs: queue.SimpleQueue) -> None:
 def _run_job(loop: asyncio.AbstractEventLoop, future: asyncio.Future, context: contextvars.Context,
              fn: Callable[..., Any], args: tuple) -> None:
     try:
-        result = context.run(fn, *args)
+        setter, value = _set_result, context.run(fn, *args)
     except BaseException as exc:  # handed to the awaiting coroutine, which raises it
-        _settle(loop, future, _set_exception, exc)
-    else:
-        _settle(loop, future, _set_result, result)
-
-
-def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, setter: Callable, value: Any) -> None:
+        setter, value = _set_exception, exc
     try:
         loop.call_soon_threadsafe(setter, future, value)
     except RuntimeError:  # the loop closed while the job ran: nobody waits for it any more

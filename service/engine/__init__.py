@@ -6,9 +6,9 @@ step is checked on meta first (``meta_check``); ``answers`` says what a program 
 Its modules (ARCHITECTURE.md maps the packages; what each module holds is told here):
 
 - ``guards.py``: admission: ``read_body`` (size and time bounded; ``BodyBytes``: all bodies held together),
-  ``check_limits`` (claims capped before arithmetic), ``ProgramSlots`` (in all, per session, per token)
-- ``admission.py``: a body made a ``Program``: bounded decoding, ``check_limits``, validation; on a thread
-  when the body is big
+  ``check_limits`` (claims capped before arithmetic), ``ProgramSlots`` (in all, per session, per token);
+  ``admit_program``: a body made a ``Program`` (bounded decoding, ``check_limits``, validation; on a thread
+  when the body is big)
 - ``program_watch.py``: ``ProgramWatch``: a program's time limit and its cancel (client gone), checked by the
   runner between steps
 - ``runner.py``: ``run_program``: the retry memory by program id (a retried id gets its first answer), then

@@ -38,10 +38,7 @@ class Tokens:
     def __init__(self, tokens: tuple[str, ...] | list[str], operator: str | None = None) -> None:
         self._tokens = tuple((t, t.encode()) for t in tokens if t)
         self._operator = operator.encode() if operator else None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._tokens)
+        self.enabled = bool(self._tokens)  # without tokens ``owner`` is None for everyone
 
     def owner(self, authorization: bytes | None) -> str | None:
         """The caller's token, None when the server has none, or 401 ``unauthorized``.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..sessions.store import SessionStore
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _PROGRAM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -50,14 +50,11 @@ class Metrics:
         self.registry.register(op_seconds)
         self.op_seconds = op_seconds
         self.registry.register(_StoreCollector(self._figures, in_flight))
-        self._request_children: dict = {}
 
-    def count_request(self, route: str, method: str, status: int) -> None:
-        key = (route, method if method in _METHODS else "OTHER", status)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self._requests.labels(key[0], key[1], str(status))
-        child.inc()
+    def request_counter(self, route: str, method: str, status: int):
+        """The requests counter of these labels (``method``: one of ``METHODS``, or ``OTHER``), to ``inc()``
+        per request; the ``Gatekeeper`` keeps the ones it has used."""
+        return self._requests.labels(route, method, str(status))
 
     async def refresh(self) -> None:
         """Before a scrape: the figures that live in other processes (a process per tenant) fetched."""

@@ -12,6 +12,8 @@ exception middleware and the router (a speed path: see ``service/http/raw_route.
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from time import perf_counter
 from typing import Any, Callable
 
@@ -20,13 +22,14 @@ from starlette.routing import Match
 from remote_autograd.proto import MSGPACK, ProtocolError, encode_body
 from remote_autograd.proto.negotiation import wants_msgpack
 
-from ..logs import REQUEST_ID, request_id_from
+from ..logs import REQUEST_ID
 from .auth import METRICS_PATH, PUBLIC_PATHS, Tokens
-from .metrics import Metrics
+from .metrics import METHODS, Metrics
 from .raw_route import RawRoute
 
 access_log = logging.getLogger("remote_autograd.service.access")
 error_log = logging.getLogger("remote_autograd.service")
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")  # a request id of the caller's we echo and log
 
 
 def error_response(err: ProtocolError, as_msgpack: bool) -> tuple[bytes, str]:
@@ -41,14 +44,18 @@ class Gatekeeper:
     def __init__(self, app: Callable, *, tokens: Tokens, metrics: Metrics, routes: list) -> None:
         self.app, self.tokens, self.metrics, self.routes = app, tokens, metrics, routes
         self._raw_routes: list[RawRoute] | None = None  # found at the first request, once all routes exist
+        self._counters: dict[tuple, Any] = {}  # the requests counter of each (route, method, status) counted
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        # The request id, the caller and the raw route are found here inline: every request (every
+        # op's) passes, and each was a method or function of its own to follow for a few lines.
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = perf_counter()
         headers = dict(scope["headers"])
-        rid = request_id_from(headers.get(b"x-request-id"))
+        rid = headers.get(b"x-request-id")  # the caller's if it is short and plain, else a new one
+        rid = rid.decode() if rid and _SANE_ID.fullmatch(rid) else uuid.uuid4().hex
         status = 500  # if the app raises before answering, Starlette answers 500
         started = False
         context = REQUEST_ID.set(rid)
@@ -62,9 +69,28 @@ class Gatekeeper:
 
         try:
             try:
+                # the caller's token (None on public paths and for the operator, whom the metrics route
+                # is told of as ``state["operator"]``), or 401
                 state = scope.setdefault("state", {})
-                state["owner"] = self._caller(scope, state, headers.get(b"authorization"))
-                await (self._raw_route_app(scope) or self.app)(scope, receive, send_with_id)
+                path, authorization, tokens = scope["path"], headers.get(b"authorization"), self.tokens
+                if path in PUBLIC_PATHS:
+                    state["owner"] = None
+                elif path == METRICS_PATH and tokens.is_operator(authorization):
+                    state["owner"], state["operator"] = None, True
+                else:
+                    state["owner"] = tokens.owner(authorization) if tokens.enabled else None
+                # the app of the ``RawRoute`` that fully matches (its path parameters and route put in
+                # ``scope``, as the router would), else the app's router
+                app = self.app
+                if self._raw_routes is None:
+                    self._raw_routes = [route for route in self.routes if isinstance(route, RawRoute)]
+                for route in self._raw_routes:
+                    match, child = route.matches(scope)
+                    if match is Match.FULL:
+                        scope.update(child)
+                        app = route.app
+                        break
+                await app(scope, receive, send_with_id)
             except ProtocolError as err:  # refused here, or raised by a raw route (the router's handlers are past)
                 if started:
                     raise
@@ -72,29 +98,6 @@ class Gatekeeper:
         finally:
             REQUEST_ID.reset(context)
             self._observe(scope, status, perf_counter() - start, rid)
-
-    def _caller(self, scope: dict, state: dict, authorization: bytes | None) -> str | None:
-        """The caller's token (None on public paths and for the operator, whom the metrics route is
-        told of as ``state["operator"]``), or 401."""
-        path = scope["path"]
-        if path in PUBLIC_PATHS:
-            return None
-        if path == METRICS_PATH and self.tokens.is_operator(authorization):
-            state["operator"] = True
-            return None
-        return self.tokens.owner(authorization)
-
-    def _raw_route_app(self, scope: dict) -> Callable | None:
-        """The ASGI app of the ``RawRoute`` that fully matches ``scope`` (its path parameters and route
-        are put in ``scope``, as the router would), or None."""
-        if self._raw_routes is None:
-            self._raw_routes = [route for route in self.routes if isinstance(route, RawRoute)]
-        for route in self._raw_routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                scope.update(child)
-                return route.app
-        return None
 
     async def _refuse(self, err: ProtocolError, headers: dict, send: Callable) -> None:
         as_msgpack = wants_msgpack(header_text(headers.get(b"accept")), header_text(headers.get(b"content-type")))
@@ -112,7 +115,12 @@ class Gatekeeper:
         if route is None:
             route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
         route = getattr(route, "path", None) or "unmatched"
-        self.metrics.count_request(route, scope["method"], status)
+        method = scope["method"]
+        key = (route, method if method in METHODS else "OTHER", status)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.metrics.request_counter(*key)
+        counter.inc()
         if status >= 500:
             error_log.error("answered %d to %s %s", status, scope["method"], route,
                             extra=_fields(scope, route, status, seconds, rid))

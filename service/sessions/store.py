@@ -160,7 +160,7 @@ class Session:
 class ProgramAnswer:
     """What a program answered: HTTP status and the body (``results`` and maybe ``error``), as the runner
     makes it and a session keeps it for a retry (the wire's ``ProgramResult``; the route sends it
-    encoded: ``backends.encoded_answer.EncodedAnswer``)."""
+    encoded: ``backends.protocol.EncodedAnswer``)."""
 
     status: int
     body: dict

@@ -29,7 +29,7 @@ def _wait_for_populate_threads(seconds: float = 10) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, 4095, fill._BIG - 1, fill._BIG, fill._POPULATE_MIN_BYTES + 12345],
+@pytest.mark.parametrize("nbytes", [0, 1, 4095, fill.FILL_MIN_BYTES - 1, fill.FILL_MIN_BYTES, fill._POPULATE_MIN_BYTES + 12345],
                          ids=["empty", "one", "under-a-page", "small-bytearray", "torch-backed", "populated-ahead"])
 def test_a_fill_buffer_holds_what_a_plain_bytearray_fill_holds(nbytes):
     pieces = _pieces(nbytes, 65536)

@@ -28,21 +28,22 @@ def metrics(request: Request) -> Metrics:
 
 def caller(request: Request) -> str | None:
     """The caller (its token, as the Gatekeeper found it) once the protocol header matches."""
-    return caller_of(request.scope, request.headers.get(PROTOCOL_HEADER))
+    version = request.headers.get(PROTOCOL_HEADER)
+    if version != PROTOCOL_VERSION:
+        raise protocol_mismatch(version)
+    return request.scope.get("state", {}).get("owner")
 
 
 PROTOCOL_KEY = PROTOCOL_HEADER.lower().encode()  # as a raw ASGI header name
 
 
-def caller_of(scope: dict, version: str | None) -> str | None:
-    """``caller`` for a plain ASGI route: the protocol header's ``version`` is read by the route itself."""
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            ErrorCode.PROTOCOL_MISMATCH,
-            f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
-            f"server speaks {PROTOCOL_VERSION}; {_what_to_do(version)}",
-        )
-    return scope.get("state", {}).get("owner")
+def protocol_mismatch(version: str | None) -> ProtocolError:
+    """The error for a protocol header that is not ``PROTOCOL_VERSION`` (``version``: what was sent)."""
+    return ProtocolError(
+        ErrorCode.PROTOCOL_MISMATCH,
+        f"protocol version mismatch: client sent {PROTOCOL_HEADER}: {version or '(none)'}, "
+        f"server speaks {PROTOCOL_VERSION}; {_what_to_do(version)}",
+    )
 
 
 def _what_to_do(version: str | None) -> str:

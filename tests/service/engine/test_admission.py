@@ -144,12 +144,12 @@ def test_a_framed_body_is_weighed_by_the_header_its_decoder_reads(monkeypatch):
 
     from remote_autograd.proto import encode_tensor
     from remote_autograd.proto.frames import FRAMES, header_length, pack_frames
-    from remote_autograd.service.engine import admission
+    from remote_autograd.service.engine import guards
     from remote_autograd.service.settings import Settings
 
     hops = []
     real = asyncio.to_thread
-    monkeypatch.setattr(admission.asyncio, "to_thread", lambda *a: hops.append(a) or real(*a))
+    monkeypatch.setattr(guards.asyncio, "to_thread", lambda *a: hops.append(a) or real(*a))
 
     def framed(frees: int) -> bytes:
         value = encode_tensor(torch.arange(64 * 1024, dtype=torch.float32), as_json=False)  # 256 KiB
@@ -162,9 +162,9 @@ def test_a_framed_body_is_weighed_by_the_header_its_decoder_reads(monkeypatch):
     settings = Settings()
     for frees, thread in ((0, False), (20_000, True)):
         body = framed(frees)
-        assert (header_length(body) > admission.INLINE_BYTES) is thread and len(body) > admission.INLINE_BYTES
-        program, key = asyncio.run(admission.admit_program(body, FRAMES, settings))
+        assert (header_length(body) > guards.INLINE_BYTES) is thread and len(body) > guards.INLINE_BYTES
+        program, key = asyncio.run(guards.admit_program(body, FRAMES, settings))
         assert len(hops) == thread
         hops.clear()
-        assert program == admission.decode_program(body, FRAMES, settings)[0] and key
+        assert program == guards.decode_program(body, FRAMES, settings)[0] and key
         assert program.steps[0].value.data.nbytes == 256 << 10

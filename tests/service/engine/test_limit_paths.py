@@ -1,7 +1,7 @@
 """The limits a program's body claims answer 413 on every path a program takes.
 
 The step count and the put steps' element counts (value and grad) are checked once, at
-admission (``service/guards.check_limits``, called by ``LocalSessions.answer_program``, which
+admission (``service/engine/guards.check_limits``, called by ``LocalSessions.answer_program``, which
 the Ray backend's worker actors run too; the Ray front passes the body on undecoded). So the
 same over-limit program goes here as JSON, as msgpack and as a framed body, to both backends:
 a path that skipped the check would answer something else, or run the program's first step.

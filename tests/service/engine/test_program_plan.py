@@ -17,7 +17,7 @@ from bench import _hot
 from remote_autograd import client
 from remote_autograd.proto import encode_body, encode_tensor
 from remote_autograd.service.engine import meta_check
-from remote_autograd.service.engine.admission import decode_program
+from remote_autograd.service.engine.guards import decode_program
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.sessions.store import SessionStore
