@@ -61,7 +61,7 @@ from .device import _autocast
 from .device._device import claim_index, release_index
 from .device._device_rule import (basic_index, check_local, check_same_device, mixed_devices,
                                   normalise_index, value_dependent_index)
-from .session import _caller_memo, _checkpoint_regions
+from .session import _callsite, _checkpoint_regions
 from .session._answers import lost_template, meta_from_result
 from .session._banner import announce
 from .session._callsite import refuse_custom_function, where
@@ -489,7 +489,8 @@ class SessionCore:
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
-        _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
+        held = _callsite.HELD  # let go of the frame where() remembers: it may be the last to hold a tensor,
+        held[0] = held[1] = None  # freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:
@@ -673,7 +674,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     args = tuple(args)
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
-    origin_where = _caller_memo.where()
+    origin_where = where()
     grad_on = torch.is_grad_enabled()
     default_dtype = _DEFAULT_DTYPE()  # the outputs' dtypes are inferred under it, and the program runs under it
     if default_dtype is not session._queue_dtype and n_out != 0:  # the queue's first op, or it changed

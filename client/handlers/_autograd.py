@@ -15,7 +15,6 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, Re
                                             SetRequiresGradStep)
 
 from .._core import Encoder, RemoteTensor
-from ..session import _caller_memo
 from ..session._answers import meta_from_result
 from ..session._callsite import refuse_custom_function, where
 from ..session._steps import OMIT, Origin, make_step
@@ -126,7 +125,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", _caller_memo.where()))
+    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 
