@@ -61,13 +61,12 @@ from .device import _autocast
 from .device._device import claim_index, release_index
 from .device._device_rule import (basic_index, check_local, check_same_device, mixed_devices,
                                   normalise_index, value_dependent_index)
-from .session import _callsite, _checkpoint_regions
+from .session import _checkpoint_regions, _steps
 from .session._answers import lost_template, meta_from_result
 from .session._banner import announce
-from .session._callsite import refuse_custom_function, where
-from .session._queue_globals import QueueGlobals
+from .session._callsite import refuse_custom_function
 from .session._routes import Route, route_table
-from .session._steps import OMIT, Origin, make_step
+from .session._steps import OMIT, Origin, QueueGlobals, make_step, where
 from .session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from .tensor import _foreach, _func_transforms, _traced, _views
 from .tensor._autograd_flags import set_has_grad, set_requires_grad_flag
@@ -378,7 +377,7 @@ class SessionCore:
         self._queued_bytes = 0
         self._frees: list[str] = []
         # the default dtype the queued ops were inferred under (None: no op queued), and torch's other
-        # settings they run under (_queue_globals)
+        # settings they run under (session/_steps' QueueGlobals)
         self._queue_dtype: torch.dtype | None = None
         self._globals = QueueGlobals()
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
@@ -489,7 +488,7 @@ class SessionCore:
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
-        held = _callsite.HELD  # let go of the frame where() remembers: it may be the last to hold a tensor,
+        held = _steps.HELD  # let go of the frame where() remembers: it may be the last to hold a tensor,
         held[0] = held[1] = None  # freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
@@ -513,7 +512,7 @@ class SessionCore:
         for _ in range(len(self._templates) + 1):
             # The SDK names every output and infers its metadata: the server need not send it back
             # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
-            # ``fields``: the torch settings the steps were queued under (_queue_globals).
+            # ``fields``: the torch settings the steps were queued under (session/_steps' QueueGlobals).
             program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
             status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
             lost = lost_template(body, steps) if status == 404 else None

@@ -16,8 +16,8 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, Re
 
 from .._core import Encoder, RemoteTensor
 from ..session._answers import meta_from_result
-from ..session._callsite import refuse_custom_function, where
-from ..session._steps import OMIT, Origin, make_step
+from ..session._callsite import refuse_custom_function
+from ..session._steps import OMIT, Origin, make_step, where
 from ..tensor import _views
 from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from . import _staged

@@ -1,25 +1,11 @@
-"""Where the user's call came from: the ``file:line`` errors name, and the ``autograd.Function``
-whose forward we might be inside (run, or refused where torch would record it: ``_frame_return``
-waits for its ``apply`` to return). Both read the Python stack.
-
-The user's line, ``where()``, has a plain path and a speed path in one function, as both read the same
-frames. Plain path (``user_line``): walk from the call up through torch's frames and ours to the first
-frame of the user's; for every op of an optimizer's step or of ``clip_grad_norm_`` that is a dozen
-frames (the optimizer, its wrappers, torch's dynamo guards), each made into a frame object as it is
-read. Speed path: remember the torch frame that called the last op and the line found above it. While
-that same frame object is the one calling again, it has been running all along, so every frame above
-it is still suspended in the same call and the user's line is the same: the answer is one identity
-check. A frame that can be suspended and resumed from another caller (a generator or coroutine) is
-never remembered. The frame is held (with its locals) until another frame replaces it or the session
-sends its queue (``SessionCore.flush`` empties ``HELD``), so that a tensor dropped in between is still freed in the same program.
-``verifying()`` walks the plain path beside every remembered answer.
+"""Whether a call runs inside a user's ``autograd.Function``'s forward: run, or refused where torch would
+record it (``_frame_return`` waits for its ``apply`` to return). It reads the Python stack, with
+``_steps``' frame kinds and ``user_line`` for the line an error names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
 import sys
 import threading
 from typing import Callable, Iterator
@@ -28,94 +14,11 @@ import torch
 
 from ..device._device import DEVICE_TYPE
 from . import _frame_return
+from ._steps import user_line
 
-_CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # client/, not client/session/
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 _FWD_GRAD_ENABLED = torch._C._is_fwd_grad_enabled
 _ON_EVENT = _frame_return.ON_EVENT_CODE  # the profile callback's frame: the outer apply returns below it
-
-
-USER, OURS, TORCHS = 0, 1, 2  # whose code a frame runs (``frame_kind``)
-
-
-_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
-# [torch's frame that called the last op, the user's line above it]: the speed path's memory (see the docstring)
-HELD: list = [None, None]
-_checking = False
-
-
-def where() -> str | None:
-    """``file:line`` of the user's code that made the current call (first frame outside torch and us): what
-    ``user_line`` walks to, remembered per calling torch frame (the docstring)."""
-    f = sys._getframe(2)
-    first = None  # the first of torch's frames met that cannot be resumed elsewhere: remembered
-    while f is not None:
-        code = f.f_code
-        known = _KIND_OF_CODE.get(id(code))  # frame_kind's cache, read here: no call per frame walked
-        kind = known[1] if known is not None else frame_kind(code)
-        if kind == USER:
-            line = f"{code.co_filename}:{f.f_lineno}"
-            if first is not None:
-                HELD[0], HELD[1] = first, line
-            return line
-        if f is HELD[0]:  # running all along since it called the last op: the same user's line above it
-            line = HELD[1]
-            if _checking:
-                _check(line, user_line(f))
-            if first is not None:
-                HELD[0] = first
-            return line
-        if first is None and kind == TORCHS and not code.co_flags & _RESUMABLE:
-            first = f
-        f = f.f_back
-    if first is not None:
-        HELD[0], HELD[1] = first, None
-    return None
-
-
-@contextlib.contextmanager
-def verifying() -> Iterator[None]:
-    """Every remembered answer is also walked for (the plain path); a difference raises ``AssertionError``."""
-    global _checking
-    before, _checking = _checking, True
-    try:
-        yield
-    finally:
-        _checking = before
-
-
-def _check(kept: str | None, walked: str | None) -> None:
-    if kept != walked:
-        raise AssertionError(f"caller memo: {kept} remembered, {walked} walked")
-
-
-def user_line(f) -> str | None:
-    """``file:line`` of the first frame from ``f`` up that runs neither torch's code nor ours."""
-    while f is not None:
-        code = f.f_code
-        known = _KIND_OF_CODE.get(id(code))  # frame_kind's cache, read here: no call per frame walked
-        if (known[1] if known is not None else frame_kind(code)) == USER:
-            return f"{code.co_filename}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
-def frame_kind(code) -> int:
-    """``USER``, ``OURS`` or ``TORCHS``: whose code ``code`` is."""
-    # Keyed by id: a code object's own hash reads its whole body each time (big torch functions).
-    known = _KIND_OF_CODE.get(id(code))
-    if known is None:  # once per code object: optimizer steps walk a dozen torch frames per op
-        if len(_KIND_OF_CODE) > 50_000:
-            _KIND_OF_CODE.clear()
-        name = code.co_filename
-        kind = OURS if name.startswith(_CLIENT_DIR) else TORCHS if name.startswith(_TORCH_DIR) else USER
-        known = _KIND_OF_CODE[id(code)] = (code, kind)
-    return known[1]
-
-
-# id(code) -> (code, whose it is); the code is kept so that its id is not reused
-_KIND_OF_CODE: dict[int, tuple] = {}
 
 
 def refuse_custom_function(func: Callable) -> None:

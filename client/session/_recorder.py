@@ -68,7 +68,7 @@ class Recorder:
     def new_id(self) -> str:
         return f"v{next(self._names)}"
 
-    # torch's settings (``SessionCore``'s, from ``_queue_globals``): a template's steps are recorded
+    # torch's settings (``SessionCore``'s, from ``_steps``' ``QueueGlobals``): a template's steps are recorded
     # under the default dtype dynamo guards, and the program that runs it carries the settings of the
     # call (``_compiled``); anomaly detection is the call's too, never recorded into the template.
     _queue_dtype: torch.dtype | None = None
