@@ -212,9 +212,8 @@ class QueueGlobals:
         self.lines: OrderedDict[str, list] = OrderedDict()
 
     def autograd_fields(self) -> dict:
-        """A backward or grad step's fields that make it run under anomaly detection as torch's would now."""
-        if not _ANOMALY():
-            return {}
+        """A backward or grad step's fields that make it run under anomaly detection, as torch's does now
+        (``SessionCore.autograd_fields`` asks only then)."""
         self.anomaly = True
         return {"detect_anomaly": True} if _CHECK_NAN() else {"detect_anomaly": True, "check_nan": False}
 
@@ -235,9 +234,9 @@ class QueueGlobals:
                 "program, which runs under one setting, and which of them came before the change is not known. "
                 "These steps did not run: call sess.sync() before changing it", code="globals_changed")
         fields: dict = {}
-        wire = torch_globals.to_wire((dtype, *flags))
-        if wire is not None:
-            fields["torch_globals"] = wire
+        state = (dtype, *flags)
+        if state != torch_globals.DEFAULT:  # to_wire's own first test, here: no call for torch's defaults
+            fields["torch_globals"] = torch_globals.to_wire(state)
         if anomaly:
             fields["detect_anomaly"] = True
             self.lines[program_id] = [o.where if o is not None else None for o in origins]
