@@ -53,7 +53,7 @@ import torch.compiler as _compiler
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor, torch_globals
-from remote_autograd.proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto.codec import FRAME_MIN_BYTES
 from remote_autograd.proto.messages import CallStep, FetchStep, FreeStep, PutStep
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies
 

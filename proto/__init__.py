@@ -7,10 +7,9 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 - ``tensors.py``: ``encode_tensor`` / ``decode_tensor``: a tensor as ``{dtype, shape, data}`` in each form;
   ``decode_tensor_data`` for a validated put
 - ``dtypes.py``: the dtype names of the wire
-- ``codec.py``: bodies as msgpack or JSON (``decode_body``, ``encode_body``)
-- ``negotiation.py``: ``wants_msgpack``, ``accepts_frames``: an answer's encoding from ``Accept`` and
-  ``Content-Type`` (routes and backends decide it alike)
-- ``frames.py``: framed bodies for big tensors (``pack_frames``, ``unpack_frames``)
+- ``codec.py``: bodies as msgpack, JSON or framed (``decode_body``, ``encode_body``); ``wants_msgpack``,
+  ``accepts_frames``: an answer's encoding from ``Accept`` and ``Content-Type`` (routes and backends decide it
+  alike); framed bodies for big tensors (``pack_frames``, ``unpack_frames``)
 - ``errors.py``: ``ErrorCode``, its HTTP statuses, ``ProtocolError``
 - ``schema.py``: writes ``proto/schema.json`` from ``messages.py``
 - ``op_contract.py``: the op contract: factories, the in-place rule, shape-changing in-place ops, shape rule

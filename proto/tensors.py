@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .dtypes import DTYPES, ITEMSIZES, dtype_from_name, dtype_name
+from .dtypes import DTYPE_NAMES, DTYPES, ITEMSIZES, dtype_from_name, dtype_name
 from .errors import ErrorCode, ProtocolError, bad_request
 
 if TYPE_CHECKING:
@@ -49,7 +49,9 @@ def encode_tensor(t: torch.Tensor, *, as_json: bool = False, as_view: bool = Fal
     threads, which then spin, and beside a server on the same cores (the embedded default) that
     spinning takes the cores the server's step needs (``python -m bench same_machine``).
     """
-    name = dtype_name(t.dtype)
+    name = DTYPE_NAMES.get(t.dtype)
+    if name is None:  # dtype_name's error, only then called: no call per tensor
+        dtype_name(t.dtype)
     t = t.detach()
     if not t.is_cpu:  # not ``t.device.type``: building a device object costs more than the whole small copy
         t = t.cpu()
@@ -134,15 +136,24 @@ def decode_tensor(
         raise bad_request(f"{field}: unknown keys {sorted(extra)}")
     if "data" not in obj:
         raise bad_request(f"{field}.data: missing")
-    shape = check_shape(obj.get("shape"), field)
+    shape = obj.get("shape")
+    if type(shape) is not list:  # check_shape's checks, inline for a plain list of ints (every answer's)
+        shape = check_shape(shape, field)
+    else:
+        for d in shape:
+            if type(d) is not int or d < 0:
+                check_shape(shape, field)  # raises for what is not an int subclass >= 0
+        shape = tuple(shape)
     numel = math.prod(shape)
     if max_elements is not None and numel > max_elements:  # limits answer before anything else
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"{field}: shape {list(shape)} has {numel} elements, over the limit max_tensor_elements={max_elements}",
         )
-    dtype_from_name(obj.get("dtype"), f"{field}.dtype")
-    return _build(obj["dtype"], shape, obj["data"], field, device, copy)
+    name = obj.get("dtype")
+    if type(name) is not str or name not in DTYPES:  # dtype_from_name's error, only then called
+        dtype_from_name(name, f"{field}.dtype")
+    return _build(name, shape, obj["data"], field, device, copy)
 
 
 def decode_tensor_data(value: TensorData, *, field: str = "value", device: torch.device | str | None = None,
@@ -159,20 +170,16 @@ def _build(name: str, shape: tuple[int, ...], data: Any, field: str, device, cop
     dtype, numel = DTYPES[name], math.prod(shape)
     if math.prod(d for d in shape if d) * ITEMSIZES[name] >= _MAX_BYTES:
         raise bad_request(f"{field}.shape: {list(shape)} is too large to describe a tensor")
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return _from_bytes(data, dtype, name, shape, numel, field, device, copy)
     if isinstance(data, str):
         try:
-            raw = base64.b64decode(data, validate=True)
+            data, copy = base64.b64decode(data, validate=True), True
         except (binascii.Error, ValueError):
             raise bad_request(f"{field}.data: not valid base64") from None
-        return _from_bytes(raw, dtype, name, shape, numel, field, device)
-    if isinstance(data, list):
+    elif isinstance(data, list):
         return _from_list(data, dtype, name, shape, numel, field, device)
-    raise bad_request(f"{field}.data: expected bytes, a base64 string or a flat list, got {type(data).__name__}")
-
-
-def _from_bytes(data, dtype, name, shape, numel, field, device, copy=True) -> torch.Tensor:
+    elif not isinstance(data, (bytes, bytearray, memoryview)):
+        raise bad_request(f"{field}.data: expected bytes, a base64 string or a flat list, got {type(data).__name__}")
+    # the bytes (as sent, or from base64)
     expected = numel * ITEMSIZES[name]
     if len(data) != expected:
         raise bad_request(

@@ -23,7 +23,7 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 In the walk of one op:
 
 The transport (``client/transport/_transport.py``). ``Transport.request`` encodes the program in msgpack
-(framed, ``proto/frames.py``, when it carries big tensors) and posts it to ``/v1/sessions/{sid}/programs``
+(framed, ``proto/codec.py``, when it carries big tensors) and posts it to ``/v1/sessions/{sid}/programs``
 through the session's ``httpx.BaseTransport``: ``TunedTransport`` (``client/transport/_http.py``) by default,
 or ``InProcessTransport`` (``client/transport/_inprocess.py``), which hands the same request to the app in
 this process.

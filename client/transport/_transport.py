@@ -5,7 +5,7 @@ layer and its per-request cost. The transport is any ``httpx.BaseTransport``: by
 default httpx's own over a tuned socket layer (``_http``); ``InProcessTransport``
 calls an ASGI app in this process; a wrapper of either can record or replay.
 Bodies are msgpack both ways; a body carrying big tensors goes framed
-(``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
+(``proto.codec``): the tensors' own bytes stream out in 1 MiB pieces and answers
 land in one preallocated buffer that the decoded tensors then view in place.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, ProtocolError, decode_body, encode_body
-from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
+from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames
 
 from remote_autograd._fill_buffer import FillBuffer
 
@@ -119,11 +119,12 @@ class Transport:
                 break
         self._timing_header = response.headers.get("server-timing")
         ctype = response.headers.get("content-type")
-        if is_frames(ctype):
-            return response.status_code, unpack_frames(data)
-        try:
-            decoded = decode_body(data, ctype) if data else None
-        except ProtocolError:  # an answer in neither of our formats: something else listens at the URL
+        try:  # msgpack, JSON or framed (decode_body reads all three)
+            decoded = decode_body(data, ctype) if data or is_frames(ctype) else None
+        except ProtocolError:
+            if is_frames(ctype):  # a framed answer that is not whole: says so
+                raise
+            # an answer in none of our formats: something else listens at the URL
             raise RemoteError(not_ours(self.base_url, response.status_code, ctype), code="not_remote_autograd",
                               status=response.status_code) from None
         if response.status_code == 429 and isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):

@@ -17,7 +17,7 @@ import asyncio
 from typing import Any
 
 from remote_autograd.proto import ErrorCode, ProtocolError, decode_body
-from remote_autograd.proto.frames import header_length, header_of, is_frames, unpack_frames
+from remote_autograd.proto.codec import header_length, header_of, is_frames, unpack_frames
 from remote_autograd.proto.messages import Program, validate_program
 
 from ..settings import Settings

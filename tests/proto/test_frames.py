@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import ProtocolError, decode_tensor, encode_tensor
-from remote_autograd.proto.frames import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
+from remote_autograd.proto.codec import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
 
 
 def _body(parts) -> bytearray:

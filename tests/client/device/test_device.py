@@ -16,7 +16,7 @@ from torch import nn
 
 from remote_autograd import client
 from remote_autograd.proto import decode_body
-from remote_autograd.proto.frames import is_frames, unpack_frames
+from remote_autograd.proto.codec import is_frames, unpack_frames
 from ...bits import fit, torch_copies
 
 
