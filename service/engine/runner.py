@@ -33,7 +33,7 @@ from remote_autograd.proto.messages import (
     SetRequiresGradStep,
     TemplateStep,
 )
-from remote_autograd.proto.tensors import decode_tensor_data
+from remote_autograd.proto.codec import decode_tensor_data
 
 from .. import ops as _ops
 from ..ops._context import RunContext, reset, set_current
