@@ -471,7 +471,7 @@ class SessionCore:
         if self._queue_dtype is not None:
             self.flush()
         # the queue's first op: torch's settings now (raises, at the user's line, when unreadable)
-        self._globals.flags = torch_globals.read_flags()
+        self._globals.flags = torch_globals.read()[1:]  # all but the default dtype (read per op)
         self._queue_dtype = dtype
 
     def autograd_fields(self) -> dict:

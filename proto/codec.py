@@ -380,8 +380,8 @@ def decode_tensor(
     copy: bool = True,
 ) -> torch.Tensor:
     """A new tensor from an unchecked wire object (an answer the SDK reads); every check happens
-    before any allocation. A put step's tensors are validated with their program:
-    ``decode_tensor_data`` builds them.
+    before any allocation (the data against the shape and dtype last). A put step's tensors are
+    validated with their program: ``decode_tensor_data`` hands them here.
 
     ``copy=False`` with a writable buffer (a framed body the caller owns) keeps the bytes
     where they are: the tensor is a view of the buffer, and keeps it alive.
@@ -410,21 +410,7 @@ def decode_tensor(
     name = obj.get("dtype")
     if type(name) is not str or name not in DTYPES:  # dtype_from_name's error, only then called
         dtype_from_name(name, f"{field}.dtype")
-    return _build(name, shape, obj["data"], field, device, copy)
-
-
-def decode_tensor_data(value: TensorData, *, field: str = "value", device: torch.device | str | None = None,
-                       copy: bool = True) -> torch.Tensor:
-    """A new tensor from a validated ``TensorData`` (a put step's value or grad), as ``decode_tensor``
-    builds it. Validation has checked its keys, its dtype's name and its shape's dims, and the
-    element limit was checked on the body before that; what is left (the data against the shape
-    and dtype) is checked here, before any allocation."""
-    return _build(value.dtype, tuple(value.shape), value.data, field, device, copy)
-
-
-def _build(name: str, shape: tuple[int, ...], data: Any, field: str, device, copy: bool) -> torch.Tensor:
-    """The tensor of a known dtype ``name`` and a checked ``shape``: ``data``'s form and size checked first."""
-    dtype, numel = DTYPES[name], math.prod(shape)
+    data, dtype = obj["data"], DTYPES[name]
     if math.prod(d for d in shape if d) * ITEMSIZES[name] >= _MAX_BYTES:
         raise bad_request(f"{field}.shape: {list(shape)} is too large to describe a tensor")
     if isinstance(data, str):
@@ -436,8 +422,7 @@ def _build(name: str, shape: tuple[int, ...], data: Any, field: str, device, cop
         return _from_list(data, dtype, name, shape, numel, field, device)
     elif not isinstance(data, (bytes, bytearray, memoryview)):
         raise bad_request(f"{field}.data: expected bytes, a base64 string or a flat list, got {type(data).__name__}")
-    # the bytes (as sent, or from base64)
-    expected = numel * ITEMSIZES[name]
+    expected = numel * ITEMSIZES[name]  # the bytes (as sent, or from base64)
     if len(data) != expected:
         raise bad_request(
             f"{field}.data: {len(data)} bytes, but shape {list(shape)} of {name} needs {expected}"
@@ -450,6 +435,16 @@ def _build(name: str, shape: tuple[int, ...], data: Any, field: str, device, cop
     if not copy and isinstance(data, (bytearray, memoryview)) and not memoryview(data).readonly:
         return view
     return view.clone()
+
+
+def decode_tensor_data(value: TensorData, *, field: str = "value", device: torch.device | str | None = None,
+                       copy: bool = True) -> torch.Tensor:
+    """A new tensor from a validated ``TensorData`` (a put step's value or grad), as ``decode_tensor``
+    builds it. Validation has checked its keys, its dtype's name and its shape's dims, and the
+    element limit was checked on the body before that: ``decode_tensor``'s checks of those pass, and
+    what is left (the data against the shape and dtype) is checked there, before any allocation."""
+    return decode_tensor({"dtype": value.dtype, "shape": value.shape, "data": value.data}, field=field,
+                         device=device, copy=copy)
 
 
 def _from_list(data, dtype, name, shape, numel, field, device) -> torch.Tensor:

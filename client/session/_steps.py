@@ -223,7 +223,7 @@ class QueueGlobals:
         before, self.flags = self.flags, None
         anomaly, self.anomaly = self.anomaly or _ANOMALY(), False
         try:
-            flags = torch_globals.read_flags()
+            flags = torch_globals.read()[1:]
         except RuntimeError as exc:  # torch cannot say them as the wire does: the steps fail, saying so
             raise RemoteError(str(exc), code="globals_unreadable") from None
         if flags != before:
