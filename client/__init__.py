@@ -46,7 +46,7 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 
 The walk of one op, back from the server:
 
-And back. The runner stores each output as a ``CustomTensor`` (``service/sessions/custom_tensor.py``) under
+And back. The runner stores each output as a ``CustomTensor`` (``service/sessions/store.py``) under
 the id the client chose, and answers its metadata (``{id, dtype, shape, requires_grad}``), except in the SDK's
 programs: they set ``omit_known_meta`` (the SDK inferred it all), and only what the client cannot know comes
 back (the outputs of an ``out_many`` call, which grads of an ``allow_unused`` grad are None, a backward's

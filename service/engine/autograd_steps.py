@@ -14,7 +14,7 @@ from torch.autograd.graph import GradientEdge
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep
 
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from ..sessions.store import Session
 from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings

@@ -45,7 +45,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
                                             GradStep, LoadStep, PutStep, RunTemplateStep, SetRequiresGradStep)
 
 from ..ops._context import RunContext, reset, set_current
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from .program_run import ProgramRun
 from .saved_tensors import pinned
 from .templates import Execute, GradStandIn, renamed

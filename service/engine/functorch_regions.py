@@ -38,7 +38,7 @@ from remote_autograd.proto.messages import CallStep, FunctorchStep
 
 from .. import ops as _ops
 from ..ops._context import RunContext, current, reset, set_current
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from . import region_memo, step_cost
 from .values import bound, resolve_args, resolve_kwargs, resolve_value, store_made
 

@@ -15,7 +15,7 @@ import torch
 from remote_autograd.proto.messages import BackwardStep, CallStep, FetchStep, FreeStep, PutStep, SetGradStep
 
 from .. import ops as _ops
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from .replayable import replayable_call
 
 

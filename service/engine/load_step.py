@@ -13,7 +13,7 @@ from __future__ import annotations
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import LoadStep
 
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from . import model_dir
 from .program_run import ProgramRun
 from .values import check_new_ids, meta_message, store_made

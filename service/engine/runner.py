@@ -37,7 +37,7 @@ from remote_autograd.proto.codec import decode_tensor_data
 
 from .. import ops as _ops
 from ..ops._context import RunContext, reset, set_current
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from ..sessions.store import ProgramAnswer, Session
 from ..settings import Settings
 from . import checkpoint_regions, functorch_regions, graph_steps, templates, user_functions

@@ -43,7 +43,7 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEn
                                             SetRequiresGradStep, TemplateStep)
 
 from .. import ops as _ops
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from . import compiled_templates, functorch_regions
 from .program_plan import PLAIN, for_template, inputs_key, loose_scalars
 from .program_run import ProgramRun

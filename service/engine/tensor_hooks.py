@@ -43,7 +43,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, TensorHook
 
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from . import module_hooks
 from .program_run import ProgramRun
 from .templates import Execute, GradStandIn

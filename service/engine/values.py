@@ -13,7 +13,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_from_name, dtype_name
 
-from ..sessions.custom_tensor import CustomTensor
+from ..sessions.store import CustomTensor
 from ..sessions.store import Session
 from ..settings import Settings
 

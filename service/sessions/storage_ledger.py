@@ -30,13 +30,14 @@ from __future__ import annotations
 
 from collections import deque
 import threading
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
-from .custom_tensor import CustomTensor
+if TYPE_CHECKING:  # the store holds the ledger: its tensors are only named here
+    from .store import CustomTensor
 
 
 class Budget:
@@ -109,21 +110,16 @@ class StorageLedger:
         if self.dead:
             self.settle()
         per_ct = [storage_of(ct.value, ct.grad) for ct in cts]
-        new: dict[object, int] = {}
-        for pieces in per_ct:
-            for key, _, nbytes in pieces:
-                if key not in self._entries:
-                    new[key] = nbytes
-        self._from_pool(sum(new.values()), limit)  # a step's outputs: from its reservation first
+        self._count([piece for pieces in per_ct for piece in pieces], limit)
         for ct, pieces in zip(cts, per_ct):
-            ct.held = tuple(self._add(key, keep, nbytes) for key, keep, nbytes in pieces)
+            ct.held = tuple(key for key, _, _ in pieces)
 
     def drop(self, cts: Iterable[CustomTensor]) -> None:
         """``cts`` left the session: each reference they were counted under goes."""
+        cts = list(cts)
         freed = self._settled() if self.dead else 0
+        freed += self._forget([key for ct in cts for key in ct.held])
         for ct in cts:
-            for key in ct.held:
-                freed += self._remove(key)
             ct.held = ()
         if freed:
             self._commit(-freed)
@@ -147,8 +143,7 @@ class StorageLedger:
                     delta += nbytes - entry[1]
                     entry[1] = nbytes
                 entry[2] += 1
-            for key in ct.held:
-                delta -= self._remove(key)
+            delta -= self._forget(ct.held)
             ct.held = tuple(key for key, _, _ in pieces)
         if delta:
             self._commit(delta)
@@ -159,11 +154,9 @@ class StorageLedger:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
         this runs for every tensor a graph saves, and the runner settles after every step.)"""
-        [(key, keep, nbytes)] = storage_of(t)
-        if key not in self._entries:
-            # an op that saves its own output (exp) pins what its step reserved: charged once, not twice
-            self._from_pool(nbytes, limit)
-        return self._add(key, keep, nbytes)
+        pieces = storage_of(t)
+        self._count(pieces, limit)  # an op that saves its own output (exp) pins what its step reserved
+        return pieces[0][0]
 
     def reserve(self, nbytes: int, limit: int) -> None:
         """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
@@ -206,13 +199,24 @@ class StorageLedger:
 
     # -- the counts -------------------------------------------------------------------------
 
-    def _from_pool(self, nbytes: int, limit: int) -> None:
-        """Charge ``nbytes`` new to the session: out of the running step's reservation first
-        (``reserve``: already charged and checked), the rest against ``limit`` (413 past it)."""
-        from_pool = min(self.pool, nbytes)
-        if nbytes > from_pool:
-            self._commit(nbytes - from_pool, limit)
-        self.pool -= from_pool
+    def _count(self, pieces: list[tuple[object, object, int]], limit: int) -> None:
+        """One more reference to each piece's storage (``storage_of``), all or none: the storages new to
+        the session are charged, out of the running step's reservation first (``reserve``: already
+        charged and checked), the rest against ``limit`` (413 past it, nothing counted)."""
+        entries = self._entries
+        new = {key: nbytes for key, _, nbytes in pieces if key not in entries}
+        if new:
+            nbytes = sum(new.values())
+            from_pool = min(self.pool, nbytes)
+            if nbytes > from_pool:
+                self._commit(nbytes - from_pool, limit)
+            self.pool -= from_pool
+        for key, keep, nbytes in pieces:
+            entry = entries.get(key)
+            if entry is None:
+                entries[key] = [keep, nbytes, 1]
+            else:
+                entry[2] += 1
 
     def _commit(self, delta: int, limit: int | None = None) -> None:
         """``held`` and every budget moved by ``delta``, at once. A growth with a ``limit`` is refused
@@ -242,26 +246,18 @@ class StorageLedger:
         self.held += delta
 
     def _settled(self) -> int:
-        freed = 0
-        while self.dead:
-            freed += self._remove(self.dead.popleft())
-        return freed
+        dead = self.dead  # appended from any thread: taken one by one
+        return self._forget([dead.popleft() for _ in range(len(dead))])
 
-    def _add(self, key: object, keep: object, nbytes: int) -> object:
-        entry = self._entries.get(key)
-        if entry is None:
-            self._entries[key] = [keep, nbytes, 1]
-        else:
-            entry[2] += 1
-        return key
-
-    def _remove(self, key: object) -> int:
-        """One reference fewer; the storage's bytes when it was the last, else 0."""
+    def _forget(self, keys: Iterable[object]) -> int:
+        """One reference fewer to each key's storage; the bytes of the storages that lost their last."""
         if self.closed:
             return 0
-        entry = self._entries[key]
-        entry[2] -= 1
-        if entry[2]:
-            return 0
-        del self._entries[key]
-        return entry[1]
+        entries, freed = self._entries, 0
+        for key in keys:
+            entry = entries[key]
+            entry[2] -= 1
+            if not entry[2]:
+                del entries[key]
+                freed += entry[1]
+        return freed

@@ -1,4 +1,5 @@
-"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/sweep``.
+"""Sessions and where they live: ``SessionStore`` with ``create/get/delete/sweep``; what a session
+holds for each tensor id, ``CustomTensor``.
 
 A session owns its tensors, its ``torch.Generator`` and a lock; programs of one
 session run one at a time. The store is used in this process by
@@ -22,8 +23,75 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..settings import Settings
-from .custom_tensor import CustomTensor
 from .storage_ledger import Budget, StorageLedger
+
+
+class CustomTensor:
+    """``value`` (the live torch tensor, in the autograd graph) and ``grad`` (the leaf's ``.grad``, or
+    ``None``), named as the wire names them; the original design called them ``_custom_data`` and
+    ``_custom_grad``.
+
+    Its boundary (``from_torch``, ``to_torch``) never hands out a reference to a value or a grad
+    (``detach().clone()``), and a missing grad is ``None``, never zeros. Inside the server the
+    step handlers use ``value`` and ``grad`` themselves: that is how ops see the graph.
+    """
+
+    __slots__ = ("value", "grad", "retains_grad", "held")
+
+    def __init__(self, value: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+        self.value = value
+        self.grad = grad
+        self.retains_grad = False
+        self.held: tuple = ()  # the storage keys its session counts it under (``storage_ledger``)
+
+    @classmethod
+    def from_torch(
+        cls,
+        t: torch.Tensor,
+        *,
+        device: torch.device | str | None = None,
+        requires_grad: bool | None = None,
+    ) -> "CustomTensor":
+        """A new leaf holding copies of ``t``'s values and grad; later changes to ``t`` never reach it."""
+        rg = t.requires_grad if requires_grad is None else requires_grad
+        value = t.detach().to(device=device or t.device, copy=True)
+        if rg:
+            value.requires_grad_(True)
+        grad = None
+        if t.grad is not None:
+            grad = t.grad.detach().to(device=value.device, dtype=value.dtype, copy=True)
+        return cls(value, grad)
+
+    def to_torch(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """A new leaf with this tensor's values, ``requires_grad`` as recorded, and a copy of the grad."""
+        out = self.value.detach().to(device=device or self.device, copy=True)
+        out.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            out.grad = self.grad.detach().to(device=out.device, dtype=out.dtype, copy=True)
+        return out
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.value.requires_grad
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.value.is_leaf
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.value.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.value.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.value.shape
+
+    def __repr__(self) -> str:
+        return f"CustomTensor(shape={list(self.shape)}, dtype={self.dtype}, requires_grad={self.requires_grad})"
 
 
 @dataclass
@@ -137,7 +205,9 @@ class SessionStore:
         """The session ``sid`` of ``owner``; 404 for unknown or foreign ids, 410 once expired."""
         with self._lock:
             session = self._sessions.get(sid)
-            if session is not None and self._is_idle(session) and self._try_drop(session):
+            now = time.monotonic()
+            if (session is not None and now - session.last_used > self.settings.session_ttl_seconds
+                    and self._try_drop(session)):  # idle (as ``_is_idle``): expired unless a program holds it
                 session = None
             if session is None or session.owner != owner:
                 if sid in self._expired and self._expired[sid] == owner:
@@ -147,7 +217,7 @@ class SessionStore:
                         f"session_ttl_seconds={self.settings.session_ttl_seconds}",
                     )
                 raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
-            session.last_used = time.monotonic()
+            session.last_used = now
             return session
 
     def delete(self, sid: str, owner: str | None = None) -> None:

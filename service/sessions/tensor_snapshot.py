@@ -30,7 +30,7 @@ import torch
 
 from remote_autograd.proto import dtype_from_name, dtype_name
 
-from .custom_tensor import CustomTensor
+from .store import CustomTensor
 
 
 class GraphLost(torch.autograd.Function):

@@ -21,7 +21,7 @@ from remote_autograd.service.backends.local_sessions import LocalSessions
 from remote_autograd.service.ops import load_configured_ops
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.sessions.tensor_snapshot import rebuild, snapshot
-from remote_autograd.service.sessions.custom_tensor import CustomTensor
+from remote_autograd.service.sessions.store import CustomTensor
 
 from ...servers import call, put, ref
 

@@ -79,7 +79,7 @@ def test_a_grad_bound_beside_its_tensor_is_said_and_never_read_twice():
     """An optimizer binds ``p`` and ``{grad_of: p}``: one tensor is p's grad and input 1's value. The
     variant says so; a graph that also reads p's grad would take one tensor as two arguments."""
     from remote_autograd.service.engine.compiled_templates import _layouts
-    from remote_autograd.service.sessions.custom_tensor import CustomTensor
+    from remote_autograd.service.sessions.store import CustomTensor
 
     p = CustomTensor(torch.randn(3, requires_grad=True), torch.randn(3))
     layouts = _layouts([p, CustomTensor(p.grad)])

@@ -1,4 +1,4 @@
-"""Unit tests of ``service.sessions.custom_tensor.CustomTensor``: its boundary rules.
+"""Unit tests of ``service.sessions.store.CustomTensor``: its boundary rules.
 
 ``from_torch`` keeps ``detach().clone()`` copies of the value and of a non-None grad; a
 missing grad stays ``None``; ``to_torch`` builds a new leaf with ``requires_grad`` as
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote_autograd.service.sessions.custom_tensor import CustomTensor
+from remote_autograd.service.sessions.store import CustomTensor
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
 INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]

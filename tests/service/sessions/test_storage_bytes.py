@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.service.sessions.custom_tensor import CustomTensor
+from remote_autograd.service.sessions.store import CustomTensor
 from remote_autograd.service.engine.saved_tensors import counting_saved
 from remote_autograd.service.sessions.store import Budget, Session
 
