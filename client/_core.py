@@ -66,7 +66,7 @@ from .session._answers import lost_template, meta_from_result
 from .session._banner import announce
 from .session._callsite import refuse_custom_function
 from .session._routes import Route, route_table
-from .session._steps import OMIT, Origin, QueueGlobals, make_step, where
+from .session._steps import OMIT, Origin, QueueGlobals, make_step, op_where, where
 from .session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from .tensor import _foreach, _func_transforms, _traced, _views
 from .tensor._autograd_flags import set_has_grad, set_requires_grad_flag
@@ -679,7 +679,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     args = tuple(args)
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
-    origin_where = where()
+    origin_where = op_where()
     grad_on = torch.is_grad_enabled()
     default_dtype = _DEFAULT_DTYPE()  # the outputs' dtypes are inferred under it, and the program runs under it
     if default_dtype is not session._queue_dtype and n_out != 0:  # the queue's first op, or it changed

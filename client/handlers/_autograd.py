@@ -18,7 +18,7 @@ from .._core import Encoder, RemoteTensor
 from ..dispatch._client_run import MADE
 from ..session._answers import meta_from_result
 from ..session._callsite import refuse_custom_function
-from ..session._steps import OMIT, Origin, make_step, where
+from ..session._steps import OMIT, Origin, make_step, op_where, where
 from ..tensor import _views
 from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from . import _staged
@@ -126,7 +126,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", where()))
+    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", op_where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 

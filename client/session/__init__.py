@@ -15,8 +15,8 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
   ``GET /v1/ops``)
 - ``_steps.py``: ``make_step``, the one builder of a step (from ``proto/messages``' types; a field the
   type lacks refused where the step is built); ``Origin``: where a queued step came from; ``where``: the
-  user's ``file:line`` (remembered per calling torch frame, a speed path beside the plain walk,
-  ``user_line``); ``QueueGlobals``: the client's torch settings a program carries: the default dtype per op
+  user's ``file:line`` (``op_where``: an op's, remembered per calling torch frame, a speed path beside that
+  walk); ``QueueGlobals``: the client's torch settings a program carries: the default dtype per op
   (``call_op``; a change sends the queue first), the others when the queue gets its first op and when it is
   sent (a change between fails the queued steps), anomaly detection per backward and grad step; the user's
   line of the forward call an anomaly error names

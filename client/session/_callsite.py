@@ -1,6 +1,6 @@
 """Whether a call runs inside a user's ``autograd.Function``'s forward: run, or refused where torch would
 record it (``_frame_return`` waits for its ``apply`` to return). It reads the Python stack, with
-``_steps``' frame kinds and ``user_line`` for the line an error names.
+``_steps.where`` for the line an error names.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from ..device._device import DEVICE_TYPE
 from . import _frame_return
-from ._steps import user_line
+from ._steps import where
 
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 _FWD_GRAD_ENABLED = torch._C._is_fwd_grad_enabled
@@ -79,7 +79,7 @@ def _refuse_nested(f) -> None:
             apply_locals = f.f_locals
             if any(isinstance(a, torch.Tensor) and a.requires_grad
                    for a in (*apply_locals.get("args", ()), *(apply_locals.get("kwargs") or {}).values())):
-                error = _recorded_error(apply_locals.get("cls"), user_line(f.f_back))
+                error = _recorded_error(apply_locals.get("cls"), where(f.f_back))
                 raise RuntimeError(f"{error} (It is applied inside another Function's backward, which the SDK "
                                    "records as it runs: refused.)")
         f = f.f_back
@@ -96,7 +96,7 @@ def _watch_apply(apply_frame) -> None:
                 local_needs = True
     if not (remote_needs or local_needs) or torch.is_inference_mode_enabled():  # (kept on around the forward)
         return
-    cls, line = apply_locals.get("cls"), user_line(apply_frame.f_back)
+    cls, line = apply_locals.get("cls"), where(apply_frame.f_back)
     by_keyword = any(isinstance(a, torch.Tensor) for a in (apply_locals.get("kwargs") or {}).values())
     error = _recorded_error(cls, line, _BY_KEYWORD if by_keyword and not local_needs else _LOCAL)
     args = tuple(apply_locals.get("args", ()))

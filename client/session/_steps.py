@@ -14,8 +14,8 @@ expression. Values are not validated here: the server validates every program it
 (``proto.messages.validate_program``), and a pydantic model per op would cost more than the op's
 whole path on the client.
 
-The user's line, ``where()``, has a plain path and a speed path in one function, as both read the same
-frames. Plain path (``user_line``): walk from the call up through torch's frames and ours to the first
+The user's line: ``where()`` is the plain path, ``op_where()`` its speed path for ops (``call_op``'s).
+Plain path: walk from the call up through torch's frames and ours to the first
 frame of the user's; for every op of an optimizer's step or of ``clip_grad_norm_`` that is a dozen
 frames (the optimizer, its wrappers, torch's dynamo guards), each made into a frame object as it is
 read. Speed path: remember the torch frame that called the last op and the line found above it. While
@@ -24,7 +24,9 @@ it is still suspended in the same call and the user's line is the same: the answ
 check. A frame that can be suspended and resumed from another caller (a generator or coroutine) is
 never remembered. The frame is held (with its locals) until another frame replaces it or the session
 sends its queue (``SessionCore.flush`` empties ``HELD``), so that a tensor dropped in between is still
-freed in the same program. ``verifying()`` walks the plain path beside every remembered answer.
+freed in the same program (which is why only ops use it: a frame of torch's that called anything else,
+``Tensor.backward``'s, would hold its tensors past their last use). ``verifying()`` walks the plain path
+beside every remembered answer.
 
 torch's settings a program carries (``proto/torch_globals.py``): torch keeps them per process, and a
 program runs where they are the server's, so each program says the client's. Each is read where that
@@ -120,9 +122,9 @@ HELD: list = [None, None]
 _checking = False
 
 
-def where() -> str | None:
-    """``file:line`` of the user's code that made the current call (first frame outside torch and us): what
-    ``user_line`` walks to, remembered per calling torch frame (the docstring)."""
+def op_where() -> str | None:
+    """What ``where()`` answers for an op's call, remembered per calling torch frame (the docstring): ``call_op``'s,
+    whose ops an optimizer's step calls from one torch frame each."""
     f = sys._getframe(2)
     first = None  # the first of torch's frames met that cannot be resumed elsewhere: remembered
     while f is not None:
@@ -137,7 +139,7 @@ def where() -> str | None:
         if f is HELD[0]:  # running all along since it called the last op: the same user's line above it
             line = HELD[1]
             if _checking:
-                _check(line, user_line(f))
+                _check(line, where(f))
             if first is not None:
                 HELD[0] = first
             return line
@@ -165,8 +167,12 @@ def _check(kept: str | None, walked: str | None) -> None:
         raise AssertionError(f"caller memo: {kept} remembered, {walked} walked")
 
 
-def user_line(f) -> str | None:
-    """``file:line`` of the first frame from ``f`` up that runs neither torch's code nor ours."""
+def where(f=None) -> str | None:
+    """``file:line`` of the user's code that made the current call: the first frame that runs neither torch's
+    code nor ours, from the caller's caller up (from ``f`` up, given one). The plain walk (``op_where``
+    remembers its answer)."""
+    if f is None:
+        f = sys._getframe(2)
     while f is not None:
         code = f.f_code
         known = _KIND_OF_CODE.get(id(code))  # frame_kind's cache, read here: no call per frame walked
@@ -253,7 +259,7 @@ class QueueGlobals:
         call = f"{forward.get('op')} at {line}" if line else f"{forward.get('op')} (step {step} of program " \
                                                              f"{forward.get('program')})"
         node = forward.get("node", "a node")
-        here = user_line(sys._getframe()) or "<unknown>:0"  # torch warns at the user's line too
+        here = where(sys._getframe()) or "<unknown>:0"  # torch warns at the user's line too
         filename, _, lineno = here.rpartition(":")
         warnings.warn_explicit(f"Error detected in {node}. Traceback of forward call that caused the error:\n  {call}",
                                UserWarning, filename, int(lineno))

@@ -1,5 +1,5 @@
-"""``client/session/_steps.where`` (the user's line of an op torch's code called, remembered per calling frame)
-against the walk it stands in for (``_steps.user_line``): optimizer steps, clipping, a generator resumed
+"""``client/session/_steps.op_where`` (the user's line of an op torch's code called, remembered per calling frame)
+against the walk it stands in for (``_steps.where``): optimizer steps, clipping, a generator resumed
 from two lines, and a tensor held only by the remembered frame, freed in the program that follows."""
 
 from __future__ import annotations
