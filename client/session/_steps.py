@@ -1,6 +1,6 @@
 """What the core's queue is made of, below it: the one builder of a step, from ``proto/messages``' step types
 (``make_step(CallStep, op=..., args=...)``); a queued step's ``Origin`` and the user's line it names
-(``where``); and torch's settings a program carries (``QueueGlobals``). One module, as every queued step
+(``where``, ``op_where``); and torch's settings a program carries (``QueueGlobals``). One module, as every queued step
 passes through all three: its walk enters one file for them, not three.
 
 Steps.
@@ -15,8 +15,7 @@ expression. Values are not validated here: the server validates every program it
 whole path on the client.
 
 The user's line: ``where()`` is the plain path, ``op_where()`` its speed path for ops (``call_op``'s).
-Plain path: walk from the call up through torch's frames and ours to the first
-frame of the user's; for every op of an optimizer's step or of ``clip_grad_norm_`` that is a dozen
+Plain path: walk from the call up through torch's frames and ours to the first frame of the user's; for every op of an optimizer's step or of ``clip_grad_norm_`` that is a dozen
 frames (the optimizer, its wrappers, torch's dynamo guards), each made into a frame object as it is
 read. Speed path: remember the torch frame that called the last op and the line found above it. While
 that same frame object is the one calling again, it has been running all along, so every frame above
