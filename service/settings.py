@@ -53,7 +53,7 @@ class Settings:
     """Everything configurable. Sizes are bytes or elements; times are seconds.
 
     ``max_session_bytes`` counts the storages a session's values, grads and autograd graphs
-    hold (``storage_ledger``, ``saved_tensors``); ``max_total_bytes`` the
+    hold (``storage_ledger``, ``values.counting_saved``); ``max_total_bytes`` the
     same across all sessions (of one worker, with the Ray backend); ``max_bytes_per_token`` and
     ``max_sessions_per_token`` bound one token across all of them (cluster-wide with Ray).
     ``sweep_interval_seconds`` is how often idle sessions are

@@ -42,6 +42,6 @@ check the step count and tensor dims and sizes it claims (``check_limits``: the 
 checked, on every path), and validate it into a ``Program`` (``proto/messages.py``). It takes a program slot
 (in all, of the session, of the token), waits for the session's earlier programs (its ``gate``), and runs
 ``run_program`` on the session's worker thread (``service/backends/workers.py``).
-``service/engine/programs.py``'s ``run_program`` takes the session's lock, answers a retried program id from
+``service/engine/runner.py``'s ``run_program`` takes the session's lock, answers a retried program id from
 its memory, and otherwise runs the program (a stopped program's answer is kept the same way).
 """

@@ -30,9 +30,10 @@ from ..engine.admission import admit_program
 from ..engine.answers import encode_answer
 from ..engine.guards import ProgramSlots
 from ..engine.program_watch import ProgramWatch
-from ..engine.programs import StepObserver, read_tensor, run_program
+from ..engine.runner import read_tensor, run_program
 from ..sessions.store import SessionStore
 from ..settings import Settings
+from ..step_histogram import StepHistogram
 from .encoded_answer import EncodedAnswer
 from .workers import WorkerThreads
 
@@ -50,7 +51,7 @@ class LocalSessions:
         self.slots = ProgramSlots.of(settings)
         self.name, self.node = name, node or socket.gethostname()
         self.observe_program = lambda seconds: None  # the front's program-time histogram, when it has one
-        self.on_step: StepObserver | None = None  # the step-time histogram, when there is one
+        self.on_step: StepHistogram | None = None  # the step-time histogram, when there is one
         self._sweeper: asyncio.Task | None = None
 
     # -- life of the backend ---------------------------------------------------------------

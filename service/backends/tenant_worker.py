@@ -102,7 +102,7 @@ class TenantWorker:
         # Before any session exists: each one takes its budgets from the store when it is made.
         sessions.store.budget = GrantedBudget(settings.max_total_bytes, asker(loop, self._ask_bytes),
                                               lambda n: loop.call_soon_threadsafe(self._return_bytes, n))
-        sessions.on_step = self.steps.observe
+        sessions.on_step = self.steps
         self.sessions = sessions
         prefixes = [call.fields["prefix"]]
         if call.fields.get("state_dir"):

@@ -1,6 +1,6 @@
 """The engine: a program admitted (decoded, bounded, validated), then run step by step against a session.
 
-``programs.run_program`` is the entry (the retry memory, then ``runner.run_steps``); every call
+``runner.run_program`` is the entry (the retry memory, then ``runner.run_steps``); every call
 step is checked on meta first (``meta_check``); ``answers`` says what a program answers with.
 
 Its modules (ARCHITECTURE.md maps the packages; what each module holds is told here):
@@ -9,14 +9,14 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
   ``check_limits`` (claims capped before arithmetic), ``ProgramSlots`` (in all, per session, per token)
 - ``admission.py``: a body made a ``Program``: bounded decoding, ``check_limits``, validation; on a thread
   when the body is big
-- ``programs.py``: ``run_program``: the retry memory by program id (a retried id gets its first answer), then
-  the runner, under the session's lock; ``read_tensor``
 - ``program_watch.py``: ``ProgramWatch``: a program's time limit and its cancel (client gone), checked by the
   runner between steps
-- ``runner.py``: the step runner: one handler per step kind, each step atomic; ``StepLoop`` runs a program's
-  steps from any step to any other
-- ``program_run.py``: ``ProgramRun``: what every handler is given besides its step (session, settings, the
-  answer's format)
+- ``runner.py``: ``run_program``: the retry memory by program id (a retried id gets its first answer), then
+  the steps, under the session's lock (``read_tensor`` too); ``run_steps``: a program's frame (its turn of the
+  process-global torch settings, ``TURNS``; the context its ops read; its checker) and ``StepLoop``, its steps
+  in order from any step to any other, each atomic, with the handlers of ``call``, ``fetch`` and ``free``
+- ``step_kinds.py``: the handlers of the other simple step kinds (put, set_grad, set_requires_grad,
+  retain_grad) and a call's in-place run
 - ``templates.py``: the ``template`` and ``run_template`` steps: a graph ``torch.compile`` captured, validated
   once and kept by the session, run with other inputs and numbers by one small step; ``Template.runner`` is
   where a template's way of running is chosen (``run_plainly``: each step through the runner's handlers)
@@ -27,7 +27,8 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
   the layouts of what it reads (a speed path)
 - ``autograd_steps.py``: the ``backward`` and ``grad`` steps (a graph a restart lost refused before it runs);
   each holds its run on the session while autograd runs (a user Function's node needs it); their ``capture``:
-  the gradients reaching client-run nodes kept for the client (a walk that meets one uncaptured refused)
+  the gradients reaching client-run nodes kept for the client (a walk that meets one uncaptured refused);
+  ``owned``: a fresh grad becomes ``.grad`` without a copy (a speed path; the plain path clones)
 - ``user_functions.py``: the ``function`` step: a user's ``autograd.Function`` applied on the client made one
   node of the session's graph (a generic server-side Function over the forward's outputs, saving what its
   backward reads), whose backward runs the template the client recorded (``once_differentiable`` as torch's);
@@ -44,14 +45,10 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 - ``anomaly.py``: ``torch.autograd.detect_anomaly()`` for one backward, without torch's process-global switch:
   each node's gradients checked for NaN with torch's words, and the call step that made a failing node named
   (``Forwards``)
-- ``globals_turns.py``: ``TURNS``: each program runs under its client's process-global torch settings;
-  programs that ask for the same run together, one that asks for others waits its turn
 - ``autocast.py``: a call step under ``torch.autocast``: its inputs cast as torch's autocast casts them
 - ``load_step.py``: the ``load`` step: new tensors read from a safetensors file of the model directory
 - ``model_dir.py``: the model directory (``REMOTE_AUTOGRAD_MODEL_DIR``): names checked, files listed, headers
   and tensors read with safetensors
-- ``grad_ownership.py``: ``owned``: a fresh grad becomes ``.grad`` without a copy (a speed path; the plain
-  path clones)
 - ``speed_caches.py``: ``Caches``: what a session's speed paths remember between programs (plans, keys
   sighted once, CUDA-graph captures), kept beside the session and dropped with it
 - ``program_plan.py``: ``PlanRun``: a session's repeated program, its calls' layout checks answered by their
@@ -89,9 +86,10 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
   limits and charges (a speed path)
 - ``error_text.py``: ``scrubbed``: what of an exception's text reaches a client (torch's words, without
   addresses or a C++ backtrace)
-- ``values.py``: step arguments resolved (``{ref}``, ``{grad_of}``, ...), outputs stored, bytes counted
-- ``saved_tensors.py``: ``counting_saved``: autograd's saved-tensor hooks around a program, so what a graph
-  saves counts while the graph keeps it
+- ``values.py``: what every handler shares: ``ProgramRun`` (what it is given besides its step: session,
+  settings, the answer's format), step arguments resolved (``{ref}``, ``{grad_of}``, ...), outputs stored,
+  bytes counted; ``counting_saved``: autograd's saved-tensor hooks around a program, so what a graph saves
+  counts while the graph keeps it
 - ``checkpoint_regions.py``: the ``checkpoint`` / ``checkpoint_end`` steps: a non-reentrant checkpoint's
   region run under torch's own ``_checkpoint_hook`` (what its ops save is dropped), its steps recorded and run
   again by the frame's recomputation at the backward, on its saved inputs and the tensors it read, with the
@@ -103,7 +101,7 @@ In the walk of one op:
 The runner (``service/engine/runner.py``). ``run_steps`` runs the steps in order (asking the ``ProgramWatch``
 before each whether the program must stop there: its time limit, its client gone) through its handler table,
 one function per step kind, each given the step and the program's ``ProgramRun``
-(``service/engine/program_run.py``). The ``call`` handler resolves the op name in ``OP_TABLE``
+(``service/engine/values.py``). The ``call`` handler resolves the op name in ``OP_TABLE``
 (``service/ops/_registry.py``, ``OpTable.resolve``: ``Tensor.add_`` is torch's own ``torch.Tensor.add_``,
 ``add_`` the same by its short name), turns wire values back into tensors and Python values
 (``service/engine/values.py``), checks the call on the meta device (``service/engine/meta_check.py``: no

@@ -33,19 +33,14 @@ def tensor_message(tid: str, ct: CustomTensor, *, value: bool, grad: bool, as_js
     streamed (frames) right after the program, before this session runs another. Smaller data
     is copied to bytes at once: msgpack copies it into the body anyway, and the retry cache
     (``keepable``) then has no view to copy out."""
-    grad_tensor = ct.grad if grad else None
-    return {
-        "id": tid,
-        "value": _encoded(ct.value, as_json, views) if value else None,
-        "grad": _encoded(grad_tensor, as_json, views) if grad_tensor is not None else None,
-        "requires_grad": ct.requires_grad,
-    }
-
-
-def _encoded(t, as_json: bool, views: bool) -> dict:
-    if t._is_zerotensor():  # torch's lazy zeros (sgn's gradient of a real input) have no memory to read
-        t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-    return encode_tensor(t, as_json=as_json, as_view=views and not as_json and t.nbytes >= FRAME_MIN_BYTES)
+    message = {"id": tid, "value": None, "grad": None, "requires_grad": ct.value.requires_grad}
+    for key, t in (("value", ct.value if value else None), ("grad", ct.grad if grad else None)):
+        if t is None:
+            continue
+        if t._is_zerotensor():  # torch's lazy zeros (sgn's gradient of a real input) have no memory to read
+            t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+        message[key] = encode_tensor(t, as_json=as_json, as_view=views and not as_json and t.nbytes >= FRAME_MIN_BYTES)
+    return message
 
 
 _KEEP_FETCHED_BYTES = 1 << 20
@@ -61,8 +56,8 @@ def keepable(outcome: ProgramAnswer, program_id: str) -> ProgramAnswer:
     list of numbers (counted as the memory it takes here) or base64 text; all of it counts.
     """
     results = outcome.body.get("results", [])
-    data = fetched_data(outcome.body)
-    kept = sum(_kept_bytes(d) for d in _fetched_json(outcome.body))
+    data, text = _fetched(outcome.body)
+    kept = sum(len(d) * _LIST_VALUE_BYTES if isinstance(d, list) else len(d) for d in text)
     if not data and not kept:
         return outcome
     if kept + sum(d.nbytes if isinstance(d, memoryview) else len(d) for d in data) > _KEEP_FETCHED_BYTES:
@@ -79,7 +74,10 @@ def keepable(outcome: ProgramAnswer, program_id: str) -> ProgramAnswer:
 def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str, list[bytes | memoryview], int]:
     """(media type, body parts, total length) of an answer: framed when it carries big tensors and
     the client accepts frames (they then go out of the tensors' own memory, never packed into one buffer)."""
-    if as_msgpack and accepts_frames(accept) and _framable(body):
+    # only when the answer holds a fetched tensor big enough to travel as a frame (looked up directly:
+    # ``extract_frames`` copies the whole answer while it searches)
+    if as_msgpack and accepts_frames(accept) and any(
+            memoryview(d).nbytes >= FRAME_MIN_BYTES for d in _fetched(body)[0]):
         header, frames = extract_frames(body, FRAME_MIN_BYTES)
         if frames:
             parts, total = pack_frames(header, frames)
@@ -88,32 +86,16 @@ def encode_answer(body: dict, as_msgpack: bool, accept: str | None) -> tuple[str
     return (MSGPACK if as_msgpack else "application/json"), [data], len(data)
 
 
-def _framable(body: dict) -> bool:
-    """Whether an answer holds a fetched tensor big enough to travel as a frame (looked up
-    directly: ``extract_frames`` copies the whole answer while it searches)."""
-    return any(memoryview(data).nbytes >= FRAME_MIN_BYTES for data in fetched_data(body))
-
-
-def fetched_data(body: dict) -> list[bytes | bytearray | memoryview]:
-    """The binary ``data`` of every value and grad an answer carries: its fetched tensors' (a
-    program's results) or its own (``GET /tensors`` answers one tensor message)."""
+def _fetched(body: dict) -> tuple[list, list]:
+    """The ``data`` of every value and grad an answer carries (its fetched tensors': a program's results;
+    or its own: ``GET /tensors`` answers one tensor message): the binary ones, and the JSON ones (lists
+    of numbers, base64 text)."""
     messages = [r["tensor"] for r in body.get("results", ()) if r and r.get("tensor")]
     if "value" in body:
         messages.append(body)
-    return [m[k]["data"] for m in messages for k in ("value", "grad")
-            if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (bytes, bytearray, memoryview))]
-
-
-def _fetched_json(body: dict) -> list:
-    """The JSON ``data`` (lists of numbers, base64 text) of every value and grad a program's answer carries."""
-    messages = [r["tensor"] for r in body.get("results", ()) if r and r.get("tensor")]
-    return [m[k]["data"] for m in messages for k in ("value", "grad")
-            if isinstance(m.get(k), dict) and isinstance(m[k].get("data"), (list, str))]
-
-
-def _kept_bytes(data: list | str) -> int:
-    """What ``data`` (a flat list of numbers, or base64 text) holds in memory."""
-    return len(data) * _LIST_VALUE_BYTES if isinstance(data, list) else len(data)
+    data = [m[k].get("data") for m in messages for k in ("value", "grad") if isinstance(m.get(k), dict)]
+    return ([d for d in data if isinstance(d, (bytes, bytearray, memoryview))],
+            [d for d in data if isinstance(d, (list, str))])
 
 
 def copy_views(value: Any) -> Any:

@@ -7,6 +7,7 @@ failing backward leaves every ``.grad`` as it was.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 from torch.autograd.graph import GradientEdge
@@ -18,12 +19,11 @@ from ..sessions.store import CustomTensor
 from ..sessions.store import Session
 from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings
-from . import anomaly, grad_ownership, tensor_hooks
+from . import anomaly, tensor_hooks
 from .autograd_graph import ACCUMULATE_GRAD, graph_nodes
-from .program_run import ProgramRun
 from .user_functions import is_client_run
 from .templates import Execute
-from .values import check_new_ids, data_bytes, meta_message, resolve_value, store_made
+from .values import ProgramRun, check_new_ids, data_bytes, meta_message, resolve_value, store_made
 
 
 def _candidates(session: Session) -> list[CustomTensor]:
@@ -75,30 +75,32 @@ def _grad_outputs(values, session: Session) -> list | None:
 
 
 def backward_step(run: ProgramRun, step: BackwardStep, execute: Execute) -> dict | None:
-    """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs."""
-    roots = [run.session.tensor(t).value for t in step.tensors]
-    _check_graph_kept(run.session, roots)
-    with _running(run, step.inputs is not None), tensor_hooks.registered(run, step, execute) as hooks:
-        if not step.detect_anomaly:
-            result = _backward(run, step, roots, hooks)
-        else:
-            with anomaly.detecting(roots, step.check_nan):
-                result = _backward(run, step, roots, hooks)
-    return tensor_hooks.answer(hooks, result)
+    """``execute``: the runner's, for the templates a user Function's node or a tensor hook runs.
 
-
-@contextlib.contextmanager
-def _running(run: ProgramRun, explicit: bool):
-    """``run`` held on its session while autograd runs: a user Function's node needs it to run its backward
-    template (``user_functions``), and whether the step names its inputs (a reentrant checkpoint refuses
-    that, as torch's). A backward inside such a template (a checkpoint's) holds its own."""
+    While autograd runs, ``run`` is held on its session (``Session.autograd_run``): a user Function's node
+    needs it to run its backward template (``user_functions``), and whether the step names its inputs (a
+    reentrant checkpoint refuses that, as torch's). A backward inside such a template (a checkpoint's)
+    holds its own. The step's hooks are registered only when it has some (``tensor_hooks``)."""
     session = run.session
+    roots = [session.tensor(t).value for t in step.tensors]
+    if session.lost_graphs:
+        _check_graph_kept(session, roots)
+    hooked = step.hooks or step.node_hooks or step.module_hooks
     outer = session.autograd_run, session.autograd_explicit
-    session.autograd_run, session.autograd_explicit = run, explicit
+    session.autograd_run, session.autograd_explicit = run, step.inputs is not None
     try:
-        yield
+        with tensor_hooks.registered(run, step, execute) if hooked else _NO_HOOKS as hooks:
+            if not step.detect_anomaly:
+                result = _backward(run, step, roots, hooks)
+            else:
+                with anomaly.detecting(roots, step.check_nan):
+                    result = _backward(run, step, roots, hooks)
     finally:
         session.autograd_run, session.autograd_explicit = outer
+    return tensor_hooks.answer(hooks, result) if hooked else result
+
+
+_NO_HOOKS = contextlib.nullcontext(tensor_hooks.NONE)  # a step without hooks: nothing registered, nothing kept
 
 
 def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
@@ -106,13 +108,13 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
     """The backward itself; ``hooks``: what its hooks do (``tensor_hooks``): the gradients its observing
     hooks keep are kept before any ``.grad`` is committed (a limit they meet leaves every ``.grad`` as it was)."""
     session, settings = run.session, run.settings
-    grad_tensors = _grad_outputs(step.grad_tensors, session)
+    grad_tensors = None if step.grad_tensors is None else _grad_outputs(step.grad_tensors, session)
     # Without ``inputs``, every candidate goes to autograd, which gives None to those the graph
     # does not reach: the graph is walked only when that matters (a byte limit, a grad left None).
     implicit = step.inputs is None
     targets = _candidates(session) if implicit else [session.tensor(t) for t in step.inputs]
     retain = step.create_graph if step.retain_graph is None else step.retain_graph
-    captures = _captures(session, step, roots)
+    captures = _captures(session, step, roots) if step.capture or session.nodes else []
     if not targets and not captures:  # nothing of ours to fill: still run it, for its errors and its graph freeing
         torch.autograd.backward(roots, grad_tensors, retain_graph=retain, create_graph=step.create_graph)
         store_made(session, settings, tensor_hooks.observed_pairs(hooks))
@@ -128,19 +130,22 @@ def _backward(run: ProgramRun, step: BackwardStep, roots: list[torch.Tensor],
         if after:
             grads = tuple(after.get(k, g) for k, g in enumerate(grads))
         # first: any later name for a grad is a reference
-        owned = [grad_ownership.owned(grads, i) for i in range(len(targets))]
-        grads, captured, arrived = _split_captured(grads, len(targets), step)
-        store_made(session, settings, tensor_hooks.observed_pairs(hooks) + captured)
+        taken = [owned(grads, i) for i in range(len(targets))]
+        captured: list = []
+        if captures:
+            grads, captured, arrived = _split_captured(grads, len(targets), step)
+        if captured or hooks.observed is not None:  # new tensors to keep
+            store_made(session, settings, tensor_hooks.observed_pairs(hooks) + captured)
     except BaseException:
         session.storages.release(reserved)
         raise
     changed = []
-    for ct, g, own in zip(targets, grads, owned):
+    for ct, g, own in zip(targets, grads, taken):
         if g is not None:
             _accumulate(ct, g, step.create_graph, own)
             changed.append(ct)
-    session.storages.remeasure(changed)  # the grads by storage (an owned grad may share one)
-    session.storages.release(reserved)
+    # the grads by storage (an owned grad may share one), the room reserved for them given back: one change
+    session.storages.remeasure(changed, give_back=reserved)
     without = [ct for ct in targets if ct.grad is None]
     missing = _still_without_grad(session, _reached(without, roots) if implicit else without) if without else []
     result = _backward_result(run, missing)
@@ -174,12 +179,12 @@ def _captures(session: Session, step: BackwardStep | GradStep, roots: list[torch
 
 def _split_captured(grads: tuple, n: int, step: BackwardStep | GradStep) -> tuple[tuple, list, list[bool]]:
     """A walk's gradients: the first ``n`` (the step's own), then the captured ones as the session holds them
-    (``(id, tensor)`` pairs to store: a copy where autograd may hand one tensor out twice, ``grad_ownership``;
+    (``(id, tensor)`` pairs to store: a copy where autograd may hand one tensor out twice, ``owned``;
     detached unless the step records a graph), and which of them a gradient reached (the answer's ``captured``)."""
-    owned = [grad_ownership.owned(grads, i) for i in range(n, len(grads))]  # first: a slice is another holder
+    taken = [owned(grads, i) for i in range(n, len(grads))]  # first: a slice is another holder
     captured = [g if g is None or step.create_graph else g.detach() for g in grads[n:]]
     captured = [None if g is None else g if own else g.clone(memory_format=torch.contiguous_format)
-                for g, own in zip(captured, owned)]
+                for g, own in zip(captured, taken)]
     return (grads[:n], [(c.out, CustomTensor(g)) for c, g in zip(step.capture, captured) if g is not None],
             [g is not None for g in captured])
 
@@ -223,13 +228,13 @@ def _still_without_grad(session: Session, without: list[CustomTensor]) -> list[s
     return [tid for tid, ct in session.tensors.items() if id(ct) in missing]
 
 
-def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, owned: bool) -> None:
+def _accumulate(ct: CustomTensor, g: torch.Tensor, create_graph: bool, own: bool) -> None:
     # A fresh grad is cloned unless it is ``owned``: in-place ops on one .grad must never show
-    # up in another tensor (see grad_ownership.owned for how autograd may share one).
+    # up in another tensor (see ``owned`` for how autograd may share one).
     if not create_graph and g.requires_grad:  # without create_graph, grads normally have no graph already
         g = g.detach()
     if ct.grad is None:
-        ct.grad = g if owned else g.clone(memory_format=torch.contiguous_format)
+        ct.grad = g if own else g.clone(memory_format=torch.contiguous_format)
     elif create_graph or ct.grad.requires_grad:
         ct.grad = ct.grad + g
     else:
@@ -250,9 +255,15 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     captures = _captures(session, step, outputs)
     if captures and not step.allow_unused:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "capture: a grad step that captures allows unused inputs")
-    with _running(run, True), tensor_hooks.registered(run, step, execute) as hooks, anomalies:
-        grads = torch.autograd.grad(outputs, [*inputs, *captures], _grad_outputs(step.grad_outputs, session),
-                                    retain_graph=retain, create_graph=step.create_graph, allow_unused=step.allow_unused)
+    outer = session.autograd_run, session.autograd_explicit  # held while autograd runs (see backward_step)
+    session.autograd_run, session.autograd_explicit = run, True
+    try:
+        with tensor_hooks.registered(run, step, execute) as hooks, anomalies:
+            grads = torch.autograd.grad(outputs, [*inputs, *captures], _grad_outputs(step.grad_outputs, session),
+                                        retain_graph=retain, create_graph=step.create_graph,
+                                        allow_unused=step.allow_unused)
+    finally:
+        session.autograd_run, session.autograd_explicit = outer
     grads, captured, arrived = _split_captured(grads, len(inputs), step)
     store_made(session, settings, [(tid, CustomTensor(g)) for tid, g in zip(step.out, grads) if g is not None]
                + captured + tensor_hooks.observed_pairs(hooks))
@@ -262,3 +273,45 @@ def grad_step(run: ProgramRun, step: GradStep, execute: Execute) -> dict | None:
     if captures:
         result["captured"] = arrived
     return tensor_hooks.answer(hooks, result)
+
+
+# -- ``owned`` (a speed path): whether a gradient autograd handed back can become a ``.grad`` as it
+# is, without a copy.
+#
+# A speed path. The plain path it stands in for is cloning every new grad
+# (``g.clone()``), which is always safe: autograd may hand back one tensor for several
+# inputs (``add``'s backward), the ``gradient=`` the client sent, an expanded view or a
+# tensor a retained graph saved, and an in-place op on one ``.grad`` must never show in
+# another tensor. A fresh result held by nothing but autograd's tuple (checked by
+# reference counts, tensor use count and storage use count) is taken over instead: one
+# copy of every parameter's grad less per backward, which shows in ``make bench``'s
+# ``[training]`` lines (an MLP step). ``tests/service/engine/test_fast_paths.py`` checks that grads
+# taken over never alias another tensor and equal the grads of the plain path.
+
+
+def _refcount_held_by_tuple_alone() -> int:
+    """``sys.getrefcount(t[i])`` of an object only the tuple ``t`` holds (2 here: the tuple and the argument;
+    interpreters that borrow arguments say less), measured rather than assumed."""
+    t = (object(),)
+    return sys.getrefcount(t[0])
+
+
+_HELD_BY_TUPLE_ALONE = _refcount_held_by_tuple_alone()
+
+
+def owned(grads: tuple, i: int) -> bool:
+    """Whether ``grads[i]`` is a plain tensor that nothing else holds, so it can become a ``.grad`` as it is.
+
+    Autograd may hand back a tensor held elsewhere too: one grad for several inputs (``add``'s
+    backward returns it twice), a ``gradient=`` the client sent, an expanded view, a tensor a
+    retained graph saved. A fresh matmul or kernel result is held by ``grads`` alone.
+    """
+    if grads[i] is None or sys.getrefcount(grads[i]) != _HELD_BY_TUPLE_ALONE:
+        return False
+    g = grads[i]
+    try:
+        return (g._base is None and g.is_contiguous() and not g.requires_grad
+                and g._use_count() == 1  # no other tensor object (nor a saved variable) shares it
+                and torch._C._storage_Use_Count(g.untyped_storage()._cdata) == 2)  # g's and this storage object's
+    except (AttributeError, RuntimeError):  # private torch calls: should an upgrade drop them, copy
+        return False

@@ -25,8 +25,9 @@ again). A backward, grad or load step inside one is refused (torch's recomputati
 the function, its rule 6, is not followed). A region lives as long as the
 graph keeps its holders (the frame, its recomputation and what it keeps are reached only from them).
 
-Between programs the session keeps its open regions; ``resumed`` pushes their hooks again around each
-program's steps (torch's hooks are per thread and the program's own ``counting_saved`` is below them).
+Between programs the session keeps its open regions; ``resume`` pushes their hooks again before each
+program's steps, ``suspend`` pops those open after them (torch's hooks are per thread and the program's own
+``counting_saved`` is below them).
 """
 
 from __future__ import annotations
@@ -44,12 +45,10 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
                                             GradStep, LoadStep, PutStep, RunTemplateStep, SetRequiresGradStep)
 
-from ..ops._context import RunContext, reset, set_current
+from ..ops._context import CURRENT, RunContext
 from ..sessions.store import CustomTensor
-from .program_run import ProgramRun
-from .saved_tensors import pinned
 from .templates import Execute, GradStandIn, renamed
-from .values import step_refs
+from .values import ProgramRun, pinned, step_refs
 
 _RUNS = itertools.count()
 MAX_OPEN = 32  # regions open at once (torch's nested checkpoints are a few deep): each step is recorded by each
@@ -212,23 +211,18 @@ def close_region(regions: list, run: ProgramRun, step: CheckpointEndStep) -> Non
     return None
 
 
-class resumed:
-    """The open regions' hooks pushed again around a program's steps (above its ``counting_saved``), and
-    those open at its end popped (the program may have opened or closed some): torch's hooks are a stack
-    per thread, and the program's own ``counting_saved`` must be the one its end pops."""
+def resume(regions: list) -> None:
+    """The open regions' hooks pushed again before a program's steps (above its ``counting_saved``)."""
+    for region in regions:
+        region.hook.__enter__()
 
-    __slots__ = ("regions",)
 
-    def __init__(self, regions: list) -> None:
-        self.regions = regions
-
-    def __enter__(self) -> None:
-        for region in self.regions:
-            region.hook.__enter__()
-
-    def __exit__(self, *exc) -> None:
-        for region in reversed(self.regions):
-            region.hook.__exit__(None, None, None)
+def suspend(regions: list) -> None:
+    """After a program's steps, the hooks of the regions open at its end popped (the program may have opened
+    or closed some): torch's hooks are a stack per thread, and the program's own ``counting_saved`` must be
+    the one its end pops."""
+    for region in reversed(regions):
+        region.hook.__exit__(None, None, None)
 
 
 # -- the recomputation --------------------------------------------------------------------------------
@@ -257,7 +251,7 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
     nested: list[Region] = []
     generator, before = session.generator, None
     # what the runner sets around a program, set again: on a CUDA device autograd unpacks on a thread of its own
-    token = set_current(RunContext(generator, session.device, run.settings.max_tensor_elements))
+    token = CURRENT.set(RunContext(generator, session.device, run.settings.max_tensor_elements))
     try:
         if region.rng is not None:
             before = generator.get_state()
@@ -279,7 +273,7 @@ def _recompute(region: Region, *inputs: torch.Tensor) -> None:
             open_inner.hook.__exit__(None, None, None)
         if before is not None:
             generator.set_state(before)
-        reset(token)
+        CURRENT.reset(token)
         gone = [ct for ct in (tensors.pop(name, None) for name in (*bound, *names)) if ct is not None]
         session.storages.drop(gone)
 

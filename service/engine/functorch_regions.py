@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import CallStep, FunctorchStep
 
 from .. import ops as _ops
-from ..ops._context import RunContext, current, reset, set_current
+from ..ops._context import CURRENT, RunContext, current
 from ..sessions.store import CustomTensor
 from . import region_memo, step_cost
 from .values import bound, resolve_args, resolve_kwargs, resolve_value, store_made
@@ -167,6 +168,8 @@ class _Scope:
     """Where a region's steps find tensors (``values.resolve_args`` asks ``tensor(name).value``): its own,
     else the session's (as meta stand-ins on the meta pass)."""
 
+    tensors = MappingProxyType({})  # where ``resolve_args`` looks a name up first: here, none (it asks ``tensor``)
+
     def __init__(self, session, meta: bool) -> None:
         self.session, self.meta = session, meta
         self.own: dict[str, CustomTensor] = {}
@@ -249,13 +252,13 @@ def run_region(run, region: Region) -> None:
 def _on_meta(region: Region, session) -> region_memo.Answer:
     """The span run on meta stand-ins of what it reads: torch's refusal, or its work and bytes."""
     meta = _Scope(session, meta=True)
-    token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
+    token = CURRENT.set(RunContext(torch.Generator(), _META, current().max_elements))
     cost = step_cost.counting()
     try:
         with cost:
             _walk(region, meta, None)
     finally:
-        reset(token)
+        CURRENT.reset(token)
     _plain(region, meta)
     return region_memo.Answer(cost.flops, meta.made_bytes)
 
@@ -365,7 +368,7 @@ def _functorch(step: FunctorchStep, scope: _Scope, frames: list) -> None:
 
 @contextlib.contextmanager
 def _without_saved_hooks():
-    """The program's saved-tensor hooks (``saved_tensors``) off while a grad region runs, and back after."""
+    """The program's saved-tensor hooks (``values.counting_saved``) off while a grad region runs, and back after."""
     popped = []
     while torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
         popped.append(torch._C._autograd._top_saved_tensors_default_hooks(False))

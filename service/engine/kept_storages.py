@@ -1,7 +1,7 @@
 """``keeps_storages``: the in-place steps after which no byte is counted again (a speed path).
 
 The plain path it replaces: after an in-place step the runner counts again the storages of every
-tensor the step names (``runner._remeasure``, ``StorageLedger.remeasure``), because some in-place
+tensor the step names (``step_kinds.remeasure``, ``StorageLedger.remeasure``), because some in-place
 ops change what a tensor holds: ``resize_`` grows a storage, ``set_`` and ``x.data = y`` point a
 tensor at another, an ``out=`` tensor is resized, an op of our own may do anything. A foreach
 optimizer step names every parameter, grad and state of a group, so on the plain path the

@@ -15,8 +15,7 @@ from remote_autograd.proto.messages import LoadStep
 
 from ..sessions.store import CustomTensor
 from . import model_dir
-from .program_run import ProgramRun
-from .values import check_new_ids, meta_message, store_made
+from .values import ProgramRun, check_new_ids, meta_message, store_made
 
 
 def load_step(run: ProgramRun, step: LoadStep) -> dict | None:

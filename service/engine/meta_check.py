@@ -44,7 +44,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..ops import OpEntry
-from ..ops._context import RunContext, current, reset, set_current
+from ..ops._context import CURRENT, RunContext, current
 from . import step_cost
 
 _META = torch.device("meta")
@@ -52,6 +52,7 @@ _MEMO_SIZE = 8192  # distinct (entry, layout) pairs remembered; a full memo star
 _MEMOS = 8  # states of torch's settings with a memo of their own
 _memo: dict[tuple, "Needs | tuple[ErrorCode, str]"] = {}  # what a call needs, or a refusal (its code and message)
 _memos: dict[tuple, dict] = {}  # a memo per state of torch's process-global settings (``use_memo``)
+memo_state: tuple | None = None  # the state whose memo ``_memo`` is (``use_memo``)
 _memo_lock = threading.Lock()
 _MISSING = object()
 _BY_VALUE = object()  # under a call's layouts' key: its answer read a 0-d tensor's value (keyed by the values too)
@@ -81,16 +82,10 @@ def check_call(entry: OpEntry, args: list, kwargs: dict, *, inplace: bool, grad_
     return checked(_Call(entry, fn, writes, inplace), args, kwargs, grad_enabled)[0]
 
 
-def check_step(index: int, step, call, args: list, kwargs: dict) -> Needs:
-    """``check_call`` of call step ``step`` (number ``index``), ``call`` its name as the op table resolved
-    it (``OpTable.resolve``: its entry, callable, whether in place): the plain path's check."""
-    return checked(call, args, kwargs, step.grad_enabled)[0]
-
-
 def checked(call, args: list, kwargs: dict, grad_enabled: bool) -> tuple[Needs, Any]:
-    """``check_call``'s answer for ``call`` (``.entry``, ``.fn``, ``.writes``, ``.inplace``), and what the
-    layouts of the arguments answered (``_MISSING`` when nothing was asked of them): a replayed plan
-    hands it back to ``check_planned``."""
+    """``check_call``'s answer for ``call`` (``.entry``, ``.fn``, ``.writes``, ``.inplace``: a call step's
+    name as ``OpTable.resolve`` resolved it, the plain path's check), and what the layouts of the arguments
+    answered (``_MISSING`` when nothing was asked of them): a replayed plan hands it back to ``check_planned``."""
     entry, fn, inplace = call.entry, call.fn, call.inplace
     if entry.check is not None:
         _run_contract(entry, args, kwargs)
@@ -139,22 +134,25 @@ def check_planned(entry: OpEntry, args: list, kwargs: dict, *, known: Needs) -> 
 
 def forget() -> None:
     """Empty the memos (tests compare the memoized and the plain path)."""
+    global memo_state
     with _memo_lock:
         _memo.clear()
         _memos.clear()
+        memo_state = None
 
 
 def use_memo(state: tuple) -> None:
     """The memo of ``state`` (``proto/torch_globals.py``) from now on: answers depend on it (the default
-    dtype makes an integer ``sqrt`` 4 or 8 bytes an element). Called by ``globals_turns`` while no
-    program runs; a server keeps torch's defaults, so almost always one memo."""
-    global _memo
+    dtype makes an integer ``sqrt`` 4 or 8 bytes an element). Called by the runner's ``GlobalsTurns`` while
+    no program runs, when ``state`` is not ``memo_state`` already; a server keeps torch's defaults, so
+    almost always one memo."""
+    global _memo, memo_state
     found = _memos.get(state)
     if found is None:
         if len(_memos) >= _MEMOS:
             _memos.clear()
         found = _memos[state] = {}
-    _memo = found
+    _memo, memo_state = found, state
 
 
 def _answer(known: Needs | tuple[ErrorCode, str] | None, entry: OpEntry, args: list, kwargs: dict) -> Needs:
@@ -195,8 +193,9 @@ def _key_of(value: Any, storages: dict[int, int]) -> Any:
     kind = type(value)
     if kind in (int, float, bool, str) or value is None or value is Ellipsis:
         return kind, value
-    if kind in (list, tuple):
-        return kind, tuple(_key_of(v, storages) for v in value)
+    if kind in (list, tuple):  # a call's arguments: their tensors' layouts taken here, without a call each
+        return kind, tuple([layout(v, storages) if isinstance(v, torch.Tensor) else _key_of(v, storages)
+                            for v in value])
     if kind is dict:
         return kind, tuple((k, _key_of(v, storages)) for k, v in value.items())
     if kind is slice:
@@ -276,7 +275,7 @@ def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalar
     fn = getattr(call.fn, "torch_callable", call.fn) if call.fn is not None else entry.meta_fn or entry.fn
     # factories make meta tensors; a generator of its own, so that nothing run on meta (manual_seed)
     # can change the session's
-    token = set_current(RunContext(torch.Generator(), _META, current().max_elements))
+    token = CURRENT.set(RunContext(torch.Generator(), _META, current().max_elements))
     cost = step_cost.counting()  # each aten op the call reaches, charged its work as it runs on meta
     try:
         with torch.no_grad(), cost:  # the kernels' checks are below autograd; autograd's own run with the call
@@ -290,7 +289,7 @@ def _run_on_meta(call: _Call, args: list, kwargs: dict, inplace: bool, *, scalar
             else:
                 out = fn(*meta_args, **meta_kwargs)
     finally:
-        reset(token)
+        CURRENT.reset(token)
     new = _new_bytes(out, storages)
     grown = sum(max(0, s.nbytes() - before[cdata]) for cdata, s in storages.items())
     return Needs(new + grown, cost.flops, max((t.numel() for t in _tensors(out)), default=0))

@@ -21,9 +21,9 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_from_name
 from remote_autograd.proto.messages import ModuleHook
 
-from .program_run import ProgramRun
 from .templates import Execute, GradStandIn
 from .user_functions import run_bound
+from .values import ProgramRun
 
 
 def register(run: ProgramRun, hook: ModuleHook, execute: Execute, stack: contextlib.ExitStack, gone: list) -> None:

@@ -41,7 +41,8 @@ next use. A plan changes no answer, error or step: it is one check skipped.
 How a program's calls are checked is chosen once, when it starts (``for_program``, ``for_template``): ``PLAIN`` (the
 meta check of every call), a ``PlanRun`` (a repeat: the pattern check), a ``Vouched`` template
 run; a capture (``graph_steps``) runs plainly. The runner asks the one chosen: ``check_call``
-before each call, ``ran`` after it, ``other`` after any other step, ``finish`` at the end.
+before each call, ``ran`` after it, ``other`` after any other step, ``finish`` at the end (all but the
+first do nothing on the plain path: the runner asks them only of a checker that is not ``PLAIN``).
 ``tests/service/engine/test_program_plan.py`` runs the training tests' programs with and without it;
 ``python -m bench runner`` and ``model`` print its rows beside ``REMOTE_AUTOGRAD_REPLAY=off``.
 """
@@ -90,7 +91,8 @@ class PlainCheck:
 
     __slots__ = ()
 
-    check_call = staticmethod(meta_check.check_step)
+    def check_call(self, index: int, step: CallStep, call, args: list, kwargs: dict) -> meta_check.Needs:
+        return meta_check.checked(call, args, kwargs, step.grad_enabled)[0]
 
     def ran(self, index: int, step: CallStep, call, ids) -> None:
         pass
@@ -126,12 +128,12 @@ class Vouched(PlainCheck):
 def for_program(session, steps: list, state: tuple | None = None):
     """How a program's calls are checked: ``PLAIN`` for a program seen once (its key is remembered in
     the session's ``Caches.seen``) or too short to plan, else a ``PlanRun`` against its plan.
-    ``state``: its torch settings when they are not torch's defaults (``globals_turns``): what the memo
+    ``state``: its torch settings when they are not torch's defaults (``runner.TURNS``): what the memo
     answered under one does not hold under another."""
     key = _key(steps, state)
     if key is None:
         return PLAIN
-    caches = speed_caches.of(session)
+    caches = session.caches or speed_caches.of(session)
     plan, seen = caches.plans.get(key), caches.seen
     if plan is None and key not in seen:  # a first sighting records nothing
         seen[key] = None

@@ -9,10 +9,12 @@ the boundary stay done and the answer says where it stopped, as for any failing 
 the same program is answered from it and never runs the done steps twice.
 
 ``cancel`` is called on the event loop and ``check`` on a worker thread; a bool set once
-and only ever read is all they share. ``position`` (read on the event loop) says which step
-is running and for how long: a tenant's worker tells its front, which ends the worker when
-one step outlives the limit (``service/backends/step_deadline.py``): a step itself cannot
-be stopped.
+and only ever read is all they share. The runner starts the clock as the steps begin, and its step
+loop asks ``check`` only when it must (cancelled, or past the limit: tested in the loop itself),
+keeping ``index`` and ``op`` itself: a watch costs a program's steps no call. ``position`` (read on
+the event loop) says which step is running and for how long: a tenant's worker tells its front, which
+ends the worker when one step outlives the limit (``service/backends/step_deadline.py``): a step itself
+cannot be stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class ProgramWatch:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.cancelled = False
-        self._started: float | None = None
+        self.started: float | None = None  # when its steps began (set by the runner, or by ``check``)
         self._on_cancel: list[Callable[[], None]] = []
         self.index: int | None = None  # the step running now (set before it runs), and its op (or kind)
         self.op: str | None = None
@@ -53,9 +55,9 @@ class ProgramWatch:
 
     def left(self) -> float:
         """Seconds the program has left (all of them before its first step)."""
-        if self._started is None:
+        if self.started is None:
             return self.seconds
-        return self.seconds - (perf_counter() - self._started)
+        return self.seconds - (perf_counter() - self.started)
 
     def check(self, index: int | None = None, step=None) -> None:
         """Before step ``index``: ``cancelled`` or ``time_limit`` if the program must stop here. (Only the
@@ -63,20 +65,20 @@ class ProgramWatch:
         self.index = index
         self.op = None if step is None else step.op if step.kind == "call" else step.kind
         now = perf_counter()
-        if self._started is None:
-            self._started = now
+        if self.started is None:
+            self.started = now
         if self.cancelled:
             raise ProtocolError(ErrorCode.CANCELLED, "the client disconnected while the program ran: it stopped "
                                 "before this step; the steps before it stay done")
-        if now - self._started > self.seconds:
-            raise ProtocolError(ErrorCode.TIME_LIMIT, f"the program ran {now - self._started:.3g} s: limit "
+        if now - self.started > self.seconds:
+            raise ProtocolError(ErrorCode.TIME_LIMIT, f"the program ran {now - self.started:.3g} s: limit "
                                 f"max_program_seconds={self.seconds}; it stopped before this step, the steps "
                                 "before it stay done")
 
     @property
     def running(self) -> bool:
         """On its thread: started and not finished (a caller that stops waiting does not stop it)."""
-        return self._started is not None and not self.finished
+        return self.started is not None and not self.finished
 
     def position(self) -> dict:
         """Where the program is: ``done``; or not ``running`` while it waits behind its session's other
@@ -84,6 +86,6 @@ class ProgramWatch:
         its kind)."""
         if self.finished:
             return {"done": True}
-        if self._started is None:
+        if self.started is None:
             return {"running": False}
-        return {"running": True, "seconds": perf_counter() - self._started, "step": self.index, "op": self.op}
+        return {"running": True, "seconds": perf_counter() - self.started, "step": self.index, "op": self.op}

@@ -1,20 +1,49 @@
-"""``run_steps``: execute a program's steps in order against one session.
+"""``run_program``: a program's steps run in order against one session, under its client's torch settings.
 
 Each step is atomic: it computes everything first and commits (stores outputs,
 writes in place, accumulates grads) only at its end, so a failing step leaves
 no trace while earlier steps stay done, as in eager torch.
+
+The program's frame (the retry memory, its turn of the process-global torch settings, the context its
+ops read, the checker chosen for its calls) and the loop over its steps with the handlers of the steps
+every program has (``call``, ``fetch``, ``free``) are here, in one module past the usual size: the walk
+of one op goes through each at every program or step. Any other step kind's handler is in
+``step_kinds`` (a call's in-place run too), ``autograd_steps``, ``templates``, ``user_functions``...
+
+A feature not in use costs the loop a test, not a call: the watch (``ProgramWatch``), the histogram
+of step times (``StepHistogram.pending``), checkpoint regions, a plan (``program_plan``) are asked
+only when there is one.
+
+``TURNS`` (``GlobalsTurns``): each program runs under its client's process-global torch settings
+(``Program.torch_globals``). torch keeps the default dtype, deterministic algorithms, the float32 matmul
+precision and cuDNN's flags per process (``proto/torch_globals.py``), and the server runs many
+sessions' programs at once on its worker threads: setting them around one program would change them
+under the others. So programs take *turns*: those that ask for the state the process holds run
+together; one that asks for another waits until the running ones are done, and once one waits, later
+programs queue behind it (none waits for ever). Then the state is switched for it and for every waiting
+program that asks for the same, and switched back once the last of them is done. A server whose clients
+keep torch's defaults never switches: each program takes and gives back one uncontended lock, and reads
+the process's state when it is the only one running (nothing per step). Reading it then, not once at
+start, keeps the app exact inside a client's own process (``InProcessTransport``), whose user may change
+the settings between programs: their own are what a switch gives back. The meta check's memo answers by
+the state it ran under (an integer tensor's ``sqrt`` holds 4 or 8 bytes an element): each state has its
+own (``meta_check.use_memo``), and a session's plans are keyed by the state too.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import hashlib
 import logging
+import threading
+import time
+from collections import deque
 from time import perf_counter
 from typing import Any, Callable
 
 import torch
 
-from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name, torch_globals
+from remote_autograd.proto import ErrorCode, ProtocolError, torch_globals
 from remote_autograd.proto.messages import (
     BackwardStep,
     CallStep,
@@ -33,48 +62,86 @@ from remote_autograd.proto.messages import (
     SetRequiresGradStep,
     TemplateStep,
 )
-from remote_autograd.proto.codec import decode_tensor_data
 
 from .. import ops as _ops
-from ..ops._context import RunContext, reset, set_current
-from ..sessions.store import CustomTensor
-from ..sessions.store import ProgramAnswer, Session
+from ..ops._context import CURRENT
+from ..sessions.store import CustomTensor, ProgramAnswer, Session, check_open
 from ..settings import Settings
-from . import checkpoint_regions, functorch_regions, graph_steps, templates, user_functions
+from ..step_histogram import FOLD_AT, StepHistogram
+from . import checkpoint_regions, functorch_regions, graph_steps, meta_check, program_plan, speed_caches, templates
+from . import user_functions
 from .anomaly import Forwards
-from .answers import tensor_message
+from .answers import keepable, reencode, tensor_message
 from .autocast import autocast_dtype, run_autocast
 from .autograd_steps import backward_step, grad_step
 from .error_text import scrubbed
-from .globals_turns import TURNS
 from .kept_storages import keeps_storages
 from .load_step import load_step
 from .meta_check import Needs
-from . import program_plan, speed_caches
-from .program_run import ProgramRun
+from .program_plan import PLAIN
 from .program_watch import ProgramWatch
-from .saved_tensors import counting_saved
-from .step_cost import hold, untimed
-from .values import (check_elements, check_new_ids, meta_message, resolve_args, resolve_kwargs, resolve_value,
-                     step_refs, store_made, store_tensors)
+from .step_cost import UNTIMED_SECONDS, hold
+from .step_kinds import (apply, grad_mode, put, remeasure, retain_grad, run_inplace, set_grad,
+                         set_requires_grad)
+from .values import (ProgramRun, check_elements, check_new_ids, counting_saved, meta_message, resolve_args,
+                     resolve_kwargs, store_made)
 
 log = logging.getLogger("remote_autograd.service.engine.runner")
 OP_TABLE = _ops.OP_TABLE
 
 
+def run_program(session: Session, program: Program, body: bytes, as_json: bool, settings: Settings, *,
+                observe: StepHistogram | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
+    """Run ``program`` under the session's lock; a retried program id gets its first answer.
+
+    The retry memory lives here, not in the store: a program id seen before gets its first answer
+    (re-encoded if the client now asks in the other encoding), the same id with other content is a 409.
+
+    ``body`` is what identifies the program's content (for a framed body, its header);
+    ``watch`` stops the program between steps (time limit, client gone).
+    """
+    digest = hashlib.blake2b(body, digest_size=16).digest()
+    with session.lock:
+        check_open(session)
+        session.last_used = time.monotonic()
+        cached = session.programs.get(program.id)
+        if cached is not None:
+            if cached[0] != digest:
+                raise ProtocolError(
+                    ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
+                )
+            return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
+        outcome = run_steps(session, program, settings, as_json=as_json, observe=observe, watch=watch)
+        session.programs[program.id] = (digest, keepable(outcome, program.id), as_json)
+        while len(session.programs) > settings.program_cache_size:
+            session.programs.popitem(last=False)
+        session.last_used = time.monotonic()
+        return outcome
+
+
+def read_tensor(session: Session, tid: str, *, value: bool, grad: bool, as_json: bool) -> dict:
+    """One tensor's message, read under the session's lock."""
+    with session.lock:
+        check_open(session)
+        # copies, never views: the answer is sent after the lock is released, while programs may run
+        return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json, views=False)
+
+
 def run_steps(session: Session, program: Program, settings: Settings, *, as_json: bool = False,
-                observe: Callable[[str, float], None] | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
+              observe: StepHistogram | None = None, watch: ProgramWatch | None = None) -> ProgramAnswer:
     """Run every step or stop at the first failure; the caller holds the session lock.
 
     The limits a body claims (its step count, its put steps' shapes) were checked when it was
     admitted (``guards.check_limits``, on every path a program takes); the limits of what steps
     make (outputs, tensors and bytes held) are checked here, step by step.
-    ``observe(op, seconds)`` is told how long each step that succeeded took (metrics).
+    ``observe`` (the metrics' histogram) is told how long each step that succeeded took.
     ``watch`` is asked before each step whether the program must stop there (its time limit, its
     client gone): the stop is that step's failure, the steps before it stay done.
     """
+    # ``untimed``: the FLOPs up to which ``step_cost.hold`` passes any call (within the budget, and too
+    # short to ask the clock): the runner asks ``hold`` only about calls over it (most calls are far below)
     run = ProgramRun(session, settings, as_json, omit_known_meta=program.omit_known_meta, watch=watch,
-                     untimed=untimed(settings))
+                     untimed=min(settings.max_step_flops, settings.device_flops_per_second * UNTIMED_SECONDS))
     if program.detect_anomaly:
         run.forward = Forwards(program.id)
     state = torch_globals.from_wire(program.torch_globals)
@@ -83,24 +150,36 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state
         run.check = program_plan.for_program(session, program.steps, run.torch_state)
     steps = StepLoop(run, program, observe, watch)
-    TURNS.enter(state)  # the process-global torch settings the client had (globals_turns)
-    token = set_current(RunContext(session.generator, session.device, settings.max_tensor_elements))
+    TURNS.enter(state)  # the process-global torch settings the client had
+    token = CURRENT.set(run)  # what the ops read: the session's generator and device (``ops._context``)
+    if watch is not None and watch.started is None:
+        watch.started = perf_counter()  # its clock starts with the steps
     try:
         # what the graph saves counts too, but inside a checkpointed function's region (checkpoint_regions)
-        with counting_saved(session, settings.max_session_bytes), checkpoint_regions.resumed(session.checkpoints):
-            # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
-            graphs = (speed_caches.of(session).graphs if settings.cuda_graphs != "off" and default
-                      and run.forward is None and not session.checkpoints else None)
-            if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
-                steps.execute(0, len(program.steps))
+        regions = session.checkpoints  # the regions open (most often none), as the steps open and close them
+        with counting_saved(session, settings.max_session_bytes):
+            if regions:
+                checkpoint_regions.resume(regions)
+            try:
+                # a replay runs no call step: none is marked for anomaly detection, nor recorded by a region
+                graphs = ((session.caches or speed_caches.of(session)).graphs if settings.cuda_graphs != "off"
+                          and default and run.forward is None and not regions else None)
+                if graphs is None or not graph_steps.run(graphs, steps, settings.cuda_graphs):
+                    steps.execute(0, len(program.steps))
+            finally:
+                if regions:
+                    checkpoint_regions.suspend(regions)
     finally:
-        reset(token)
+        CURRENT.reset(token)
         TURNS.leave()
         if watch is not None:
             watch.finished = True  # off its thread now, even if whoever waited for it stopped waiting
+        if observe is not None and len(observe.pending) >= FOLD_AT:
+            observe.fold()  # the step times waiting, counted (a scrape folds them too)
     if steps.failed is not None:
         return steps.failed
-    run.check.finish()
+    if run.check is not PLAIN:
+        run.check.finish()
     return ProgramAnswer(200, {"id": program.id, "results": steps.results}, perf_counter() - steps.began)
 
 
@@ -115,7 +194,13 @@ class StepLoop:
         self.run, self.program, self.observe, self.watch = run, program, observe, watch
         self.results: list[Any] = []
         self.failed: ProgramAnswer | None = None
-        self.views_from = _views_from(program.steps)
+        # the index after the program's last step that may write to a tensor (neither a fetch nor a free):
+        # fetches from there on may answer with views of the tensors' bytes (``ProgramRun.views``)
+        self.views_from = 0
+        for index in range(len(program.steps) - 1, -1, -1):  # most programs end with their fetches: a short walk
+            if not isinstance(program.steps[index], (FetchStep, FreeStep)):
+                self.views_from = index + 1
+                break
         self.began = perf_counter()
         # a capture (graph_steps): put values decoded before it began, by step; each call's stored outputs
         self.staged: dict[int, torch.Tensor] | None = None
@@ -123,7 +208,8 @@ class StepLoop:
 
     def execute(self, start: int, stop: int) -> bool:
         """Steps ``start`` to ``stop`` (not included); False, with ``failed`` set, at the first failure."""
-        run, results, observe, watch = self.run, self.results, self.observe, self.watch
+        run, results, watch = self.run, self.results, self.watch
+        pending = None if self.observe is None else self.observe.pending  # (op, seconds) of each step that ran
         storages = run.session.storages
         regions = run.session.checkpoints  # the checkpoint regions open (checkpoint_regions): most often none
         steps = self.program.steps
@@ -132,21 +218,25 @@ class StepLoop:
             if index == self.views_from:
                 run.views = True
             began = perf_counter()
+            kind = type(step)
+            name = step.op if kind is CallStep else step.kind
             try:
                 if watch is not None:
-                    watch.check(index, step)
+                    watch.index, watch.op = index, name  # (only the step's name: it may hold a big body's bytes)
+                    if watch.cancelled or began - watch.started > watch.seconds:
+                        watch.check(index, step)  # the program stops here: its error
                 if regions:
                     checkpoint_regions.admit(regions, step, run.settings.max_steps_per_program)
-                kind = type(step)
                 if kind is CallStep:
                     results.append(_call(run, step, index))
                     if self.made is not None and step.out:
                         self.made[index] = tuple(run.session.tensors[t].value for t in step.out)
                 else:
                     staged = self.staged
-                    results.append(_put(run, step, staged[index]) if staged is not None and kind is PutStep
+                    results.append(put(run, step, staged[index]) if staged is not None and kind is PutStep
                                    else _HANDLERS[kind](run, step))
-                    run.check.other(step)
+                    if run.check is not PLAIN:
+                        run.check.other(step)
                 if regions:
                     checkpoint_regions.record(regions, step, run.session, run.settings.max_session_bytes)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
@@ -159,8 +249,8 @@ class StepLoop:
             finally:  # a freed id or a backward let the graph go: its saved tensors' bytes come back
                 if storages.dead:
                     storages.settle()
-            if observe is not None:
-                observe(step.op if kind is CallStep else step.kind, perf_counter() - began)
+            if pending is not None:
+                pending.append((name, perf_counter() - began))  # counted by the histogram's ``fold``
         return True
 
 
@@ -173,7 +263,8 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
         if type(step) is CallStep:
             return _call(run, step, index)
         result = _HANDLERS[type(step)](run, step)
-        run.check.other(step)
+        if run.check is not PLAIN:
+            run.check.other(step)
         return result
     except ProtocolError:
         raise
@@ -184,15 +275,6 @@ def _execute(run: ProgramRun, step, index: int) -> Any:
     finally:
         if run.session.storages.dead:
             run.session.storages.settle()
-
-
-def _views_from(steps: list) -> int:
-    """The index after the program's last step that may write to a tensor (neither a fetch nor a
-    free): fetches from there on may answer with views of the tensors' bytes (``ProgramRun.views``)."""
-    for index in range(len(steps) - 1, -1, -1):  # most programs end with their fetches: a short walk
-        if not isinstance(steps[index], (FetchStep, FreeStep)):
-            return index + 1
-    return 0
 
 
 def _as_protocol_error(exc: Exception, step: int, op: str) -> ProtocolError:
@@ -229,40 +311,26 @@ def _step_op(step) -> str:
     return step.op if isinstance(step, CallStep) else step.kind
 
 
-# -- values -------------------------------------------------------------------------------
-
-
-def _put(run: ProgramRun, step: PutStep, staged: torch.Tensor | None = None) -> dict | None:
-    """``staged``: the value, decoded already (a capture decodes its puts before it begins: ``graph_steps``)."""
-    session = run.session
-    check_new_ids(session, [step.id])
-    # validated with the program, its shapes within max_tensor_elements (guards.check_limits)
-    value = staged if staged is not None else decode_tensor_data(
-        step.value, field="value", device=session.device, copy=False)  # a framed body's bytes become the tensor
-    grad = None
-    if step.grad is not None:
-        grad = decode_tensor_data(step.grad, field="grad", device=session.device)
-        if grad.shape != value.shape or grad.dtype != value.dtype:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "grad: must have the value's shape and dtype")
-    if step.requires_grad:
-        value.requires_grad_(True)  # torch's own error for integer dtypes
-    store_tensors(session, run.settings, [(step.id, CustomTensor(value, grad))])
-    return None if run.omit_known_meta else {"tensors": [meta_message(step.id, value)]}
+# -- the steps every program has ----------------------------------------------------------
 
 
 def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
     session = run.session
-    call = OP_TABLE.resolve(step.op)  # what the name runs: the entry, the callable, whether in place
+    # what the name runs: the entry, the callable, whether in place (``OpTable.resolve``, remembered by name)
+    call = OP_TABLE.resolved.get(step.op) or OP_TABLE.resolve(step.op)
     if call is None:
         raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {step.op!r}; GET /v1/ops lists the op table")
     entry = call.entry
     args = resolve_args(step.args, session)
     kwargs = resolve_kwargs(step.kwargs, session) if step.kwargs else {}
-    if not call.inplace:
-        check_new_ids(session, step.out)
+    out = step.out
+    if not call.inplace and not (len(out) == 1 and out[0] not in session.tensors):  # (one new id: the usual)
+        check_new_ids(session, out)
     # no kernel sees arguments torch would refuse, and what it will allocate is charged first
     # (by the meta check, or where the program's plan vouches for it, by the plan: ``program_plan``)
-    needs = run.check.check_call(index, step, call, args, kwargs)
+    check = run.check
+    needs = (meta_check.checked(call, args, kwargs, step.grad_enabled)[0] if check is PLAIN
+             else check.check_call(index, step, call, args, kwargs))
     reserved = needs.bytes
     if reserved:
         session.storages.reserve(reserved, run.settings.max_session_bytes)
@@ -272,26 +340,28 @@ def _call(run: ProgramRun, step: CallStep, index: int = 0) -> dict | None:
         run.flops += needs.flops
         if call.inplace:  # never under autocast: the op contract's autocast_applies
             try:
-                _run_inplace(call, step, args, kwargs)
+                run_inplace(call, step, args, kwargs)
             finally:  # a kernel that failed midway may have changed a storage too
                 if not keeps_storages(call, step):
-                    _remeasure(session, step)
-            run.check.ran(index, step, call, ())
+                    remeasure(session, step)
+            if check is not PLAIN:
+                check.ran(index, step, call, ())
             if run.forward is not None:
                 run.forward.record(index, step.op, args[0], [])
             return None if run.omit_known_meta else {"tensors": []}
-        if step.autocast is None:
-            with _grad_mode(step.grad_enabled):  # ``_apply``, inline: the plain path of every call step
-                result = call.fn(*args, **kwargs)
+        if step.autocast is None and torch.is_grad_enabled() == step.grad_enabled:
+            result = call.fn(*args, **kwargs)  # ``apply``, inline: the plain path of most call steps
+        elif step.autocast is None:
+            result = apply(call.fn, step.grad_enabled, args, kwargs)
         else:
             result = run_autocast(entry, session.device, autocast_dtype(step.autocast),
-                                  lambda a, k: _apply(call.fn, step.grad_enabled, a, k), args, kwargs)
+                                  lambda a, k: apply(call.fn, step.grad_enabled, a, k), args, kwargs)
         if run.forward is not None:
             run.forward.record(index, step.op, result, [*args, *kwargs.values()])
         return _store_outputs(run, step, call, result, args, kwargs, index)  # charged from the reservation
     finally:
-        if reserved:
-            session.storages.unreserve()  # what the outputs did not take (a view brings no bytes)
+        if reserved and session.storages.pool:  # the outputs took less than the meta check reserved
+            session.storages.unreserve()  # (a view brings no bytes)
 
 
 def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None:
@@ -300,16 +370,6 @@ def _admit(run: ProgramRun, step: CallStep, inplace: bool, needs: Needs) -> None
     if needs.elements > run.settings.max_tensor_elements and not inplace:
         check_elements(f"{step.op}'s largest output", needs.elements, run.settings)
     hold(run, step.op, needs.flops)
-
-
-def _remeasure(session: Session, step: CallStep) -> None:
-    """Count again the tensors an in-place step named: ``resize_`` may have grown a storage,
-    ``set_data`` or ``as_strided_`` pointed a tensor at another (``storage_ledger``)."""
-    tids = step_refs(step.args, set())
-    if step.kwargs:
-        step_refs(step.kwargs.values(), tids)
-    tensors = session.tensors
-    session.storages.remeasure([tensors[t] for t in tids if t in tensors])
 
 
 def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: list, kwargs: dict,
@@ -321,7 +381,9 @@ def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: lis
     # optional outputs that are None (attention weights with need_weights=False) get no id: the
     # client knows where they go from the same call on meta
     outputs = tuple(o for o in result if o is not None) if is_tuple else (result,)
-    outputs = _no_aliases(outputs, (*args, *kwargs.values()) if kwargs else args, step.grad_enabled)
+    inputs = (*args, *kwargs.values()) if kwargs else args
+    if len(outputs) != 1 or any(outputs[0] is a for a in inputs):  # (one new tensor: the usual case)
+        outputs = _no_aliases(outputs, inputs, step.grad_enabled)
     ids = step.out
     if step.out_many:
         if len(step.out) != 1:
@@ -331,38 +393,12 @@ def _store_outputs(run: ProgramRun, step: CallStep, call, result: Any, args: lis
     if len(outputs) != len(ids):
         raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op} returns {len(outputs)} tensor(s) but out names {len(ids)}")
     store_made(session, run.settings, [(tid, CustomTensor(t)) for tid, t in zip(ids, outputs)])
-    run.check.ran(index, step, call, ids)
+    if run.check is not PLAIN:
+        run.check.ran(index, step, call, ids)
     if run.omit_known_meta and not step.out_many:
         return None
     metas = [meta_message(tid, t) for tid, t in zip(ids, outputs)]
     return {"tensors": metas, "tuple": True} if is_tuple else {"tensors": metas}
-
-
-def _apply(fn, grad_enabled: bool, args: list, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)`` (the resolved callable) in the step's grad mode."""
-    with _grad_mode(grad_enabled):
-        return fn(*args, **kwargs)
-
-
-def _requires_grad(args: list, kwargs: dict) -> bool:
-    """Whether a tensor argument requires grad: only then can an op record a graph."""
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            return True
-    for a in kwargs.values():
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            return True
-    return False
-
-
-_SAME_MODE = contextlib.nullcontext()
-
-
-def _grad_mode(enabled: bool, *, matters: bool = True):
-    """``torch.set_grad_enabled(enabled)`` as a context, or a no-op one when the mode already is ``enabled``
-    or cannot ``matter`` (autograd looks at it only when a tensor requires grad). Most steps switch
-    nothing: switching and restoring costs more than many small ops."""
-    return _SAME_MODE if not matters or torch.is_grad_enabled() == enabled else torch.set_grad_enabled(enabled)
 
 
 def _no_aliases(outputs: tuple, inputs, grad_enabled: bool) -> tuple:
@@ -372,106 +408,13 @@ def _no_aliases(outputs: tuple, inputs, grad_enabled: bool) -> tuple:
     in backward, and the client already treats the result as a new non-leaf. The view is made in
     the step's grad mode, as its op ran (inside a backward, a user Function's template runs with
     grad on where the engine has it off: a view made off would cut the graph there).
+    (The caller skips the usual case: one output that is none of the inputs.)
     """
-    if len(outputs) == 1 and not any(outputs[0] is a for a in inputs):  # the usual case, without a set
-        return outputs
     tensors = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
     if not any(id(o) in tensors for o in outputs):
         return outputs
-    with _grad_mode(grad_enabled):
+    with grad_mode(grad_enabled):
         return tuple(o.view_as(o) if id(o) in tensors else o for o in outputs)
-
-
-def _run_inplace(call, step: CallStep, args: list, kwargs: dict) -> None:
-    """``x.op_(...)``: torch's own in-place callable when the name spells one (``Tensor.add_``), or when no
-    graph is recorded (optimizer updates: the same result, without an out-of-place value and a
-    copy); else ``_inplace_by_copy``."""
-    entry = call.entry
-    if args and isinstance(args[0], list) and call.inplace and (call.writes or entry.inplace):
-        with _grad_mode(step.grad_enabled):  # torch._foreach_X_(tensors, ...): torch's kernel
-            call.fn(*args, **kwargs)
-        return None
-    if not args or not isinstance(args[0], torch.Tensor):
-        raise ProtocolError(ErrorCode.OP_ERROR, f"{step.op}: the first argument must be a tensor")
-    target = args[0]
-    needs_grad = _requires_grad(args, kwargs)
-    recording = step.grad_enabled and needs_grad
-    if entry.relayout or (call.writes and not call.by_copy):
-        # torch's own in-place op on the stored tensor: its own checks (a leaf that requires grad,
-        # shapes, dtypes) come before any change, and its derivative is torch's
-        with _grad_mode(step.grad_enabled, matters=needs_grad):
-            call.fn(*args, **kwargs)
-        return None
-    if recording and target.is_leaf and target.requires_grad:
-        raise ProtocolError(ErrorCode.OP_ERROR,
-                            "a leaf Variable that requires grad is being used in an in-place operation.")
-    if "inplace" in kwargs:
-        del kwargs["inplace"]
-    with _grad_mode(step.grad_enabled, matters=needs_grad):
-        if call.writes:  # torch's in-place op on a copy: a failure midway leaves the target as it was
-            work = target.clone()
-            call.fn(work, *args[1:], **kwargs)
-            target.copy_(work)
-        elif recording or entry.native_inplace is None or entry.kind == "native":
-            _inplace_by_copy(call.fn, args, kwargs, recording, entry.inplace)
-        else:
-            entry.native_inplace(*args, **kwargs)
-
-
-def _inplace_by_copy(fn, args: list, kwargs: dict, recording: bool, inplace_only: bool = False) -> None:
-    """Compute out of place, check it fits ``x``, then write it in with ``copy_``.
-
-    Writing through ``copy_`` bumps ``x``'s version counter, so a backward that saved
-    the old ``x`` fails with torch's own error, as it would after a native in-place op.
-    When a graph is recorded we compute from a clone, so our own Function never holds
-    the tensor we are about to overwrite. When ``x`` is a view (the view ops are torch's
-    own), ``copy_`` writes through to its base and torch rebases the base's graph.
-    """
-    target = args[0]
-    value = fn(target.clone() if recording else target, *args[1:], **kwargs)
-    if isinstance(value, (tuple, list)):
-        value = value[0]
-    if value is target:
-        return
-    if value.shape != target.shape:
-        raise ProtocolError(ErrorCode.OP_ERROR,
-                            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(value.shape)}")
-    if not torch.can_cast(value.dtype, target.dtype) and not inplace_only:
-        raise ProtocolError(ErrorCode.OP_ERROR,
-                            f"result type {dtype_name(value.dtype)} can't be cast to the desired output type "
-                            f"{dtype_name(target.dtype)}")
-    target.copy_(value)  # a view a custom op's Function returned: torch's own refusal, as locally
-
-
-def _set_grad(run: ProgramRun, step: SetGradStep) -> None:
-    session = run.session
-    ct = session.tensor(step.id)
-    grad = resolve_value(step.grad, session)
-    if grad is not None:
-        if not isinstance(grad, torch.Tensor):
-            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad expected to be a Tensor or None")
-        if grad.shape != ct.shape:
-            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different size")
-        if grad.dtype != ct.dtype:
-            raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
-    ct.grad = grad  # aliasing, as `p.grad = g` does in torch: a session tensor's storage, counted already
-    session.storages.remeasure([ct])
-    return None
-
-
-def _set_requires_grad(run: ProgramRun, step: SetRequiresGradStep) -> dict | None:
-    ct = run.session.tensor(step.id)
-    ct.value.requires_grad_(step.requires_grad)  # torch's own errors for non-leaves and int dtypes
-    return None if run.omit_known_meta else {"tensors": [meta_message(step.id, ct.value)]}
-
-
-def _retain_grad(run: ProgramRun, step: RetainGradStep) -> None:
-    ct = run.session.tensor(step.id)
-    if not ct.requires_grad:
-        raise ProtocolError(ErrorCode.OP_ERROR, "can't retain_grad on Tensor that has requires_grad=False")
-    if not ct.is_leaf:
-        ct.retains_grad = True
-    return None
 
 
 def _free(run: ProgramRun, step: FreeStep) -> None:
@@ -489,13 +432,13 @@ def _fetch(run: ProgramRun, step: FetchStep) -> dict:
 
 
 _HANDLERS: dict[type, Callable[..., Any]] = {
-    PutStep: _put,
+    PutStep: put,
     CallStep: _call,
-    BackwardStep: lambda run, step: backward_step(run, step, _execute),
-    GradStep: lambda run, step: grad_step(run, step, _execute),
-    SetGradStep: _set_grad,
-    SetRequiresGradStep: _set_requires_grad,
-    RetainGradStep: _retain_grad,
+    BackwardStep: functools.partial(backward_step, execute=_execute),  # (a partial: no frame of ours between)
+    GradStep: functools.partial(grad_step, execute=_execute),
+    SetGradStep: set_grad,
+    SetRequiresGradStep: set_requires_grad,
+    RetainGradStep: retain_grad,
     FreeStep: _free,
     FetchStep: _fetch,
     LoadStep: load_step,
@@ -506,3 +449,89 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     CheckpointEndStep: lambda run, step: checkpoint_regions.close_region(run.session.checkpoints, run, step),
     functorch_regions.Region: functorch_regions.run_region,  # a template's torch.func region, run as one
 }
+
+
+# -- turns of the process-global torch settings (see the module's docstring) --------------
+
+
+class _Waiter:
+    __slots__ = ("state", "event", "error")
+
+    def __init__(self, state: tuple) -> None:
+        self.state, self.event, self.error = state, threading.Event(), None
+
+
+class GlobalsTurns:
+    """``enter(state)`` before a program's first step, ``leave()`` after its last (always, in a ``finally``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._state: tuple | None = None  # what the running programs run under
+        self._own: tuple | None = None  # what the process held before this turn switched it (None: not switched)
+        self._waiting: deque[_Waiter] = deque()
+
+    def enter(self, state: tuple) -> None:
+        with self._lock:
+            if not self._waiting:
+                if not self._running:
+                    self._begin(state)  # raises, running nothing, when torch refuses the state
+                    self._running = 1
+                    return
+                if state == self._state:
+                    self._running += 1
+                    return
+            waiter = _Waiter(state)
+            self._waiting.append(waiter)
+        waiter.event.wait()  # admitted: counted as running, the state switched (or refused)
+        if waiter.error is not None:
+            raise waiter.error
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running:
+                return
+            if self._own is not None:  # (as ``_end``: most turns switched nothing)
+                self._end()
+            self._state = None
+            while self._waiting:
+                state = self._waiting[0].state
+                admitted = [w for w in self._waiting if w.state == state]
+                self._waiting = deque(w for w in self._waiting if w.state != state)
+                try:
+                    self._begin(state)
+                except ProtocolError as exc:
+                    for waiter in admitted:
+                        waiter.error = exc
+                        waiter.event.set()
+                    continue
+                self._running = len(admitted)
+                for waiter in admitted:
+                    waiter.event.set()
+                return
+
+    def _begin(self, state: tuple) -> None:
+        """A turn begins (nothing runs): the process is made to hold ``state``."""
+        own = torch_globals.read()
+        self._state = state
+        if state != meta_check.memo_state:
+            meta_check.use_memo(state)
+        if own == state:
+            return
+        self._own = own
+        try:
+            torch_globals.apply(state)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            self._end()
+            raise ProtocolError(ErrorCode.OP_ERROR, f"torch_globals: the server's torch refused them: {exc}") from None
+
+    def _end(self) -> None:
+        """The last program of a turn is done: the process gets back what it held before."""
+        if self._own is not None:
+            own, self._own = self._own, None
+            torch_globals.apply(own)
+        self._state = None
+
+
+TURNS = GlobalsTurns()

@@ -26,7 +26,9 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from . import cost_formulas
 
-UNTIMED_SECONDS = 0.01  # work a call may start with whatever time its program has left (see ``hold``)
+# work a call may start with whatever time its program has left (see ``hold``): up to it (within the
+# budget: ``ProgramRun.untimed``), the runner does not ask ``hold`` at all (most calls are far below)
+UNTIMED_SECONDS = 0.01
 
 
 class _Counting(TorchDispatchMode):
@@ -57,12 +59,6 @@ def touched(args: list, kwargs: dict) -> float:
 def bounded(name: str, args: list, kwargs: dict, elements: int) -> float:
     """The cost of a call of data-dependent entry ``name`` whose outputs are bounded to ``elements``."""
     return cost_formulas.bounded_work(name, tuple(args), kwargs, elements)
-
-
-def untimed(settings: Any) -> float:
-    """The FLOPs up to which ``hold`` passes any call (within the budget, and too short to ask the
-    clock): the runner asks ``hold`` only about calls over it (most calls are far below)."""
-    return min(settings.max_step_flops, settings.device_flops_per_second * UNTIMED_SECONDS)
 
 
 def hold(run: Any, op: str, flops: float) -> None:

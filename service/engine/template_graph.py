@@ -47,7 +47,7 @@ from remote_autograd.proto import dtype_from_name
 from remote_autograd.proto.messages import BackwardStep, CallStep, GradStep, SetGradStep
 
 from .. import ops as _ops
-from ..ops._context import RunContext, reset, set_current
+from ..ops._context import CURRENT, RunContext
 from .replayable import replayable_call
 
 _MAX_DEPTH = 8  # lists in lists, as values.resolve_value allows
@@ -155,12 +155,12 @@ def build(template, layouts: Sequence[Layout], scalars: dict, device: torch.devi
     for k, lay in enumerate(layouts):
         if lay.requires_grad and not lay.is_leaf:
             raise Unfit(f"input {k} requires grad and is not a leaf: its graph goes on outside the template")
-    token = set_current(RunContext(torch.default_generator, device))  # our factories read the device
+    token = CURRENT.set(RunContext(torch.default_generator, device))  # our factories read the device
     try:
         with FakeTensorMode(allow_non_fake_inputs=False) as mode:
             return _Builder(template, layouts, scalars, device, mode).build()
     finally:
-        reset(token)
+        CURRENT.reset(token)
 
 
 class _Builder:
@@ -248,7 +248,7 @@ class _Builder:
             target = args[0]
             if isinstance(target, list) or found.writes:
                 self._emit(fn, args, kwargs)
-            else:  # computed out of place, then written in (runner._inplace_by_copy)
+            else:  # computed out of place, then written in (step_kinds._inplace_by_copy)
                 value = self._emit(fn, args, kwargs)
                 if isinstance(self.fakes[value], (tuple, list)):
                     value = self._emit(operator.getitem, (value, 0), {})

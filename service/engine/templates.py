@@ -46,8 +46,7 @@ from .. import ops as _ops
 from ..sessions.store import CustomTensor
 from . import compiled_templates, functorch_regions
 from .program_plan import PLAIN, for_template, inputs_key, loose_scalars
-from .program_run import ProgramRun
-from .values import bound_scalars, check_new_ids, meta_message
+from .values import ProgramRun, bound_scalars, check_new_ids, meta_message
 
 # execute(run, step, index): one step through the runner's handler for its kind; a failure raised as a ProtocolError
 Execute = Callable[[ProgramRun, Any, int], Any]

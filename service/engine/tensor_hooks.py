@@ -45,10 +45,9 @@ from remote_autograd.proto.messages import BackwardStep, GradStep, NodeHook, Ten
 
 from ..sessions.store import CustomTensor
 from . import module_hooks
-from .program_run import ProgramRun
 from .templates import Execute, GradStandIn
 from .user_functions import run_bound
-from .values import check_new_ids
+from .values import ProgramRun, check_new_ids
 
 
 class StepHooks:
@@ -67,7 +66,7 @@ class StepHooks:
         self.accumulated: list[str] | None = None
 
 
-_NONE = StepHooks(None)
+NONE = StepHooks(None)  # a step without hooks (``autograd_steps`` does not enter ``registered`` for one)
 
 
 @contextlib.contextmanager
@@ -75,7 +74,7 @@ def registered(run: ProgramRun, step: BackwardStep | GradStep, execute: Execute)
     """The step's hooks on their tensors and nodes while it runs; yields what they did (``StepHooks``)."""
     hooks, node_hooks = step.hooks, step.node_hooks
     if not hooks and not node_hooks and not step.module_hooks:
-        yield _NONE
+        yield NONE
         return
     session = run.session
     observing = [h.observe for h in hooks if h.observe is not None]

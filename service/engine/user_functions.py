@@ -7,7 +7,7 @@ its backward into a template (a template step before this one). This step applie
 the forward's steps made (torch gives each this node as its history, in place; an input marked dirty
 has its history rebased), marks what the client marked, and saves the tensors the backward reads
 with ``ctx.save_for_backward``, so they live as long as the graph and the byte ledger counts them as
-it counts any node's saved tensors (``saved_tensors``: the program's hooks see these saves too). Its
+it counts any node's saved tensors (``values.counting_saved``: the program's hooks see these saves too). Its
 backward runs the template through ``Template.runner`` with every check a template run has.
 
 The runner needs the ``ProgramRun`` of the ``backward`` or ``grad`` step that runs the engine:
@@ -27,10 +27,9 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import FunctionStep, RunTemplateStep
 
-from ..ops._context import RunContext, reset, set_current
-from .program_run import ProgramRun
-from .saved_tensors import counting_saved
+from ..ops._context import CURRENT, RunContext
 from .templates import Execute, GradStandIn, Template
+from .values import ProgramRun, counting_saved
 
 _RUNS = itertools.count()
 
@@ -129,14 +128,14 @@ def run_bound(run: ProgramRun, template: Template, bound: list, execute: Execute
     template.runs += 1
     # what the runner sets around a program, set again: on a CUDA device autograd calls the node on a thread
     # of its own, where neither the session's generator nor the saved-tensor hooks would be found
-    token = set_current(RunContext(session.generator, session.device, run.settings.max_tensor_elements))
+    token = CURRENT.set(RunContext(session.generator, session.device, run.settings.max_tensor_elements))
     try:
         with counting_saved(session, run.settings.max_session_bytes):
             template.runner(run, template, step, bound, {}, execute)
     except ProtocolError as err:  # its code kept (a limit is a 413): autograd raises it as it is
         raise ProtocolError(err.code, f"{what}: {err.message}") from None
     finally:
-        reset(token)
+        CURRENT.reset(token)
     tensors = session.tensors
     made = [tensors.pop(name) for name in names]
     session.storages.drop(made)

@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     figures = TenantFigures(backend) if isinstance(backend, TenantProcesses) else None
     metrics = Metrics(local.store if local else None, backend.slots, figures)
     if local is not None:
-        local.on_step = metrics.observe_step
+        local.on_step = metrics.op_seconds
     backend.observe_program = metrics.program_seconds.observe
 
     @asynccontextmanager

@@ -28,7 +28,7 @@ _PROGRAM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class Metrics:
-    """The app's metrics; ``observe_step(op, seconds)`` is the runner's per-step hook.
+    """The app's metrics; ``op_seconds`` (a ``StepHistogram``) is where the runner puts each step's time.
 
     ``render()`` is everything, for the operator; ``render(owner)`` what one tenant may see: its own
     sessions, tensors, bytes and programs in flight, nothing of another token's (no server totals,
@@ -49,7 +49,6 @@ class Metrics:
                                   OP_BUCKETS)
         self.registry.register(op_seconds)
         self.op_seconds = op_seconds
-        self.observe_step = op_seconds.observe  # bound directly: it runs once per step of every program
         self.registry.register(_StoreCollector(self._figures, in_flight))
         self._request_children: dict = {}
 

@@ -1,7 +1,9 @@
 """What an op may know about the program running it: the session's generator and device.
 
-Set by the runner around each step (a context variable, so worker threads never mix
-sessions); read by random ops and factories.
+Set (``CURRENT.set``, ``CURRENT.reset``) by the runner around a program's steps, and around a meta
+run or a recomputation (a context variable, so worker threads never mix sessions); read by random
+ops and factories (``current``). What it holds has a ``RunContext``'s three attributes: the runner
+sets its ``ProgramRun`` itself (``engine.values``), no object of its own per program.
 """
 
 from __future__ import annotations
@@ -19,22 +21,14 @@ class RunContext:
     max_elements: int | None = None  # the session's max_tensor_elements: factories check it first
 
 
-_CURRENT: ContextVar[RunContext | None] = ContextVar("remote_autograd_run_context", default=None)
+CURRENT: ContextVar = ContextVar("remote_autograd_run_context", default=None)  # a RunContext, or its like
 
 
 def current() -> RunContext:
-    ctx = _CURRENT.get()
+    ctx = CURRENT.get()
     if ctx is None:  # outside a program (tests calling ops directly): process defaults
         return RunContext(torch.default_generator, torch.device("cpu"))
     return ctx
-
-
-def set_current(ctx: RunContext | None):
-    return _CURRENT.set(ctx)
-
-
-def reset(token) -> None:
-    _CURRENT.reset(token)
 
 
 def torch_fills_uninitialised() -> bool:

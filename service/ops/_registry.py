@@ -152,7 +152,7 @@ class OpTable:
     def __init__(self) -> None:
         self._entries: dict[str, OpEntry] = {}
         self._wires: dict[str, OpEntry] = {}  # a native entry's variant names
-        self._calls: dict[str, Resolved] = {}  # resolve()'s answers for known names
+        self.resolved: dict[str, Resolved] = {}  # resolve()'s answers for known names (the runner looks here first)
 
     def add(self, entry: OpEntry) -> OpEntry:
         if entry.name in self._entries:
@@ -163,14 +163,14 @@ class OpTable:
         self._entries[entry.name] = entry
         for wire in entry.variants:
             self._wires[wire] = entry
-        self._calls.clear()
+        self.resolved.clear()
         return entry
 
     def remove(self, name: str) -> None:
         entry = self._entries.pop(name, None)
         for wire in entry.variants if entry is not None else ():
             self._wires.pop(wire, None)
-        self._calls.clear()
+        self.resolved.clear()
 
     def get(self, name: str) -> OpEntry | None:
         return self._entries.get(name)
@@ -189,7 +189,7 @@ class OpTable:
         Remembered per known name (the runner asks once per step); unknown names come from the
         wire and are not remembered, so the memo stays as small as the table.
         """
-        found = self._calls.get(name)
+        found = self.resolved.get(name)
         if found is not None:
             return found
         found = self._plain(name)
@@ -198,7 +198,7 @@ class OpTable:
             if base is not None and not base.inplace and base.entry.shape_rule != "none":
                 found = base._replace(inplace=True, by_copy=True)
         if found is not None:
-            self._calls[name] = found
+            self.resolved[name] = found
         return found
 
     def _plain(self, name: str) -> Resolved | None:

@@ -1,7 +1,7 @@
 """``StorageLedger``: a session's bytes counted by storage, not by view.
 
 A session holds memory through storages: a value, a grad, a view of a freed base, a
-tensor the autograd graph saved (``saved_tensors``) all keep a storage alive, and two
+tensor the autograd graph saved (``engine.values.counting_saved``) all keep a storage alive, and two
 views of one base keep it alive once. So the ledger keeps, per storage (keyed by its
 ``StorageImpl``, ``untyped_storage()._cdata``), its byte size and how many references
 the session holds to it; a storage is charged when its first reference comes and
@@ -124,13 +124,15 @@ class StorageLedger:
         if freed:
             self._commit(-freed)
 
-    def remeasure(self, cts: Iterable[CustomTensor]) -> None:
-        """Count ``cts`` again after a step changed them in place or gave them a new grad.
+    def remeasure(self, cts: Iterable[CustomTensor], give_back: int = 0) -> None:
+        """Count ``cts`` again after a step changed them in place or gave them a new grad, and give
+        back ``give_back`` bytes ``charge`` held for the change (a backward's room for its grads), in one
+        commit.
 
         Never refuses: the bytes exist already (the step's meta check charged a growth before
         the kernel ran, ``meta_check``), and an honest count is what later charges compare with.
         """
-        delta = -self._settled() if self.dead else 0
+        delta = (-self._settled() if self.dead else 0) - give_back
         for ct in cts:
             pieces = storage_of(ct.value, ct.grad)
             for key, keep, nbytes in pieces:  # new references first: a storage kept stays counted
@@ -148,7 +150,7 @@ class StorageLedger:
         if delta:
             self._commit(delta)
 
-    # -- what the autograd graph saved (``saved_tensors``) ----------------------------------
+    # -- what the autograd graph saved (``engine.values.counting_saved``) -----------------
 
     def pin(self, t: torch.Tensor, limit: int) -> object:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
@@ -166,7 +168,8 @@ class StorageLedger:
         self.pool = nbytes
 
     def unreserve(self) -> None:
-        """Give back what the step reserved and neither a pin nor its outputs took."""
+        """Give back what the step reserved and neither a pin nor its outputs took (``pool``; nothing to do
+        when it is 0, as the runner knows)."""
         left, self.pool = self.pool, 0
         if left:
             self._commit(-left)

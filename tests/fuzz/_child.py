@@ -1,7 +1,7 @@
 """One case of the value fuzz, run in a forked child through the server's own path, with canaries.
 
 The path is a ``call`` step's: the case's tensors are stored in a fresh session of a real
-``SessionStore`` and a program of one call step runs through ``engine.programs.run_program`` (the
+``SessionStore`` and a program of one call step runs through ``engine.runner.run_program`` (the
 op table's resolution, the meta check and the value checks, the kernel, the error conversion), then,
 when it answered 200 and made tensors that require grad, a backward through them (a kernel's
 backward reads the same values).
@@ -26,7 +26,7 @@ import torch
 
 from remote_autograd.proto import dtype_name
 from remote_autograd.proto.messages import validate_program
-from remote_autograd.service.engine.programs import run_program
+from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.engine.values import store_tensors
 from remote_autograd.service.sessions.store import CustomTensor
 from remote_autograd.service.sessions.store import SessionStore

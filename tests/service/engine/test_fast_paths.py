@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from remote_autograd.proto import JSON, MSGPACK, decode_body, decode_tensor, encode_tensor
 from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
-from remote_autograd.service.engine import grad_ownership
+from remote_autograd.service.engine import autograd_steps
 from remote_autograd.service.engine.answers import encode_answer, keepable
 from remote_autograd.service.ops import OP_TABLE, OpTable, S, T, op
 from remote_autograd.service.engine.runner import run_steps
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.step_histogram import OP_BUCKETS, StepHistogram
+from remote_autograd.service.step_histogram import FOLD_AT, OP_BUCKETS, StepHistogram
 from remote_autograd.service.sessions.store import SessionStore
 
 from ...bits import assert_same_bits
@@ -154,11 +154,28 @@ def test_step_histogram_renders_like_prometheus_histogram():
     mine = StepHistogram("op_seconds", "doc", OP_BUCKETS)
     ours.register(mine)
     reference = Histogram("op_seconds", "doc", ("op",), buckets=OP_BUCKETS, registry=theirs)
-    for op, seconds in [("add", 3e-6), ("add", 1e-5), ("add", 0.002), ("backward", 0.3), ("x", 100.0), ("add", 5.0)]:
-        mine.observe(op, seconds)
+    for k, (op, seconds) in enumerate([("add", 3e-6), ("add", 1e-5), ("add", 0.002), ("backward", 0.3), ("x", 100.0),
+                                        ("add", 5.0)]):
+        mine.pending.append((op, seconds))  # as the runner does after each step
+        if k == 2:
+            mine.fold()  # as the runner does once FOLD_AT wait: the rest are folded by the scrape
         reference.labels(op).observe(seconds)
     created = re.compile(r"(_created\{.*\}) .*")
     assert created.sub(r"\1", generate_latest(ours).decode()) == created.sub(r"\1", generate_latest(theirs).decode())
+
+
+def test_the_runner_folds_the_step_times_once_enough_wait():
+    """Each step's time waits in ``pending`` (no call of ours per step); after a program that leaves
+    ``FOLD_AT`` or more waiting, the runner folds them: the list stays bounded with no scrape."""
+    store, session, settings = _session()
+    steps = StepHistogram("op_seconds", "doc", OP_BUCKETS)
+    run_steps(session, validate_program({"id": "a", "steps": [_put("a", torch.ones(2))]}), settings, observe=steps)
+    assert [op for op, _ in steps.pending] == ["put"]  # one step: it waits
+    steps.pending.extend([("add", 1e-3)] * (FOLD_AT - 2))
+    run_steps(session, validate_program({"id": "b", "steps": [_put("b", torch.ones(2))]}), settings, observe=steps)
+    assert steps.pending == []  # FOLD_AT waited: folded
+    rows = steps.rows()
+    assert sum(rows["put"][:-2]) == 2 and sum(rows["add"][:-2]) == FOLD_AT - 2
 
 
 def test_small_fetches_are_bytes_and_count_against_the_retry_cache():
@@ -227,7 +244,7 @@ def test_grads_taken_over_never_alias_another_tensor():
 
 
 def test_grads_taken_over_equal_the_grads_of_the_plain_path_that_clones_them(monkeypatch):
-    """``grad_ownership.owned`` (the speed path) against cloning every grad (the plain path)."""
+    """``autograd_steps.owned`` (the speed path) against cloning every grad (the plain path)."""
     gen = torch.Generator().manual_seed(1)
     x, w, b = torch.randn(6, 40, generator=gen), torch.randn(40, 30, generator=gen), torch.randn(30, generator=gen)
     ref = lambda t: {"ref": t}  # noqa: E731
@@ -242,17 +259,17 @@ def test_grads_taken_over_equal_the_grads_of_the_plain_path_that_clones_them(mon
              {"kind": "backward", "tensors": ["l"]}]  # the second accumulates into what the first took over
 
     taken = []
-    real_owned = grad_ownership.owned
+    real_owned = autograd_steps.owned
 
     def watched(grads, i):
         taken.append(real_owned(grads, i))
         return taken[-1]
 
-    monkeypatch.setattr(grad_ownership, "owned", watched)
+    monkeypatch.setattr(autograd_steps, "owned", watched)
     _, fast, settings = _session()
     _run(fast, settings, steps, "fast")
     assert any(taken), "no grad was taken over: the speed path was not exercised"
-    monkeypatch.setattr(grad_ownership, "owned", lambda grads, i: False)
+    monkeypatch.setattr(autograd_steps, "owned", lambda grads, i: False)
     _, plain, _ = _session()
     _run(plain, settings, steps, "plain")
     for tid in ("w", "b"):

@@ -13,7 +13,7 @@ import torch
 
 from remote_autograd.proto import ProtocolError, torch_globals
 from remote_autograd.service.engine import meta_check
-from remote_autograd.service.engine.globals_turns import GlobalsTurns
+from remote_autograd.service.engine.runner import GlobalsTurns
 from remote_autograd.service.ops import OP_TABLE
 
 DEFAULT = torch_globals.DEFAULT

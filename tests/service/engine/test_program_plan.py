@@ -19,7 +19,7 @@ from remote_autograd.proto import encode_body, encode_tensor
 from remote_autograd.service.engine import meta_check
 from remote_autograd.service.engine.admission import decode_program
 from remote_autograd.service.settings import Settings
-from remote_autograd.service.engine.programs import run_program
+from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.sessions.store import SessionStore
 from remote_autograd.proto.messages import validate_program
 

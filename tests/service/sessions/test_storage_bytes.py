@@ -21,7 +21,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.service.sessions.store import CustomTensor
-from remote_autograd.service.engine.saved_tensors import counting_saved
+from remote_autograd.service.engine.values import counting_saved
 from remote_autograd.service.sessions.store import Budget, Session
 
 from ...servers import memory_of, running, session_pids
