@@ -18,7 +18,7 @@ import httpx
 
 from remote_autograd.client.transport._http import TunedTransport
 from remote_autograd.proto import decode_body, encode_body
-from remote_autograd.proto.frames import is_frames, unpack_frames
+from remote_autograd.proto.codec import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.sessions.store import SessionStore

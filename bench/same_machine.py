@@ -6,7 +6,7 @@ The MLP step (784-128-10, SGD, batch 64: 200 KB) with its batch uploaded each st
 server runs twice: as shipped (a loopback server waits passively: ``service/openmp_wait.py``) and
 spinning as torch's OpenMP runtime does by default (``GOMP_SPINCOUNT=300000``, libgomp's default
 count, which the server leaves alone). The uploaded step runs with the SDK's copy of the batch as
-shipped (numpy's, ``proto/tensors.py`` ``encode_tensor(private=True)``) and with the copy it used to
+shipped (numpy's, ``proto/codec.py`` ``encode_tensor(private=True)``) and with the copy it used to
 make (torch's ``clone``, which wakes torch's intra-op threads in the client). All variants are timed
 in interleaved rounds, so load from elsewhere falls on each alike.
 

@@ -51,10 +51,10 @@ the id the client chose, and answers its metadata (``{id, dtype, shape, requires
 programs: they set ``omit_known_meta`` (the SDK inferred it all), and only what the client cannot know comes
 back (the outputs of an ``out_many`` call, which grads of an ``allow_unused`` grad are None, a backward's
 ``no_grad``); a ``fetch`` step answers the tensor's data (``service/engine/answers.py``,
-``proto/tensors.py``). A failing step stops the program: its answer carries the error and the results before
+``proto/codec.py``). A failing step stops the program: its answer carries the error and the results before
 it (``service/engine/runner.py``, ``_as_protocol_error``). The route encodes the answer (msgpack, JSON or
 framed) and sends it; ``SessionCore.flush`` hands each result to its step's origin, the SDK corrects the
-metadata it had predicted, and ``item()`` decodes the fetched value (``proto/tensors.py``, ``decode_tensor``)
+metadata it had predicted, and ``item()`` decodes the fetched value (``proto/codec.py``, ``decode_tensor``)
 into a Python number. A failed step raises ``RemoteError`` at the user's line that queued it.
 """
 

@@ -53,7 +53,7 @@ import torch.compiler as _compiler
 from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor, torch_globals
-from remote_autograd.proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto.codec import FRAME_MIN_BYTES
 from remote_autograd.proto.messages import CallStep, FetchStep, FreeStep, PutStep
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies
 
@@ -61,13 +61,12 @@ from .device import _autocast
 from .device._device import claim_index, release_index
 from .device._device_rule import (basic_index, check_local, check_same_device, mixed_devices,
                                   normalise_index, value_dependent_index)
-from .session import _caller_memo, _checkpoint_regions
+from .session import _checkpoint_regions, _steps
 from .session._answers import lost_template, meta_from_result
 from .session._banner import announce
-from .session._callsite import refuse_custom_function, where
-from .session._queue_globals import QueueGlobals
+from .session._callsite import refuse_custom_function
 from .session._routes import Route, route_table
-from .session._steps import OMIT, Origin, make_step
+from .session._steps import OMIT, Origin, QueueGlobals, make_step, op_where, where
 from .session._unsupported import not_in_table, refuse_local_leaf, refuse_saved_tensors_hooks
 from .tensor import _foreach, _func_transforms, _traced, _views
 from .tensor._autograd_flags import set_has_grad, set_requires_grad_flag
@@ -177,7 +176,10 @@ class RemoteTensor(torch.Tensor):
             if g is None:
                 raise RuntimeError("the gradient this handle refers to is None on the server")
             return g
-        return self._fetch(value=True, grad=False)[0]
+        if self._error is not None:  # self._fetch(value=True, grad=False)[0], inline: every value read
+            raise self._error
+        message = self._session.fetch(self._id, value=True, grad=False)
+        return decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
 
     # -- local state --------------------------------------------------------------------------
 
@@ -247,7 +249,10 @@ class RemoteTensor(torch.Tensor):
         if local is not None:
             return local(*args, **kwargs)
         session = args[0]._session if args and type(args[0]) is RemoteTensor else _session_of(args, kwargs)
-        route = session._routes.lookup(func)
+        try:  # session._routes.lookup(func)'s answer, inline: every op looks up its route
+            route = session._routes.by_func[func]
+        except (KeyError, TypeError):  # the callable's first call, or an unhashable one
+            route = session._routes.lookup(func)
         if route is None:
             if _compiler._is_compiling_flag:  # torch.compile reads a handle's C++ facts (_is_view, storage_offset)
                 return _traced.through(func, args, kwargs)
@@ -372,13 +377,14 @@ class SessionCore:
         self._path = f"/v1/sessions/{self.id}"
         self._program_prefix = secrets.token_hex(4)
         self._programs = itertools.count(1)
-        self._ids = itertools.count(1)
+        # new_id() -> "t1", "t2", ...: the id of each tensor the session makes, a C callable (no Python frame per id)
+        self.new_id: Callable[[], str] = map("t{}".format, itertools.count(1)).__next__
         self._queue: list[dict] = []
         self._origins: list[Origin | None] = []
         self._queued_bytes = 0
         self._frees: list[str] = []
         # the default dtype the queued ops were inferred under (None: no op queued), and torch's other
-        # settings they run under (_queue_globals)
+        # settings they run under (session/_steps' QueueGlobals)
         self._queue_dtype: torch.dtype | None = None
         self._globals = QueueGlobals()
         self._grad_tracked: weakref.WeakValueDictionary[str, RemoteTensor] = weakref.WeakValueDictionary()
@@ -437,9 +443,6 @@ class SessionCore:
 
     # -- the queue --------------------------------------------------------------------------
 
-    def new_id(self) -> str:
-        return f"t{next(self._ids)}"
-
     def enqueue(self, step: dict, origin: Origin | None, nbytes: int = 0) -> int:
         """Queue a step; returns its index in the next program. Eager sessions send at once."""
         if self._closed:
@@ -468,7 +471,7 @@ class SessionCore:
         if self._queue_dtype is not None:
             self.flush()
         # the queue's first op: torch's settings now (raises, at the user's line, when unreadable)
-        self._globals.flags = torch_globals.read_flags()
+        self._globals.flags = torch_globals.read()[1:]  # all but the default dtype (read per op)
         self._queue_dtype = dtype
 
     def autograd_fields(self) -> dict:
@@ -477,7 +480,7 @@ class SessionCore:
         dtype = torch.get_default_dtype()
         if dtype is not self._queue_dtype:
             self.globals_changed(dtype)
-        return self._globals.autograd_fields()
+        return self._globals.autograd_fields() if _ANOMALY() else {}
 
     def ensure_template(self, tid: str, step: dict) -> None:
         """Queue template ``tid``'s definition unless this session has been sent it (a compiled graph's
@@ -489,7 +492,8 @@ class SessionCore:
 
     def flush(self) -> list:
         """Send the queue as one program; the results, one per step."""
-        _caller_memo.forget()  # its frame may be the last to hold a tensor: freed in this program
+        held = _steps.HELD  # let go of the frame where() remembers: it may be the last to hold a tensor,
+        held[0] = held[1] = None  # freed in this program
         frees, self._frees = self._frees, []
         steps, origins = self._queue, self._origins
         if frees:
@@ -512,7 +516,7 @@ class SessionCore:
         for _ in range(len(self._templates) + 1):
             # The SDK names every output and infers its metadata: the server need not send it back
             # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
-            # ``fields``: the torch settings the steps were queued under (_queue_globals).
+            # ``fields``: the torch settings the steps were queued under (session/_steps' QueueGlobals).
             program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
             status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
             lost = lost_template(body, steps) if status == 404 else None
@@ -578,12 +582,13 @@ class SessionCore:
     def fetch(self, tid: str, *, value: bool = True, grad: bool = False) -> dict:
         if not torch.is_grad_enabled():  # inside a Function's forward, a value read may become a local output
             refuse_custom_function(None)
-        index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), Origin("fetch", None))
+        index = self.enqueue(make_step(FetchStep, id=tid, value=value, grad=grad), _FETCH)
         # self.take_result(index), inline: every read of a value
         return (self.flush()[index] if self.pipeline else self._pending_results[index])["tensor"]
 
 
 _RESENT = Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
+_FETCH = Origin("fetch", None)  # every fetch step's (one Origin for all: nothing of it is per step)
 
 
 def _kept(results: list, origins: list) -> list:
@@ -599,6 +604,7 @@ _INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 _ANY_AUTOCAST = torch._C._is_any_autocast_enabled  # no autocast anywhere (most ops): no call into _autocast
 _DEFAULT_DTYPE = torch.get_default_dtype
 _SAVED_TENSORS_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
+_ANOMALY = torch.is_anomaly_enabled
 
 
 def _foreign(session: SessionCore, v: RemoteTensor) -> RuntimeError:
@@ -611,9 +617,9 @@ def _foreign(session: SessionCore, v: RemoteTensor) -> RuntimeError:
 class Encoder:
     """Wire values for one step's arguments; collects the RemoteTensors it saw."""
 
-    def __init__(self, session: SessionCore) -> None:
+    def __init__(self, session: SessionCore, inputs: list | None = None) -> None:
         self.session = session
-        self.inputs: list = []
+        self.inputs: list = [] if inputs is None else inputs
         self.nbytes = 0
 
     def value(self, v: Any, *, any_device: bool = False) -> Any:
@@ -673,7 +679,7 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     args = tuple(args)
     if kwargs and kwargs.get("out") is not None:
         return _into_out(session, func, route, args, kwargs)
-    origin_where = _caller_memo.where()
+    origin_where = op_where()
     grad_on = torch.is_grad_enabled()
     default_dtype = _DEFAULT_DTYPE()  # the outputs' dtypes are inferred under it, and the program runs under it
     if default_dtype is not session._queue_dtype and n_out != 0:  # the queue's first op, or it changed
@@ -692,20 +698,31 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     if func is _COPY and not isinstance(args[0], RemoteTensor):  # local.copy_(remote): a download into it
         return args[0].copy_(args[1].cpu())  # load_state_dict(remote state) into a local model
     wire_args_src = (args[1], args[0], *args[2:]) if route.reflected else args
-    enc = Encoder(session)
+    inputs: list = []  # the RemoteTensors among the arguments, in order (Encoder.inputs)
+    enc = None  # made for the first argument that is not a plain handle of this session
     if func in _INDEXING:
+        enc = Encoder(session, inputs)
         basic = basic_index(wire_args_src[1])
         wire_args = [enc.value(wire_args_src[0]), enc.index(wire_args_src[1]),
                      *(enc.value(a, any_device=basic) for a in wire_args_src[2:])]
     else:
         cpu_at = route.op.cpu_args
-        if not cpu_at:  # a loop, not a comprehension: no frame of its own per op
-            wire_args = []
-            for a in wire_args_src:
-                wire_args.append(enc.value(a))
-        else:
-            wire_args = [enc.value(a, any_device=i in cpu_at) for i, a in enumerate(wire_args_src)]
-    wire_kwargs = {k: enc.value(v) for k, v in kwargs.items()} if kwargs else OMIT
+        wire_args = []
+        for a in wire_args_src:  # a loop, not a comprehension: no frame of its own per op
+            if type(a) is RemoteTensor and a._session is session and a._error is None and a._grad_owner is None:
+                inputs.append(a)  # Encoder.value's first case, inline: most arguments of most ops
+                wire_args.append({"ref": a._id})
+                continue
+            if enc is None:
+                enc = Encoder(session, inputs)
+            wire_args.append(enc.value(a, any_device=len(wire_args) in cpu_at))
+    if kwargs:
+        if enc is None:
+            enc = Encoder(session, inputs)
+        wire_kwargs = {k: enc.value(v) for k, v in kwargs.items()}
+    else:
+        wire_kwargs = OMIT
+    nbytes = 0 if enc is None else enc.nbytes
     # set_data: never recorded
     grad_enabled = False if not grad_on or (route.by_name and inplace and not route.op.differentiable) else OMIT
     factory = FACTORIES.get(route.wire_name) if route.by_name else None
@@ -716,28 +733,29 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
     call = partial(make_step, CallStep, op=route.wire_name, args=wire_args, kwargs=wire_kwargs,
                    grad_enabled=grad_enabled, autocast=OMIT if autocast is None else dtype_name(autocast))
     skip = route.op.no_grad_args
-    grad_inputs = enc.inputs if not skip else _grad_inputs(wire_args_src, kwargs, skip)
+    grad_inputs = inputs if not skip else _grad_inputs(wire_args_src, kwargs, skip)
     rg = False
+    leaves: frozenset = frozenset()  # the leaves the outputs' history reaches: those of the inputs that require grad
     if grad_on and route.op.differentiable:
         for t in grad_inputs:  # a loop, not any(genexpr): no generator frame per op
             if t._rg:
                 rg = True
-                break
-    leaves = _union_leaves(grad_inputs) if rg else frozenset()
+                if t._leaves:
+                    leaves = t._leaves if not leaves else leaves | t._leaves
     if rg and _SAVED_TENSORS_HOOKS(False) is not None:  # a graph is recorded on the server: its hooks are not ours
         refuse_saved_tensors_hooks(_SAVED_TENSORS_HOOKS(False), route.torch_name, origin_where)
 
     if n_out == 0:  # a session op: nothing made, nothing written
-        session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), enc.nbytes)
+        session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), nbytes)
         return None
     if inplace:
         target = wire_args_src[0]
         if isinstance(target, (list, tuple)):  # torch._foreach_X_(tensors, ...) writes every tensor
-            return _queue_foreach_inplace(session, call, origin_where, route, target, grad_on, enc)
+            return _queue_foreach_inplace(session, call, origin_where, route, target, grad_on, inputs, nbytes)
         if not isinstance(target, RemoteTensor):  # a 0-d local target (any other failed the device rule)
             raise TypeError(f"{route.torch_name}: in-place op on a local tensor with RemoteTensor arguments")
         op_name = route.wire_name if route.inplace else route.wire_name + "_"  # F.relu(x, inplace=True)
-        _queue_inplace(session, call(op=op_name, out=[]), origin_where, target, rg, leaves, enc.nbytes,
+        _queue_inplace(session, call(op=op_name, out=[]), origin_where, target, rg, leaves, nbytes,
                        wire_args_src[1:], kwargs, route.op.relayout)
         if route.by_name and route.wire_name == "set_data":  # the one in-place op that may change shape and dtype
             target._adopt_metadata(args[1])
@@ -758,18 +776,45 @@ def call_op(session: SessionCore, op: Callable | str, args: tuple | list, kwargs
         if autocast is not None and not _views.is_view_call(views):
             metas = None  # the server's autocast rules decide the dtypes (a view keeps its input's)
     if metas is None:
-        result = _apply_waiting(session, call, route.wire_name, origin_where, rg, leaves, enc.nbytes)
+        result = _apply_waiting(session, call, route.wire_name, origin_where, rg, leaves, nbytes)
         if func is _INDEXING[0]:
             _views.index_view(_as_list(result), args[0], args[1])
         else:
-            _views.settle(_as_list(result), enc.inputs, [], route.op.maybe_view, route.op.differentiable)
+            _views.settle(_as_list(result), inputs, [], route.op.maybe_view, route.op.differentiable)
         return result
-    result = _queue_outputs(session, call, route.wire_name, origin_where, metas, container, rg, leaves, enc.nbytes,
-                            new_leaves=bool(kwargs.get("requires_grad")))
-    # _as_list(result), inline: no call per op
-    outs = result if type(result) is list else list(result) if isinstance(result, tuple) else [result]
-    _views.settle(outs, enc.inputs, views, route.op.maybe_view, route.op.differentiable)
-    return result
+    # The outputs: ids and local handles (a third item of a meta, False: torch leaves that output without a
+    # graph); then the step is queued. One loop, not three comprehensions: no frame per comprehension per op.
+    new_leaves = bool(kwargs.get("requires_grad"))  # zeros_like(x, requires_grad=True) makes leaves
+    ids, outs, refs = [], [], []
+    for meta in metas:
+        shape, dtype = meta[0], meta[1]
+        tid = session.new_id()
+        o = RemoteTensor._new(session, tid, shape, dtype) if not rg or len(meta) > 2 else RemoteTensor._new(
+            session, tid, shape, dtype, requires_grad=dtype.is_floating_point or dtype.is_complex, leaves=leaves,
+            is_leaf=False)
+        if new_leaves:
+            o._rg, o._is_leaf, o._leaves = True, True, frozenset({tid})
+            set_requires_grad_flag(o, True)
+            session._grad_tracked[tid] = o
+        ids.append(tid)
+        outs.append(o)
+        refs.append(weakref.ref(o))
+    session.enqueue(call(out=ids), Origin(route.wire_name, origin_where, refs), nbytes)
+    # _views.settle, only where there is something to settle: an input that is not contiguous or may be
+    # a view, an op that may return its input, an output meta saw as a view or not contiguous
+    settle = route.op.maybe_view
+    for t in inputs:  # loops, not any(genexpr): no generator frame per op
+        if t._strides is not None:
+            settle = True
+            break
+    if not settle:
+        for src, layout, _ in views:
+            if src is not None or layout is not None:
+                settle = True
+                break
+    if settle:
+        _views.settle(outs, inputs, views, route.op.maybe_view, route.op.differentiable)
+    return outs[0] if container is None else container(outs)
 
 
 def _route_of(session: SessionCore, func: Callable) -> Route:
@@ -820,43 +865,19 @@ def _into_out(session: SessionCore, func: Callable, route: Route, args: tuple, k
 
 
 def _queue_foreach_inplace(session: SessionCore, call: Callable, origin_where: str | None, route: Route, targets,
-                           grad_on: bool, enc: Encoder) -> None:
+                           grad_on: bool, inputs: list, nbytes: int) -> None:
     """Queue an in-place step on a list of tensors; torch's optimizers run these under no_grad, and
     with grad on and inputs that require grad we refuse rather than drop the history."""
     if not all(isinstance(t, RemoteTensor) for t in targets):
         raise TypeError(f"{route.torch_name}: in-place op on local tensors with RemoteTensor arguments")
-    if grad_on and any(t._rg for t in enc.inputs):
+    if grad_on and any(t._rg for t in inputs):
         raise RuntimeError(f"{route.torch_name} on RemoteTensors that require grad is not supported with grad "
                            "enabled; call it under torch.no_grad() (as torch's optimizers do)")
-    session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), enc.nbytes)
+    session.enqueue(call(out=[]), Origin(route.wire_name, origin_where), nbytes)
     # Which arguments an op of this kind writes is not declared (GradScaler's found_inf is written
     # too), so every tensor argument's version is bumped: read-only ones then read one more than torch's.
-    for t in enc.inputs:
+    for t in inputs:
         t._after_inplace(False, frozenset())
-
-
-def _queue_outputs(session: SessionCore, call: Callable, op: str, origin_where: str | None, metas: list, container,
-                   rg: bool, leaves: frozenset, nbytes: int, *, new_leaves: bool = False) -> Any:
-    """Give the outputs ids and local handles, queue the step (``call(out=ids)``), return what torch would return.
-
-    ``new_leaves``: the op makes leaves that require grad (``zeros_like(x, requires_grad=True)``).
-    """
-    ids, outs, refs = [], [], []
-    for meta in metas:  # one loop, not three comprehensions: no frame per comprehension per op
-        shape, dtype = meta[0], meta[1]  # a third item, False: torch leaves this output without a graph
-        tid = session.new_id()  # (a Recorder's too: not inlined)
-        o = RemoteTensor._new(session, tid, shape, dtype) if not rg or len(meta) > 2 else RemoteTensor._new(
-            session, tid, shape, dtype, requires_grad=dtype.is_floating_point or dtype.is_complex, leaves=leaves,
-            is_leaf=False)
-        if new_leaves:
-            o._rg, o._is_leaf, o._leaves = True, True, frozenset({tid})
-            set_requires_grad_flag(o, True)
-            session._grad_tracked[tid] = o
-        ids.append(tid)
-        outs.append(o)
-        refs.append(weakref.ref(o))
-    session.enqueue(call(out=ids), Origin(op, origin_where, refs), nbytes)
-    return outs[0] if container is None else container(outs)
 
 
 def _apply_waiting(session: SessionCore, call: Callable, op: str, origin_where: str | None, rg: bool,
@@ -875,11 +896,3 @@ def _grad_inputs(args: tuple, kwargs: dict, skip: frozenset) -> list:
     """The RemoteTensors among the arguments that can receive a gradient (``skip``: positions and names)."""
     return tensors_of(([a for i, a in enumerate(args) if i not in skip],
                        [v for k, v in kwargs.items() if k not in skip]), [])
-
-
-def _union_leaves(inputs: list) -> frozenset:
-    leaves: frozenset = frozenset()
-    for t in inputs:
-        if t._rg and t._leaves:
-            leaves = t._leaves if not leaves else leaves | t._leaves
-    return leaves

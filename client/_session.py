@@ -18,8 +18,7 @@ from remote_autograd.proto.messages import CallStep
 from ._core import RemoteTensor, SessionCore, call_op
 from ._ops import OpsNamespace
 from .handlers._weights import load_weights
-from .session._callsite import where
-from .session._steps import Origin, make_step
+from .session._steps import Origin, make_step, where
 from .transport._transport import Transport
 
 

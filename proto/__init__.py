@@ -4,13 +4,12 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 
 - ``messages.py``: the pydantic models of every message (``Program``, the fifteen steps, answers) and
   ``validate_program``
-- ``tensors.py``: ``encode_tensor`` / ``decode_tensor``: a tensor as ``{dtype, shape, data}`` in each form;
-  ``decode_tensor_data`` for a validated put
+- ``codec.py``: the wire's encodings: bodies as msgpack, JSON or framed (``decode_body``, ``encode_body``);
+  ``wants_msgpack``, ``accepts_frames``: an answer's encoding from ``Accept`` and ``Content-Type`` (routes and
+  backends decide it alike); framed bodies for big tensors (``pack_frames``, ``unpack_frames``);
+  ``encode_tensor`` / ``decode_tensor``: a tensor as ``{dtype, shape, data}`` in each form, ``decode_tensor_data``
+  for a validated put
 - ``dtypes.py``: the dtype names of the wire
-- ``codec.py``: bodies as msgpack or JSON (``decode_body``, ``encode_body``)
-- ``negotiation.py``: ``wants_msgpack``, ``accepts_frames``: an answer's encoding from ``Accept`` and
-  ``Content-Type`` (routes and backends decide it alike)
-- ``frames.py``: framed bodies for big tensors (``pack_frames``, ``unpack_frames``)
 - ``errors.py``: ``ErrorCode``, its HTTP statuses, ``ProtocolError``
 - ``schema.py``: writes ``proto/schema.json`` from ``messages.py``
 - ``op_contract.py``: the op contract: factories, the in-place rule, shape-changing in-place ops, shape rule
@@ -29,11 +28,10 @@ once per server (``client/session/_routes.py``). ``tests/client/test_op_contract
 read the same declarations.
 """
 
-from .codec import JSON, MSGPACK, decode_body, encode_body, is_msgpack
+from .codec import JSON, MSGPACK, decode_body, decode_tensor, encode_body, encode_tensor, is_msgpack
 from .dtypes import DTYPE_NAMES, DTYPES, ITEMSIZES, dtype_from_name, dtype_name
 from .errors import ErrorCode, ProtocolError
 from .messages import PROTOCOL_HEADER, PROTOCOL_VERSION
-from .tensors import decode_tensor, encode_tensor
 
 __all__ = [
     "DTYPES",

@@ -41,8 +41,9 @@ SPELLINGS = {
 }
 
 
-def read_flags() -> tuple:
-    """Every setting of a state but the default dtype (the SDK reads that one per op), as torch has them now."""
+def read() -> tuple:
+    """The whole state as torch has it now (the SDK reads the default dtype per op, and the rest, ``read()[1:]``,
+    when a queue gets its first op and when it is sent)."""
     try:
         precision, cudnn_tf32 = _C._get_float32_matmul_precision(), _C._get_cudnn_allow_tf32()
     except RuntimeError as exc:  # torch's "mix of the legacy and new APIs"
@@ -51,14 +52,9 @@ def read_flags() -> tuple:
             "torch.backends.cudnn.allow_tf32 set it; torch cannot say it that way once the per-backend fp32_precision "
             f"API was used ({exc}). Set it with torch.set_float32_matmul_precision(...) and "
             "torch.backends.cudnn.allow_tf32 instead") from None
-    return (_C._get_deterministic_algorithms(), _C._get_deterministic_algorithms_warn_only(),
+    return (torch.get_default_dtype(), _C._get_deterministic_algorithms(), _C._get_deterministic_algorithms_warn_only(),
             _C._get_deterministic_fill_uninitialized_memory(), precision, cudnn_tf32, _C._get_cudnn_deterministic(),
             _C._get_cudnn_benchmark())
-
-
-def read() -> tuple:
-    """The whole state as torch has it now."""
-    return (torch.get_default_dtype(), *read_flags())
 
 
 def apply(state: tuple) -> None:

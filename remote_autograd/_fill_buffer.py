@@ -12,7 +12,7 @@ checks it holds what a plain ``bytearray`` fill holds.
 
 It lives at the package top, not in ``proto`` (the wire format: what both sides agree
 on) nor in ``service`` or ``client`` (which never import each other): both the server
-(``service/engine/guards.py``, ``read_body``) and the SDK (``client/transport/_answer_body.py``) use it,
+(``service/engine/guards.py``, ``read_body``) and the SDK (``client/transport/_transport.py``) use it,
 and it is about memory, not the protocol.
 """
 

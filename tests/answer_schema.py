@@ -23,7 +23,7 @@ import httpx
 import jsonschema_rs
 import msgpack
 
-from remote_autograd.proto.frames import is_frames, unpack_frames
+from remote_autograd.proto.codec import is_frames, unpack_frames
 from remote_autograd.proto.schema import SCHEMA_PATH
 
 MAX_CHECKED = 1 << 20

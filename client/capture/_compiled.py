@@ -21,8 +21,7 @@ from remote_autograd.proto.messages import RunTemplateStep
 from .._core import RemoteTensor
 from ..device._device import session_for
 from ..device._device_rule import mixed_devices
-from ..session._callsite import where
-from ..session._steps import Origin, make_step
+from ..session._steps import Origin, make_step, where
 from ..tensor import _views
 from ._symbols import evaluate
 from ._translate import Plan

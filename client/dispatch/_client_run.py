@@ -25,7 +25,7 @@ import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 
 from .._core import RemoteTensor
-from ..session import _callsite
+from ..session import _steps
 from ..session._steps import Origin
 from ._function_step import function_step
 
@@ -127,7 +127,7 @@ def make(cls: type, backward: Any, ctx: Any, args: tuple, outputs: tuple, tensor
     record = ClientRun(name, node, backward, ctx, args, layouts,
                        getattr(ctx, "_remote_autograd_materialize_grads", True) is not False, session, line)
     step = function_step(name, [], tensors, nodes, [], node=node, client_backward=True)
-    session.enqueue(step, Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    session.enqueue(step, Origin("function", _steps.where(), [weakref.ref(o) for o in tensors]))
     MADE.add(session)
     leaves = frozenset({record})
     for o, n in zip(tensors, nodes):

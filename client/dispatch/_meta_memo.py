@@ -73,9 +73,14 @@ class MetaMemo:
             try:
                 keys = []
                 for a in args:  # a loop, not a comprehension: no frame of its own per op
-                    if not tensors and isinstance(a, RemoteTensor):  # _key's first RemoteTensor, inline (most ops'
-                        tensors.append(a)                             # first argument): no earlier one to look for
-                        keys.append((RemoteTensor, a._shape, a._strides, a._dtype, a._rg))
+                    if isinstance(a, RemoteTensor):  # _key's RemoteTensor case, inline: most ops' arguments
+                        for i, seen in enumerate(tensors):
+                            if seen is a:
+                                keys.append((_SAME, i))
+                                break
+                        else:
+                            tensors.append(a)
+                            keys.append((RemoteTensor, a._shape, a._strides, a._dtype, a._rg))
                     else:
                         keys.append(_key(a, tensors))
                 key = (rule, func, tuple(keys),
@@ -98,7 +103,10 @@ class MetaMemo:
             self.hits += 1
             if self.verify:
                 _check_same(found, _outputs.infer(rule, func, args, kwargs, tensors), func)
-        return _outputs.with_sources(found, tensors) if found[2] else found
+        for pos, _, _ in found[2]:  # a view's source to name? (most answers: none, and no call to with_sources)
+            if pos is not None:
+                return _outputs.with_sources(found, tensors)
+        return found
 
     def _store(self, key, value: Answer) -> None:
         if len(self._new) >= self.cap:

@@ -43,7 +43,7 @@ from remote_autograd.proto.messages import TemplateStep
 
 from .._core import RemoteTensor
 from ..device._device import recording_into
-from ..session import _callsite
+from ..session import _callsite, _steps
 from ..session._recorder import Recorder, Untranslatable
 from ..session._steps import Origin, make_step
 from ..tensor import _views
@@ -230,7 +230,7 @@ def attach(cls: type, args: tuple, outputs: tuple, line: str | None, prepared: P
     step = function_step(name, inputs, tensors, nodes, index, saved=bindings, backward=template, live=live,
                          once=getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE, reentrant=extras is not None,
                          materialize_grads=materialize, variants=variants, node=node)
-    session.enqueue(step, Origin("function", _callsite.where(), [weakref.ref(o) for o in tensors]))
+    session.enqueue(step, Origin("function", _steps.where(), [weakref.ref(o) for o in tensors]))
     _mark_outputs([*inputs, *live], tensors, nodes)
     if node is not None:  # its grad_fn takes torch's module hooks (handlers/_node_hooks): the node, and its grads
         layouts = ([(a._shape, a._dtype) for a in inputs], [(o._shape, o._dtype) for o in tensors])

@@ -15,10 +15,10 @@ from remote_autograd.proto.messages import (BackwardStep, CallStep, GradStep, Re
                                             SetRequiresGradStep)
 
 from .._core import Encoder, RemoteTensor
-from ..session import _caller_memo
+from ..dispatch._client_run import MADE
 from ..session._answers import meta_from_result
-from ..session._callsite import refuse_custom_function, where
-from ..session._steps import OMIT, Origin, make_step
+from ..session._callsite import refuse_custom_function
+from ..session._steps import OMIT, Origin, make_step, op_where, where
 from ..tensor import _views
 from ..tensor._autograd_flags import set_has_grad, set_requires_grad_flag
 from . import _staged
@@ -126,7 +126,7 @@ def _grad_set(t, value):
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
     # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", _caller_memo.where()))
+    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", op_where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 
@@ -138,7 +138,10 @@ def _grad_del(t):
 
 @_answers(T.backward)
 def _backward(t, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    _staged_or_queued([t], [gradient], retain_graph, create_graph, inputs)
+    if getattr(t, "_session", None) not in MADE:  # no client-run node in its session: nothing to stage (_staged)
+        queue_backward([t], [gradient], retain_graph, create_graph, inputs)
+    else:
+        _staged_or_queued([t], [gradient], retain_graph, create_graph, inputs)
 
 
 @_answers(torch.autograd.backward)
@@ -236,16 +239,19 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
     """Queue a backward step and predict which leaves get a ``.grad`` from it; its index in the queue.
     ``capture``: the step's (``_staged``)."""
     session = tensors[0]._session
-    enc = Encoder(session)
     for t in tensors:
         if not isinstance(t, RemoteTensor):
             raise TypeError("backward() of a mix of RemoteTensors and local tensors")
-        enc.value(t)
-    fields, observed = _autograd_fields(session, True, tensors)
+        if t._session is not session or t._error is not None:  # what Encoder.value raises for an op's argument
+            Encoder(session).value(t)
+    enc = Encoder(session) if any(g is not None for g in grads) else None  # the given gradients' wire values
+    # _autograd_fields(session, True, tensors), its plain case inline: no hooks in the session
+    fields, observed = (session.autograd_fields(), {}) if not session._hooked and not session._node_hooks else \
+        _autograd_fields(session, True, tensors)
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
     step = make_step(BackwardStep, tensors=[t._id for t in tensors], **fields,
-                     grad_tensors=_gradients(enc, grads) if any(g is not None for g in grads) else OMIT,
+                     grad_tensors=OMIT if enc is None else _gradients(enc, grads),
                      retain_graph=OMIT if retain_graph is None else bool(retain_graph),
                      create_graph=True if create_graph else OMIT, capture=capture or OMIT,
                      inputs=OMIT if inputs is None else [i._id for i in inputs])
@@ -276,8 +282,10 @@ def queue_backward(tensors: list, grads: list, retain_graph, create_graph: bool,
                 set_has_grad(leaf, False)
                 leaf._grad_cache = None
 
-    return _enqueue_hooked(session, step, Origin("backward", where(), undo=undo, on_result=correct), enc.nbytes,
-                           observed)
+    origin, nbytes = Origin("backward", where(), undo=undo, on_result=correct), 0 if enc is None else enc.nbytes
+    if not observed and "hooks" not in step and "module_hooks" not in step:  # _enqueue_hooked's plain case, inline
+        return session.enqueue(step, origin, nbytes)
+    return _enqueue_hooked(session, step, origin, nbytes, observed)
 
 
 @_answers(torch.autograd.grad)

@@ -49,7 +49,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .._core import RemoteTensor
 from ..dispatch._user_functions import BackwardRecorder, record, stand_in
-from ..session._callsite import where
+from ..session._steps import where
 from ..session._recorder import Recorder, Untranslatable
 from ._handler_table import HandlerTable
 

@@ -29,8 +29,8 @@ from remote_autograd.proto.messages import CallStep
 
 from .._core import RemoteTensor, SessionCore, call_op
 from ..device._device import DEVICE_TYPE
-from ..session._callsite import refuse_custom_function, where
-from ..session._steps import Origin, make_step
+from ..session._callsite import refuse_custom_function
+from ..session._steps import Origin, make_step, where
 from ._addresses import share_memory, took_memory
 from ._handler_table import HandlerTable
 

@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .._core import RemoteTensor
 from ..dispatch._user_functions import BackwardRecorder, record
-from ..session._callsite import where
+from ..session._steps import where
 from ..session._recorder import Untranslatable
 from ._hooks import Answer, rebind
 

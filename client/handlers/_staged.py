@@ -27,7 +27,7 @@ import torch
 
 from .._core import RemoteTensor
 from ..dispatch._client_run import FREED, MADE, ClientRun
-from ..session._callsite import where
+from ..session._steps import where
 from ._hooks import any_hooks
 
 

@@ -26,8 +26,7 @@ from remote_autograd.proto.dtypes import DTYPES
 from remote_autograd.proto.messages import LoadStep
 
 from .._core import RemoteTensor, SessionCore
-from ..session._callsite import where
-from ..session._steps import Origin, make_step
+from ..session._steps import Origin, make_step, where
 
 
 def load_weights(session: SessionCore, module: torch.nn.Module, name: str, *, strict: bool = True):

@@ -1,12 +1,11 @@
-"""Where the user's call came from: the ``file:line`` errors name, and the ``autograd.Function``
-whose forward we might be inside (run, or refused where torch would record it: ``_frame_return``
-waits for its ``apply`` to return). Both read the Python stack.
+"""Whether a call runs inside a user's ``autograd.Function``'s forward: run, or refused where torch would
+record it (``_frame_return`` waits for its ``apply`` to return). It reads the Python stack, with
+``_steps.where`` for the line an error names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from typing import Callable, Iterator
@@ -15,48 +14,11 @@ import torch
 
 from ..device._device import DEVICE_TYPE
 from . import _frame_return
+from ._steps import where
 
-_CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # client/, not client/session/
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 _FWD_GRAD_ENABLED = torch._C._is_fwd_grad_enabled
 _ON_EVENT = _frame_return.ON_EVENT_CODE  # the profile callback's frame: the outer apply returns below it
-
-
-USER, OURS, TORCHS = 0, 1, 2  # whose code a frame runs (``frame_kind``)
-
-
-def where() -> str | None:
-    """``file:line`` of the user's code that made the current call (first frame outside torch and us)."""
-    return user_line(sys._getframe(2))
-
-
-def user_line(f) -> str | None:
-    """``file:line`` of the first frame from ``f`` up that runs neither torch's code nor ours."""
-    while f is not None:
-        code = f.f_code
-        known = _KIND_OF_CODE.get(id(code))  # frame_kind's cache, read here: no call per frame walked
-        if (known[1] if known is not None else frame_kind(code)) == USER:
-            return f"{code.co_filename}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
-def frame_kind(code) -> int:
-    """``USER``, ``OURS`` or ``TORCHS``: whose code ``code`` is."""
-    # Keyed by id: a code object's own hash reads its whole body each time (big torch functions).
-    known = _KIND_OF_CODE.get(id(code))
-    if known is None:  # once per code object: optimizer steps walk a dozen torch frames per op
-        if len(_KIND_OF_CODE) > 50_000:
-            _KIND_OF_CODE.clear()
-        name = code.co_filename
-        kind = OURS if name.startswith(_CLIENT_DIR) else TORCHS if name.startswith(_TORCH_DIR) else USER
-        known = _KIND_OF_CODE[id(code)] = (code, kind)
-    return known[1]
-
-
-# id(code) -> (code, whose it is); the code is kept so that its id is not reused
-_KIND_OF_CODE: dict[int, tuple] = {}
 
 
 def refuse_custom_function(func: Callable) -> None:
@@ -117,7 +79,7 @@ def _refuse_nested(f) -> None:
             apply_locals = f.f_locals
             if any(isinstance(a, torch.Tensor) and a.requires_grad
                    for a in (*apply_locals.get("args", ()), *(apply_locals.get("kwargs") or {}).values())):
-                error = _recorded_error(apply_locals.get("cls"), user_line(f.f_back))
+                error = _recorded_error(apply_locals.get("cls"), where(f.f_back))
                 raise RuntimeError(f"{error} (It is applied inside another Function's backward, which the SDK "
                                    "records as it runs: refused.)")
         f = f.f_back
@@ -134,7 +96,7 @@ def _watch_apply(apply_frame) -> None:
                 local_needs = True
     if not (remote_needs or local_needs) or torch.is_inference_mode_enabled():  # (kept on around the forward)
         return
-    cls, line = apply_locals.get("cls"), user_line(apply_frame.f_back)
+    cls, line = apply_locals.get("cls"), where(apply_frame.f_back)
     by_keyword = any(isinstance(a, torch.Tensor) for a in (apply_locals.get("kwargs") or {}).values())
     error = _recorded_error(cls, line, _BY_KEYWORD if by_keyword and not local_needs else _LOCAL)
     args = tuple(apply_locals.get("args", ()))

@@ -26,8 +26,7 @@ from torch.utils import checkpoint as _torch_checkpoint
 
 from remote_autograd.proto.messages import CheckpointEndStep, CheckpointStep
 
-from ._callsite import where
-from ._steps import Origin, make_step
+from ._steps import Origin, make_step, where
 
 TOP_HOOKS = torch._C._autograd._top_saved_tensors_default_hooks  # (pack, unpack) or None
 _PACK = "_checkpoint_hook.__init__.<locals>.pack_hook"

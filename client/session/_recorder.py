@@ -17,7 +17,7 @@ hold (a ``put``, a ``fetch``), the graph cannot be a template (``Untranslatable`
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,7 +42,7 @@ class Recorder:
         self.remote_device = session.remote_device
         self.limits = session.limits
         self._grad_tracked: dict = {}
-        self._names = itertools.count()
+        self.new_id: Callable[[], str] = map("v{}".format, itertools.count()).__next__  # "v0", ... (SessionCore's way)
         self.steps: list[dict] = []
         self.node: Any = None  # the FX node being recorded: its example value answers take_result
         self._session_hooked = getattr(session, "_hooked", None)
@@ -65,10 +65,7 @@ class Recorder:
                                  "a template's backward would not run")
         return {}
 
-    def new_id(self) -> str:
-        return f"v{next(self._names)}"
-
-    # torch's settings (``SessionCore``'s, from ``_queue_globals``): a template's steps are recorded
+    # torch's settings (``SessionCore``'s, from ``_steps``' ``QueueGlobals``): a template's steps are recorded
     # under the default dtype dynamo guards, and the program that runs it carries the settings of the
     # call (``_compiled``); anomaly detection is the call's too, never recorded into the template.
     _queue_dtype: torch.dtype | None = None

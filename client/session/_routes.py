@@ -73,7 +73,7 @@ class RouteTable:
                     self._by_name[tname] = _route_for(spec, tname)
         for wire, spec in spelled.items():  # sess.ops.fill_, the SDK's factories' fills: by the server's names
             self.ops.setdefault(wire, spec)
-        self._by_func: dict[Callable, Route | None] = {}
+        self.by_func: dict[Callable, Route | None] = {}  # lookup's answers (__torch_function__ reads it first)
         self._named: dict[str, Route] = {}
 
     def named(self, name: str) -> Route:
@@ -90,13 +90,13 @@ class RouteTable:
 
     def lookup(self, func: Callable) -> Route | None:
         try:
-            return self._by_func[func]
+            return self.by_func[func]
         except KeyError:
             pass
         except TypeError:  # unhashable callables: never cached
             return self._by_name.get(_name_of(func))
         route = self._by_name.get(_name_of(func))
-        self._by_func[func] = route
+        self.by_func[func] = route
         return route
 
 

@@ -1,7 +1,7 @@
 """The SDK's way to a server: requests and answers, nothing about tensors.
 
 ``_transport`` (``Transport``: one session's requests, retried while the server is busy with
-``_backoff``'s waits, answers read by ``_answer_body``), ``_http`` (the tuned socket transport),
+``_backoff``'s waits, answers read into one buffer), ``_http`` (the tuned socket transport),
 ``_inprocess`` (``InProcessTransport``: the service's app in this process, no sockets),
 ``_embedded`` (the server ``connect()`` starts when no URL is given), ``_protocol_advice``
 (a protocol mismatch as one error saying what to upgrade), ``_progress`` (notebook detection
@@ -10,13 +10,12 @@ and upload bars), ``_errors`` (``RemoteError``, ``SessionLost``).
 Its modules (ARCHITECTURE.md maps the packages; what each module holds is told here):
 
 - ``_transport.py``: ``Transport``: prebuilt requests over any ``httpx.BaseTransport``; framing of big bodies;
-  retries
+  retries; ``read_body``: an answer's whole body read into one buffer
 - ``_backoff.py``: ``BusyWait``: how long to wait before resending a ``429`` (exponential, jittered, bounded)
 - ``_http.py``: ``TunedTransport``: the default, httpx's own transport over a tuned socket layer
 - ``_inprocess.py``: ``InProcessTransport``: the service's ASGI app in this process, no socket
   (``connect(transport=...)``)
 - ``_embedded.py``: the embedded server of ``connect()`` without a URL (a child process)
-- ``_answer_body.py``: reading an answer's whole body into one buffer
 - ``_progress.py``, ``_protocol_advice.py``: notebook detection and progress bars; errors on connect that say
   what to do (a protocol mismatch, a path the API is not under)
 - ``_errors.py``: ``RemoteError``, ``SessionLost``
@@ -24,7 +23,7 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
 In the walk of one op:
 
 The transport (``client/transport/_transport.py``). ``Transport.request`` encodes the program in msgpack
-(framed, ``proto/frames.py``, when it carries big tensors) and posts it to ``/v1/sessions/{sid}/programs``
+(framed, ``proto/codec.py``, when it carries big tensors) and posts it to ``/v1/sessions/{sid}/programs``
 through the session's ``httpx.BaseTransport``: ``TunedTransport`` (``client/transport/_http.py``) by default,
 or ``InProcessTransport`` (``client/transport/_inprocess.py``), which hands the same request to the app in
 this process.

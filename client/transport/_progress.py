@@ -13,7 +13,7 @@ from typing import Iterator
 
 import httpx
 
-from remote_autograd.proto.frames import iter_parts
+from remote_autograd.proto.codec import iter_parts
 
 THRESHOLD = 64 << 20  # bytes; smaller bodies take well under a second on any link worth using
 CHUNK = 1 << 20  # bodies move in pieces of this size

@@ -5,7 +5,7 @@ layer and its per-request cost. The transport is any ``httpx.BaseTransport``: by
 default httpx's own over a tuned socket layer (``_http``); ``InProcessTransport``
 calls an ASGI app in this process; a wrapper of either can record or replay.
 Bodies are msgpack both ways; a body carrying big tensors goes framed
-(``proto.frames``): the tensors' own bytes stream out in 1 MiB pieces and answers
+(``proto.codec``): the tensors' own bytes stream out in 1 MiB pieces and answers
 land in one preallocated buffer that the decoded tensors then view in place.
 """
 
@@ -19,13 +19,15 @@ from typing import Any
 import httpx
 
 from remote_autograd.proto import MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, ProtocolError, decode_body, encode_body
-from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames, unpack_frames
+from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, extract_frames, is_frames, pack_frames
 
-from ._answer_body import read_body
+from remote_autograd._fill_buffer import FillBuffer
+
+from . import _progress
 from ._backoff import BusyWait
 from ._errors import RemoteError, SessionLost
 from ._http import TunedTransport
-from ._progress import UploadStream, shows_bar
+from ._progress import UploadStream
 
 
 class Transport:
@@ -53,7 +55,20 @@ class Transport:
         self._retries = retries
         self._busy_wait = busy_wait  # seconds of resending a 429 before it is the caller's error
         self.requests = 0  # every request that went on the wire, for tests and benchmarks
-        self.last_server_timing: dict[str, float] = {}  # ms, from the last answer's Server-Timing
+        self._timing_header: str | None = None  # the last answer's Server-Timing, read when asked for
+
+    @property
+    def last_server_timing(self) -> dict[str, float]:
+        """ms, from the last answer's Server-Timing: ``{"steps": 1.2, "worker": 1.4}`` from
+        ``Server-Timing: steps;dur=1.2, worker;dur=1.4`` (parsed when asked for, not per request)."""
+        timing = {}
+        for item in (self._timing_header or "").split(","):
+            name, _, dur = item.strip().partition(";dur=")
+            try:
+                timing[name] = float(dur)
+            except ValueError:
+                continue
+        return timing
 
     def request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True,
                 big: bool = True) -> tuple[int, Any]:
@@ -76,9 +91,9 @@ class Transport:
             content = encode_body(body, True) if body is not None else b""
             headers = [*self._raw_headers, (b"content-length", str(len(content)).encode())] if content else self._raw_headers
             req = httpx.Request(method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions)
-            if shows_bar(len(content)):  # a bar for big uploads, where someone watches
+            if len(content) > _progress.THRESHOLD and _progress.bars_enabled():  # big uploads, where someone watches
                 req.stream = UploadStream([content], len(content), f"{method} {path}")
-        delay, attempt, busy = 0.05, 0, BusyWait(self._busy_wait)
+        delay, attempt, busy = 0.05, 0, None  # busy: a BusyWait from the first 429 on
         while True:
             try:
                 self.requests += 1
@@ -96,15 +111,20 @@ class Transport:
                 attempt += 1
                 continue
             # 429: refused before anything ran, so resending is safe whatever the request (BusyWait)
-            if response.status_code != 429 or not busy.wait():
+            if response.status_code != 429:
                 break
-        self.last_server_timing = _server_timing(response.headers.get("server-timing"))
+            if busy is None:
+                busy = BusyWait(self._busy_wait)
+            if not busy.wait():
+                break
+        self._timing_header = response.headers.get("server-timing")
         ctype = response.headers.get("content-type")
-        if is_frames(ctype):
-            return response.status_code, unpack_frames(data)
-        try:
-            decoded = decode_body(data, ctype) if data else None
-        except ProtocolError:  # an answer in neither of our formats: something else listens at the URL
+        try:  # msgpack, JSON or framed (decode_body reads all three)
+            decoded = decode_body(data, ctype) if data or is_frames(ctype) else None
+        except ProtocolError:
+            if is_frames(ctype):  # a framed answer that is not whole: says so
+                raise
+            # an answer in none of our formats: something else listens at the URL
             raise RemoteError(not_ours(self.base_url, response.status_code, ctype), code="not_remote_autograd",
                               status=response.status_code) from None
         if response.status_code == 429 and isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
@@ -173,16 +193,33 @@ def not_ours(url: str, status: int, content_type: str | None) -> str:
             f"server does: check the URL (host and port) names one")
 
 
-def _server_timing(header: str | None) -> dict[str, float]:
-    """``{"steps": 1.2, "worker": 1.4}`` (ms) from ``Server-Timing: steps;dur=1.2, worker;dur=1.4``."""
-    timing = {}
-    for item in (header or "").split(","):
-        name, _, dur = item.strip().partition(";dur=")
-        try:
-            timing[name] = float(dur)
-        except ValueError:
-            continue
-    return timing
+
+def read_body(response: httpx.Response) -> memoryview | bytes:
+    """The whole answer body, the one place every response's bytes come through: into one preallocated
+    buffer when its length is known (no joining copy, and framed tensors can view it), with a progress
+    bar when it is big and someone watches."""
+    if response.is_stream_consumed:  # a transport that read it already (httpx.MockTransport's answers)
+        return response.content
+    size = response.headers.get("content-length", "")
+    total = int(size) if size.isdigit() else 0
+    show = total > _progress.THRESHOLD and _progress.bars_enabled()
+    if total < _progress.CHUNK and not show:  # the raw bytes: our server never encodes an answer (gzip...)
+        return b"".join(response.iter_raw())
+    buf = FillBuffer(total)  # every byte is overwritten, or the answer refused below
+    bar = _progress.bar(total, "download") if show else None
+    try:
+        for piece in response.iter_raw():
+            if buf.filled + len(piece) > total:
+                raise httpx.RemoteProtocolError(f"answer longer than its Content-Length {total}")
+            buf.append(piece)
+            if bar is not None:
+                bar.update(len(piece))
+    finally:
+        if bar is not None:
+            bar.close()
+    if buf.filled != total:
+        raise httpx.RemoteProtocolError(f"answer of {buf.filled} bytes, but Content-Length said {total}")
+    return buf.view
 
 
 def error_from(status: int, body: Any, where: str | None = None, session: str | None = None) -> RemoteError:

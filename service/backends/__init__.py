@@ -36,7 +36,7 @@ In the walk of one op:
 The backend (``service/backends/local_sessions.py``; with a process per tenant the front's ``TenantProcesses``
 passes the body to the tenant's worker, and with Ray the front passes it to a worker actor: each runs this
 same ``LocalSessions``). ``answer_program`` has ``service/engine/guards.py`` decode the body
-(``proto/codec.py`` or ``proto/frames.py``, at most ``max_list_values`` values built; on a thread when big),
+(``proto/codec.py``: msgpack, JSON or framed, at most ``max_list_values`` values built; on a thread when big),
 check the step count and tensor dims and sizes it claims (``check_limits``: the one place these limits are
 checked, on every path), and validate it into a ``Program`` (``proto/messages.py``). It takes a program slot
 (in all, of the session, of the token), waits for the session's earlier programs (its ``gate``), and runs

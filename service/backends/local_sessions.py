@@ -23,7 +23,7 @@ import torch
 
 from remote_autograd.proto import PROTOCOL_VERSION
 
-from remote_autograd.proto.negotiation import wants_msgpack
+from remote_autograd.proto.codec import wants_msgpack
 
 from .. import __version__
 from ..engine import compiled_templates

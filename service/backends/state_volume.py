@@ -8,7 +8,7 @@ nothing: its sessions are lost (``410``/``404``, the SDK's ``SessionLost``).
 
 Layout: one directory per tenant, ``tenant-<tag>`` (``sessions.store.tenant_tag``: a digest of the
 token, ``open`` without tokens: no token is ever written), holding ``sessions.raf``. Its format is the
-wire's framed encoding (``proto/frames.py``): a msgpack header, then raw bytes. The
+wire's framed encoding (``proto/codec.py``): a msgpack header, then raw bytes. The
 header lists each session: its id, its generator's state, the ids and digests of the
 programs it ran (its retry memory), and its tensors' layouts (``tensor_snapshot``); each
 distinct storage's bytes are one frame. Nothing is pickled; reading it back decodes
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.frames import pack_frames, unpack_frames
+from remote_autograd.proto.codec import pack_frames, unpack_frames
 
 from ..engine.values import store_tensors
 from ..logs import LIFECYCLE

@@ -7,8 +7,7 @@ from typing import Any
 import torch
 
 from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
-from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, extract_frames, pack_frames
-from remote_autograd.proto.negotiation import accepts_frames
+from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, accepts_frames, extract_frames, pack_frames
 
 from ..sessions.store import CustomTensor
 from ..sessions.store import ProgramAnswer

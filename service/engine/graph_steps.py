@@ -55,7 +55,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, PutStep, SetGradStep
-from remote_autograd.proto.tensors import decode_tensor_data
+from remote_autograd.proto.codec import decode_tensor_data
 
 from ..sessions.store import CustomTensor
 from ..sessions.store import ProgramAnswer

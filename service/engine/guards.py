@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from remote_autograd._fill_buffer import FILL_MIN_BYTES, FillBuffer
 from remote_autograd.proto import ErrorCode, ProtocolError, decode_body
-from remote_autograd.proto.frames import header_length, header_of, is_frames, unpack_frames
+from remote_autograd.proto.codec import header_length, header_of, is_frames, unpack_frames
 from remote_autograd.proto.messages import Program, validate_program
 
 from ..settings import Settings

@@ -15,7 +15,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import CallStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep
-from remote_autograd.proto.tensors import decode_tensor_data
+from remote_autograd.proto.codec import decode_tensor_data
 
 from ..sessions.store import CustomTensor, Session
 from .values import ProgramRun, check_new_ids, meta_message, resolve_value, step_refs, store_tensors

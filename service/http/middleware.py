@@ -20,7 +20,7 @@ from typing import Any, Callable
 from starlette.routing import Match
 
 from remote_autograd.proto import MSGPACK, ProtocolError, encode_body
-from remote_autograd.proto.negotiation import wants_msgpack
+from remote_autograd.proto.codec import wants_msgpack
 
 from ..logs import REQUEST_ID
 from .auth import METRICS_PATH, PUBLIC_PATHS, Tokens

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote_autograd.proto import ProtocolError, decode_tensor, encode_tensor
-from remote_autograd.proto.frames import ALIGN, extract_frames, iter_parts, pack_frames, unpack_frames
+from remote_autograd.proto import ProtocolError, decode_body, decode_tensor, encode_tensor
+from remote_autograd.proto.codec import ALIGN, FRAMES, extract_frames, iter_parts, pack_frames, unpack_frames
 
 
 def _body(parts) -> bytearray:
@@ -68,3 +68,21 @@ def test_framing_keeps_no_reference_cycles():
         assert gone() is None, "something still holds the framed data (a reference cycle?)"
     finally:
         gc.enable()
+
+
+def test_decode_body_reads_a_framed_body_as_unpack_frames_does():
+    t = torch.randn(300, 3)
+    header, frames = extract_frames({"id": "p", "value": encode_tensor(t, as_view=True)}, min_bytes=256)
+    body = _body(pack_frames(header, frames)[0])
+    decoded = decode_body(body, FRAMES)  # the SDK reads every answer through decode_body, framed or not
+    assert decoded.keys() == unpack_frames(body).keys() and torch.equal(decode_tensor(decoded["value"]), t)
+    with pytest.raises(ProtocolError, match="more than 1 values"):  # the header's values are counted as ever
+        decode_body(body, FRAMES, max_values=1)
+
+
+def test_small_parts_come_back_whole_as_views_of_their_own_objects():
+    small, empty, writable = b"abc", b"", bytearray(b"de")
+    pieces = iter_parts([small, empty, memoryview(writable)], chunk=8)
+    # the answer route copies a piece unless it views bytes (``piece.obj``): each is a view of its own object
+    assert [bytes(p) for p in pieces] == [b"abc", b"de"] and [p.obj for p in pieces] == [small, writable]
+    assert [bytes(p) for p in iter_parts([small, b"0123456789"], chunk=8)] == [b"abc", b"01234567", b"89"]

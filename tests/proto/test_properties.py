@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from remote_autograd.proto import ProtocolError, decode_body, decode_tensor
 from remote_autograd.proto.messages import TensorData, validate_program
-from remote_autograd.proto.tensors import decode_tensor_data
+from remote_autograd.proto.codec import decode_tensor_data
 
 from .tensor_samples import ALL_DTYPES, assert_bitwise_equal, json_round_trip, msgpack_round_trip, sample_tensor
 

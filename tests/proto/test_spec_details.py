@@ -19,7 +19,7 @@ import pytest
 from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.proto import decode_tensor
-from remote_autograd.proto.frames import FRAMES, unpack_frames
+from remote_autograd.proto.codec import FRAMES, unpack_frames
 
 JSON, MSGPACK = "application/json", "application/msgpack"
 

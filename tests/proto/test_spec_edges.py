@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor
-from remote_autograd.proto.frames import ALIGN, FRAMES, pack_frames, unpack_frames
+from remote_autograd.proto.codec import ALIGN, FRAMES, pack_frames, unpack_frames
 
 JSON, MSGPACK = "application/json", "application/msgpack"
 BIG = 1 << 15  # float32 elements: 128 KiB of data, over the 64 KiB framing threshold

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor
-from remote_autograd.proto.frames import FRAMES
+from remote_autograd.proto.codec import FRAMES
 
 from ..servers import api, call, put, ref, wait_in_flight
 

@@ -10,7 +10,7 @@ import pytest
 
 from remote_autograd.proto import ErrorCode, ProtocolError, decode_body, decode_tensor
 from remote_autograd.proto.messages import Program, TensorData, validate_program
-from remote_autograd.proto.tensors import decode_tensor_data
+from remote_autograd.proto.codec import decode_tensor_data
 
 from .tensor_samples import assert_bitwise_equal
 

@@ -15,7 +15,7 @@ from functools import partial
 from fastapi import APIRouter
 
 from remote_autograd.proto import PROTOCOL_VERSION
-from remote_autograd.proto.frames import iter_parts
+from remote_autograd.proto.codec import iter_parts
 
 from ...engine.guards import declared_length, read_body
 from ...engine.program_watch import ProgramWatch

@@ -9,10 +9,9 @@ from __future__ import annotations
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from remote_autograd.proto.frames import FRAMES, iter_parts
+from remote_autograd.proto.codec import FRAMES, iter_parts, wants_msgpack
 
 from ...engine.answers import encode_answer
-from remote_autograd.proto.negotiation import wants_msgpack
 
 
 def wants_msgpack_of(request: Request) -> bool:

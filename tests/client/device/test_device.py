@@ -16,7 +16,7 @@ from torch import nn
 
 from remote_autograd import client
 from remote_autograd.proto import decode_body
-from remote_autograd.proto.frames import is_frames, unpack_frames
+from remote_autograd.proto.codec import is_frames, unpack_frames
 from ...bits import fit, torch_copies
 
 
@@ -132,7 +132,7 @@ def test_moves_to_and_from_the_device(sess):
 def test_a_batch_moved_to_the_device_is_copied_without_torchs_thread_pool(sess):
     """``x.to(device)`` of a 200 KB batch (a frame of its own) keeps a private copy until its program
     is sent: numpy makes it, not a torch kernel, whose intra-op threads would spin afterwards on the
-    cores a server beside this client needs (``proto/tensors.py``, ``service/openmp_wait.py``). The
+    cores a server beside this client needs (``proto/codec.py``, ``service/openmp_wait.py``). The
     copy is the move's: the batch changed before the program goes out is not what arrives."""
     x = torch.randn(64, 784)
     want = x.clone()

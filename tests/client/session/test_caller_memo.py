@@ -1,5 +1,5 @@
-"""``client/session/_caller_memo.py`` (the user's line of an op torch's code called, remembered per calling frame)
-against the walk it stands in for (``_callsite.where``): optimizer steps, clipping, a generator resumed
+"""``client/session/_steps.op_where`` (the user's line of an op torch's code called, remembered per calling frame)
+against the walk it stands in for (``_steps.where``): optimizer steps, clipping, a generator resumed
 from two lines, and a tensor held only by the remembered frame, freed in the program that follows."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from bench import _hot
 from remote_autograd import client
-from remote_autograd.client.session import _caller_memo
+from remote_autograd.client.session import _steps
 
 TORCH_FILE = torch.__file__  # code compiled under torch's name: what the walk skips as torch's
 
@@ -26,7 +26,7 @@ def _wheres(sess) -> list:
 
 
 def test_ops_of_an_optimizer_and_of_clipping_name_the_users_lines():
-    with client.connect(transport=client.InProcessTransport()) as sess, _caller_memo.verifying():
+    with client.connect(transport=client.InProcessTransport()) as sess, _steps.verifying():
         w = torch.nn.Parameter(torch.randn(4, 3, device=sess.device))
         opt = torch.optim.Adam([w], lr=0.1)
         for _ in range(2):
@@ -43,7 +43,7 @@ def test_ops_of_an_optimizer_and_of_clipping_name_the_users_lines():
 
 def test_a_generator_resumed_from_two_lines_names_each():
     gen = _torch_code("def doubling(t):\n    while True:\n        yield t * 2\n")["doubling"]
-    with client.connect(transport=client.InProcessTransport()) as sess, _caller_memo.verifying():
+    with client.connect(transport=client.InProcessTransport()) as sess, _steps.verifying():
         steps = gen(sess.tensor(torch.ones(2)))
         first = sys._getframe().f_lineno + 1
         next(steps)

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.client.transport._transport import Transport
-from remote_autograd.proto.frames import FRAME_MIN_BYTES
+from remote_autograd.proto.codec import FRAME_MIN_BYTES
 
 from ...conftest import start_server
 

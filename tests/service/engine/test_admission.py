@@ -143,7 +143,7 @@ def test_a_framed_body_is_weighed_by_the_header_its_decoder_reads(monkeypatch):
     import torch
 
     from remote_autograd.proto import encode_tensor
-    from remote_autograd.proto.frames import FRAMES, header_length, pack_frames
+    from remote_autograd.proto.codec import FRAMES, header_length, pack_frames
     from remote_autograd.service.engine import guards
     from remote_autograd.service.settings import Settings
 

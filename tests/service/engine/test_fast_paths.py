@@ -18,7 +18,7 @@ import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from remote_autograd.proto import JSON, MSGPACK, decode_body, decode_tensor, encode_tensor
-from remote_autograd.proto.frames import FRAME_MIN_BYTES, FRAMES, unpack_frames
+from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, unpack_frames
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.engine import autograd_steps
 from remote_autograd.service.engine.answers import encode_answer, keepable

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import MSGPACK, decode_tensor, encode_tensor
-from remote_autograd.proto.frames import FRAMES, extract_frames, pack_frames, unpack_frames
+from remote_autograd.proto.codec import FRAMES, extract_frames, pack_frames, unpack_frames
 
 from ...conftest import PROTOCOL_HEADERS
 

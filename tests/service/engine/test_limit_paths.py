@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from remote_autograd.proto import encode_tensor
-from remote_autograd.proto.frames import FRAMES, pack_frames
+from remote_autograd.proto.codec import FRAMES, pack_frames
 
 pytestmark = pytest.mark.backends("inprocess", "tenants", "ray")
 

@@ -17,7 +17,7 @@ import torch
 from fastapi import Depends, Request, Response
 
 from remote_autograd.proto import JSON, MSGPACK, PROTOCOL_HEADER, PROTOCOL_VERSION, encode_tensor
-from remote_autograd.proto.frames import iter_parts
+from remote_autograd.proto.codec import iter_parts
 from remote_autograd.service.http.app import create_app
 from remote_autograd.service.http.routes import deps
 from remote_autograd.service.settings import Settings
