@@ -102,7 +102,8 @@ def run_program(session: Session, program: Program, body: bytes, as_json: bool, 
     """
     digest = hashlib.blake2b(body, digest_size=16).digest()
     with session.lock:
-        check_open(session)
+        if session.closed:  # deleted or expired while the program waited for it
+            check_open(session)
         session.last_used = time.monotonic()
         cached = session.programs.get(program.id)
         if cached is not None:
@@ -144,7 +145,8 @@ def run_steps(session: Session, program: Program, settings: Settings, *, as_json
                      untimed=min(settings.max_step_flops, settings.device_flops_per_second * UNTIMED_SECONDS))
     if program.detect_anomaly:
         run.forward = Forwards(program.id)
-    state = torch_globals.from_wire(program.torch_globals)
+    wire = program.torch_globals
+    state = torch_globals.DEFAULT if wire is None else torch_globals.from_wire(wire)
     default = state is torch_globals.DEFAULT  # torch's defaults, as almost every program's
     run.torch_state = None if default else state
     if settings.replay == "on":  # plans answer by what the memo answered under the program's state

@@ -121,6 +121,7 @@ class Session:
     templates: dict = field(default_factory=dict)  # by id: the graphs torch.compile sent (service.engine.templates)
     worker: int = 0  # which worker thread runs this session's programs (set by the app)
     closed: bool = False  # deleted or expired: a program that was waiting for it must not run
+    expired_after: float | None = None  # expired (not deleted): its idle limit, which a late request's 410 names
     # the GraphLost nodes of its tensors restored without their graph (tensor_snapshot), while any graph holds one
     lost_graphs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     # the ProgramRun of the backward or grad step running autograd now: a user Function's node runs its
@@ -211,11 +212,7 @@ class SessionStore:
                 session = None
             if session is None or session.owner != owner:
                 if sid in self._expired and self._expired[sid] == owner:
-                    raise ProtocolError(
-                        ErrorCode.SESSION_EXPIRED,
-                        f"session {sid} expired after being idle: limit "
-                        f"session_ttl_seconds={self.settings.session_ttl_seconds}",
-                    )
+                    raise _expired(sid, self.settings.session_ttl_seconds)
                 raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {sid!r}")
             session.last_used = now
             return session
@@ -271,6 +268,7 @@ class SessionStore:
         try:
             self._sessions.pop(session.id, None)
             self._expired[session.id] = session.owner
+            session.expired_after = self.settings.session_ttl_seconds
             while len(self._expired) > self._EXPIRED_REMEMBERED:
                 self._expired.popitem(last=False)
             session.clear()
@@ -287,9 +285,17 @@ def check_token_sessions(held: int, settings: Settings) -> None:
 
 
 def check_open(session: Session) -> None:
-    """A request that got the session before it was deleted or expired finds it gone (404)."""
+    """A request that got the session before it was deleted (404) or expired (410, as ``SessionStore.get``
+    answers it) finds it gone: a long upload outlives the idle limit of the session it was sent to."""
+    if session.expired_after is not None:
+        raise _expired(session.id, session.expired_after)
     if session.closed:
         raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"unknown session {session.id!r}")
+
+
+def _expired(sid: str, ttl: float) -> ProtocolError:
+    return ProtocolError(ErrorCode.SESSION_EXPIRED,
+                         f"session {sid} expired after being idle: limit session_ttl_seconds={ttl}")
 
 
 def tenant_tag(owner: str | None) -> str:

@@ -325,6 +325,25 @@ def test_idle_sessions_expire_and_are_freed_without_a_call():
             sdk._closed = True  # nothing left to delete
 
 
+def test_a_session_that_expires_while_its_programs_body_arrives_answers_410():
+    """The program route finds the session before it reads the body; one that expires meanwhile is found
+    expired (410, as a later request would find it), not unknown (in this process: a tenant's worker
+    finds the session again after the body came)."""
+    with running(REMOTE_AUTOGRAD_SESSION_TTL_SECONDS="1.0", REMOTE_AUTOGRAD_SWEEP_INTERVAL_SECONDS="0.1",
+                 REMOTE_AUTOGRAD_TENANT_PROCESSES="off") as server, api(server.url) as c:
+        late = c.post("/v1/sessions").json()["session_id"]
+        body = json.dumps({"id": "late", "steps": [put("s", [1.0, 2.0])]}).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(f"POST /v1/sessions/{late}/programs HTTP/1.1\r\nHost: x\r\nRemote-Autograd-Protocol: 1"
+                        f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+            for piece in (body[:10], body[10:20], body[20:]):  # never silent for a second, 1.8 s in all
+                time.sleep(0.6)
+                raw.sendall(piece)
+            answer = read_answer(raw)
+        assert answer.startswith("HTTP/1.1 410") and "session_ttl_seconds=1.0" in answer, answer
+
+
 def test_a_factory_over_the_element_limit_is_refused_before_allocating(limited: str):
     from remote_autograd import client
 
