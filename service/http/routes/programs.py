@@ -39,11 +39,11 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     settings, backend, bodies = state.settings, state.backend, state.bodies
     # the headers read, as text (None where absent), in one pass over ASGI's raw pairs (the last of a
     # repeated one wins)
-    found = dict.fromkeys(_READ)
+    headers = dict.fromkeys(_READ)
     for name, value in scope["headers"]:
-        if name in found:
-            found[name] = value.decode("latin-1")
-    version, declared, ctype, accept = found.values()
+        if name in headers:
+            headers[name] = value.decode("latin-1")
+    version, declared, ctype, accept = headers.values()
     if version != PROTOCOL_VERSION:
         raise protocol_mismatch(version)
     owner = scope.get("state", {}).get("owner")  # the caller's token, as the Gatekeeper found it
@@ -53,7 +53,7 @@ async def answer_program_request(scope: dict, receive, send) -> None:
     sid = scope["path_params"]["sid"]
     expected = declared_length(declared)
     # an unknown or foreign id is answered before its body is read: a made-up id costs nothing
-    found = await backend.check_session(sid, owner, expected)
+    found = await backend.check_session(sid, owner, expected)  # the session, for answer_program
     # the body's bytes count among all bodies the server holds (``bodies``) until it is answered
     body = await read_body(receive, declared, expected, settings.max_body_bytes, settings.body_timeout_seconds,
                            bodies)
