@@ -28,10 +28,9 @@ from remote_autograd import client
 from remote_autograd.proto import decode_tensor, encode_body, encode_tensor
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.engine import compiled_templates, template_graph
-from remote_autograd.service.engine.values import ProgramRun
 from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.engine.template_compile import Compiler, Variant, compiler_missing
-from remote_autograd.service.engine.values import step_refs
+from remote_autograd.service.engine.values import ProgramRun, step_refs
 from remote_autograd.service.sessions.store import SessionStore
 from remote_autograd.service.settings import Settings
 

@@ -129,7 +129,7 @@ class LocalSessions:
         client disconnects); without one, the time limit still holds, and a cancelled
         ``async with`` (the Ray front's ``ray.cancel``) stops it too. ``found``: the session
         ``check_session`` returned for this request (one deleted or expired since is found closed
-        when the program runs: 404), else it is looked up here."""
+        when the program runs: 404, or 410 once expired), else it is looked up here."""
         session = found if found is not None else self.store.get(sid, owner)
         program, key = await admit_program(body, ctype, self.settings)  # key: what identifies it for retries
         watch = watch or ProgramWatch(self.settings.max_program_seconds)

@@ -9,8 +9,7 @@ import torch
 from remote_autograd.proto import MSGPACK, ErrorCode, ProtocolError, decode_tensor, encode_body, encode_tensor
 from remote_autograd.proto.codec import FRAME_MIN_BYTES, FRAMES, accepts_frames, extract_frames, pack_frames
 
-from ..sessions.store import CustomTensor
-from ..sessions.store import ProgramAnswer
+from ..sessions.store import CustomTensor, ProgramAnswer
 
 
 def reencode(outcome: ProgramAnswer, as_json: bool) -> ProgramAnswer:

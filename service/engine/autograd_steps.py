@@ -15,8 +15,7 @@ from torch.autograd.graph import GradientEdge
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, GradStep
 
-from ..sessions.store import CustomTensor
-from ..sessions.store import Session
+from ..sessions.store import CustomTensor, Session
 from ..sessions.tensor_snapshot import LOST
 from ..settings import Settings
 from . import anomaly, tensor_hooks

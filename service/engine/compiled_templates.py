@@ -43,8 +43,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
 
-from ..sessions.store import CustomTensor
-from ..sessions.store import tenant_tag
+from ..sessions.store import CustomTensor, tenant_tag
 from ..settings import Settings
 from .template_compile import COMPILER, Variant, compiler_missing
 from .template_graph import Layout

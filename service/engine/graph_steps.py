@@ -57,8 +57,7 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, PutStep, SetGradStep
 from remote_autograd.proto.codec import decode_tensor_data
 
-from ..sessions.store import CustomTensor
-from ..sessions.store import ProgramAnswer
+from ..sessions.store import CustomTensor, ProgramAnswer
 from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
 from .program_plan import PLAIN

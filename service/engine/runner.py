@@ -242,7 +242,7 @@ class StepLoop:
                 if regions:
                     checkpoint_regions.record(regions, step, run.session, run.settings.max_session_bytes)
             except Exception as exc:  # every failure becomes data: see _as_protocol_error
-                err = _as_protocol_error(exc, index, _step_op(step))
+                err = _as_protocol_error(exc, index, name)
                 # the traceback holds this frame, which holds err: a cycle only the garbage collector
                 # breaks, keeping the failed step's tensors and the body (a refused 16 MiB put: 48 MiB each)
                 exc.__traceback__ = err.__traceback__ = exc.__context__ = None

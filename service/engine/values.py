@@ -18,8 +18,7 @@ import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_from_name, dtype_name
 
-from ..sessions.store import CustomTensor
-from ..sessions.store import Session
+from ..sessions.store import CustomTensor, Session
 from ..settings import Settings
 from .program_plan import PLAIN
 
@@ -131,7 +130,8 @@ def resolve_args(values: list, session: Session) -> list:
             resolved.append(v)
             continue
         if type(v) is dict and len(v) == 1:
-            ct = tensors.get(v.get("ref")) if type(v.get("ref")) is str else None
+            ref = v.get("ref")
+            ct = tensors.get(ref) if type(ref) is str else None
             if ct is not None:
                 resolved.append(ct.value)
                 continue

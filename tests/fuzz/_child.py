@@ -28,8 +28,7 @@ from remote_autograd.proto import dtype_name
 from remote_autograd.proto.messages import validate_program
 from remote_autograd.service.engine.runner import run_program
 from remote_autograd.service.engine.values import store_tensors
-from remote_autograd.service.sessions.store import CustomTensor
-from remote_autograd.service.sessions.store import SessionStore
+from remote_autograd.service.sessions.store import CustomTensor, SessionStore
 from remote_autograd.service.settings import Settings
 
 from ._calls import BaseCall, Case, applied

@@ -20,9 +20,8 @@ import pytest
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.service.sessions.store import CustomTensor
 from remote_autograd.service.engine.values import counting_saved
-from remote_autograd.service.sessions.store import Budget, Session
+from remote_autograd.service.sessions.store import Budget, CustomTensor, Session
 
 from ...servers import memory_of, running, session_pids
 from ..wire import Wire, call_step, checked_client, put_step, ref
