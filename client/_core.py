@@ -176,10 +176,7 @@ class RemoteTensor(torch.Tensor):
             if g is None:
                 raise RuntimeError("the gradient this handle refers to is None on the server")
             return g
-        if self._error is not None:  # self._fetch(value=True, grad=False)[0], inline: every value read
-            raise self._error
-        message = self._session.fetch(self._id, value=True, grad=False)
-        return decode_tensor(message["value"], copy=False) if message.get("value") is not None else None
+        return self._fetch(value=True, grad=False)[0]
 
     # -- local state --------------------------------------------------------------------------
 

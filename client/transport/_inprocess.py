@@ -54,12 +54,9 @@ class InProcessTransport(httpx.BaseTransport):
             raise httpx.ConnectError("the in-process transport is closed", request=request)
         request.read()  # a sync body (an upload stream) as bytes, which the async side can stream too
         timeout = request.extensions.get("timeout", {}).get("read")
-        # self._loop.wait(...), inline: every request
-        future = asyncio.run_coroutine_threadsafe(_send(self._asgi, request), self._loop.loop)
         try:
-            return future.result(timeout)
+            return self._loop.wait(_send(self._asgi, request), timeout)
         except concurrent.futures.TimeoutError as exc:
-            future.cancel()
             raise httpx.ReadTimeout(f"no answer from the in-process app in {timeout} s", request=request) from exc
 
     def close(self) -> None:
@@ -100,12 +97,12 @@ class _LoopThread:
     """An event loop running in a daemon thread of its own; coroutines are handed to it and waited for."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="remote-autograd-in-process", daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="remote-autograd-in-process", daemon=True)
         self._thread.start()
 
     def wait(self, coroutine: Awaitable[Any], timeout: float | None) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -116,11 +113,11 @@ class _LoopThread:
         return threading.current_thread() is self._thread
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop.call_soon_threadsafe(self._loop.stop)
         if not self.is_current():
             self._thread.join(timeout=10)
             if not self._thread.is_alive():
-                self.loop.close()
+                self._loop.close()
 
 
 class _Lifespan:
