@@ -117,7 +117,7 @@ def compiled_run(case: Case, variant: Variant, session, settings: Settings, *,
 
     def once() -> None:
         with session.lock:
-            if compiled_templates._run_compiled(run, variant, step, bound) != compiled_templates.RAN:
+            if compiled_templates._run_graph(run, variant, step, bound) != compiled_templates.RAN:
                 raise RuntimeError("the compiled run was refused")
             if not keep:
                 session.storages.drop([session.tensors.pop(tid) for tid in step.out])
@@ -126,10 +126,10 @@ def compiled_run(case: Case, variant: Variant, session, settings: Settings, *,
 
 
 def eager_variant(case: Case, device: torch.device) -> Variant:
-    """A variant whose compiled form is the graph's own module, run eagerly (tests: no compiler)."""
-    variant = Variant()
+    """The case's variant as a vouched run finds it: its graph, run eagerly (no compiler)."""
+    variant = Variant("graph")
     variant.graph = template_graph.build(case.template(), case.layouts(device), case.scalars, device)
-    variant.fn, variant.state = variant.graph.module, "ready"
+    variant.fn = variant.graph.module
     return variant
 
 

@@ -104,7 +104,9 @@ class Settings:
     max_header_bytes: int = 64 << 10  # a request's line and headers
     header_timeout_seconds: float = 10.0  # from a request's first byte to the end of its headers
     idle_timeout_seconds: float = 5.0  # a connection with no request under way
-    replay: str = "on"  # "off": a repeated program is checked call by call again (service/engine/program_plan.py)
+    # "off": a repeated program is checked call by call again (service/engine/program_plan.py), and a template
+    # runs every step through the runner, never as a graph (service/engine/compiled_templates.py)
+    replay: str = "on"
     # "on": a repeated program runs as a CUDA graph on a cuda device (service/engine/graph_steps.py);
     # "emulate": the same with graph_capture.RecordedGraph on any device (tests). Off until a GPU run vouches for it
     cuda_graphs: str = "off"

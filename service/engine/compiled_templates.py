@@ -1,36 +1,45 @@
-"""A template run compiled (``REMOTE_AUTOGRAD_COMPILE``): the way to run a template that stands in for
-the plain one (``templates.run_plainly``: each step through the runner's handlers) once inductor has
-compiled it (a speed path; ``python -m bench compile`` and ``gpu`` show what it saves).
+"""A template run as one graph: the way to run a template that stands in for the plain one
+(``templates.run_plainly``: each step through the runner's handlers) once a plain run has vouched for
+its variant; eagerly (the graph's own module), or compiled by inductor (``REMOTE_AUTOGRAD_COMPILE``).
+A speed path: ``python -m bench compile``, ``wan`` and ``gpu`` show what it saves.
 
 ``runner_for`` gives each template defined in a session its runner (``Template.runner``, the seam
-``templates.py`` documents): with the setting ``off`` (the default), or on a host where inductor
-cannot build kernels (``template_compile.compiler_missing``: said once in the log), the plain one;
-else a ``CompilingRunner``. For each run it keys the *variant*: the template's steps (its names
-canonical, so two sessions of one token with the same template share it), the layouts of the
-tensors the run binds and of their grads, its numbers by value (inductor bakes Python numbers into
-its kernels: a variant is only ever run with the numbers it was compiled for), the device. A variant
-``ready`` runs compiled; any other runs the plain way, and a plain run that succeeds counts toward
-compiling its variant: ``on`` compiles it after its first run, ``auto`` after ``AUTO_RUNS`` runs in a
-row with the same key. A template whose numbers keep changing (a learning rate set by a scheduler
-every step) never repeats a key in ``auto``, and in ``on`` stops compiling after
-``VARIANTS_PER_TEMPLATE`` variants: it stays on the runner, which the log says once.
+``templates.py`` documents): a ``VariantRunner`` (a template with ``torch.func`` regions, and every
+template with ``REMOTE_AUTOGRAD_REPLAY=off``: the plain one). For each run it keys the *variant*: the template's steps (its names canonical, so two sessions
+of one token with the same template share it), the layouts of the tensors the run binds and of
+their grads, its numbers by value (a graph bakes Python numbers in: a variant is only ever run with
+the numbers it was built for), the device and the program's torch settings. A variant's first run
+goes the plain way: every check on every step. When it succeeds, the variant's graph is built at
+once (``template_compile.Compiler.graph``: a graph cannot hold random calls, data-dependent ones and
+a few more, which stay plain for good) and from its next run on the variant runs as that graph:
+torch's own calls in the steps' order, without the runner's Python around each step, so the answers
+are the plain way's bit for bit (``tests/service/engine/test_template_graph.py``). With
+``REMOTE_AUTOGRAD_COMPILE`` ``on`` (after the first run) or ``auto`` (after ``AUTO_RUNS`` runs in a row
+with the same key) the graph is compiled in the background (on a host where inductor cannot build
+kernels, ``template_compile.compiler_missing``, said once in the log, nothing compiles), and runs
+compiled once ready. A template whose numbers keep changing (a learning rate set by a scheduler every
+step) builds at most ``VARIANTS_PER_TEMPLATE`` variants: then it stays on the runner, which the log says once.
 
-A compiled run keeps what the plain run keeps: the argument contracts of its calls run first on the
-real inputs (``template_graph.Check``), the outputs and the grads it gives are charged to the
-session's budgets before the graph runs (``output_bytes``, from the fake tensors of the variant)
-and kept like a step's outputs (``values.store_made``: the element and tensor limits, the byte
-ledger), the time limit is asked first. Where anything of that refuses, the run goes the plain way,
-which answers the refusal exactly as a plain run does, at its step. A compiled run that fails in its
-kernels runs plainly again when its graph writes into nothing it was given (its error is then the
-runner's); one whose graph writes into its inputs cannot be run twice, and answers the error: as a
-plain run that failed at a step, what the template changed in place before may be done.
+A run as a graph keeps what the plain run keeps: the argument contracts of its calls run first on the
+real inputs (``template_graph.Check``); what every step of the graph makes (``made_bytes``, from the
+fake tensors of the variant: a bound on the run's peak) is reserved in the session's budget before the
+graph runs, and its work (the plain run's FLOPs) held to the time the program has left; the outputs
+and the grads it gives are kept like a step's outputs (``values.store_made``: the element and tensor
+limits, the byte ledger), what its autograd graph saves is counted as the runner counts it
+(``values.counting_saved``); the time limit is asked first. Where anything of that refuses, the run
+goes the plain way, which answers the refusal exactly as a plain run does, at its step. A program
+sent with ``detect_anomaly`` runs its templates plainly (the runner marks each call's node). A run
+that fails in its kernels runs plainly again when its graph writes into nothing it was given (its
+error is then the runner's); one whose graph writes into its inputs cannot be run twice, and answers
+the error: as a plain run that failed at a step, what the template changed in place before may be done.
 
-The answers agree with the plain way's within torch's own compile tolerance, as ``torch.compile``
-agrees with eager torch (inductor reorders and fuses floating-point arithmetic):
+Compiled, the answers agree with the plain way's within torch's own compile tolerance, as
+``torch.compile`` agrees with eager torch (inductor reorders and fuses floating-point arithmetic):
 ``tests/service/engine/test_compiled_templates.py`` compares them with ``torch.testing.assert_close``'s
 default tolerances for the dtype (float32: rtol 1.3e-6, atol 1e-5), as inductor's own tests do.
-Version counters of the tensors a compiled run writes move once per run, where the plain run moves
-them once per write: either way a graph that saved the old value refuses to use it.
+Version counters of the tensors a compiled run writes move once per run, where the plain run (and
+the graph run eagerly) moves them once per write: either way a graph that saved the old value
+refuses to use it.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ def available(settings: Settings) -> bool:
         global _told_missing
         if not _told_missing:
             _told_missing = True
-            log.warning("REMOTE_AUTOGRAD_COMPILE=%s, but %s: templates run on the runner", mode, missing)
+            log.warning("REMOTE_AUTOGRAD_COMPILE=%s, but %s: templates run uncompiled", mode, missing)
         return False
     return True
 
@@ -77,56 +86,68 @@ def compile_state(settings: Settings) -> str:
 
 
 def runner_for(settings: Settings, session, template, plain: Callable) -> Callable:
-    """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that
-    compiles (see the module's docstring)."""
-    if not available(settings) or template.regions:  # torch.func regions run plainly (functorch_regions)
+    """The runner of ``template`` in ``session``: ``plain`` (``templates.run_plainly``) or one that runs
+    its vouched variants as graphs (see the module's docstring)."""
+    if template.regions or not settings.replays():  # torch.func regions run plainly (functorch_regions)
         return plain
-    mode = settings.compile_mode()
+    mode = settings.compile_mode() if available(settings) else "off"
     cuda_graphs = settings.cuda_graphs == "on" and session.device.type == "cuda"
-    return CompilingRunner(plain, mode, tenant_tag(session.owner), session.device, settings.compile_budget_seconds,
-                           cuda_graphs)
+    return VariantRunner(plain, mode, tenant_tag(session.owner), session.device, settings.compile_budget_seconds,
+                         cuda_graphs)
 
 
-class CompilingRunner:
-    """A template's runner: compiled where its variant is ready, plain otherwise (and then counting)."""
+class VariantRunner:
+    """A template's runner: as a graph where its variant has one (compiled once ready), plain otherwise
+    (and then building the variant's graph)."""
 
     def __init__(self, plain: Callable, mode: str, tenant: str, device: torch.device, budget: float,
                  cuda_graphs: bool) -> None:
         self.plain, self.mode, self.tenant, self.device = plain, mode, tenant, device
         self.budget, self.cuda_graphs = budget, cuda_graphs
         self.static: str | None = None  # a digest of the template's steps, canonical (made at its first run)
-        self.last: tuple | None = None  # the last plain run's key, and how many runs in a row had it
+        self.last: tuple | None = None  # the last run's key, and how many runs in a row had it
         self.streak = 0
-        self.submitted: set[tuple] = set()
+        self.built: set[tuple] = set()  # the keys whose graphs this template built
+        self.submitted: set[tuple] = set()  # and whose compiles it asked for
         self.told = False
 
     def __call__(self, run, template, step, bound: list[CustomTensor], scalars: dict, execute) -> None:
         if self.static is None:  # a digest: the steps themselves would be hashed on every run
             self.static = hashlib.blake2b(repr(canonical(template)).encode(), digest_size=16).hexdigest()
         layouts = _layouts(bound)
-        key = None if layouts is None else (self.static, layouts, _numbers(scalars), self.device)
+        key = None if layouts is None else (self.static, layouts, _numbers(scalars), self.device, run.torch_state)
         variant = COMPILER.get(self.tenant, key) if key is not None else None
-        ran = _run_compiled(run, variant, step, bound) if variant is not None and variant.state == "ready" else None
-        if ran == RAN:
-            return
-        self.plain(run, template, step, bound, scalars, execute)  # raises when a step fails: nothing counts
-        if ran == CHECK_REFUSED:  # yet the plain run passed: the contract read what the template computes
-            variant.state, variant.reason = "unfit", "an argument contract reads a tensor the template computes"
-            log.info("template %s (tenant %s) runs on the runner: %s", getattr(template.step, "id", "?"),
-                     self.tenant, variant.reason)
+        ran = _run_graph(run, variant, step, bound) if variant is not None and variant.fn is not None else None
+        if ran != RAN:
+            flops = run.flops
+            self.plain(run, template, step, bound, scalars, execute)  # raises when a step fails: nothing counts
+            if ran == CHECK_REFUSED:  # yet the plain run passed: the contract read what the template computes
+                variant.fn, variant.state = None, "unfit"
+                variant.reason = "an argument contract reads a tensor the template computes"
+                log.info("template %s (tenant %s) runs on the runner: %s", getattr(template.step, "id", "?"),
+                         self.tenant, variant.reason)
+            if key is not None and variant is None:
+                variant = self._build(key, template, layouts, scalars, run.flops - flops)
         if key is not None:
-            self._count(key, template, layouts, scalars)
+            self._count(key, template, layouts, scalars, variant)
 
-    def _count(self, key: tuple, template, layouts: tuple, scalars: dict) -> None:
-        self.streak = self.streak + 1 if key == self.last else 1
-        self.last = key
-        if self.streak < (1 if self.mode == "on" else AUTO_RUNS) or key in self.submitted:
-            return
-        if len(self.submitted) >= VARIANTS_PER_TEMPLATE:
+    def _build(self, key: tuple, template, layouts: tuple, scalars: dict, flops: float):
+        """The graph of this key's variant, unless the template has built too many (its numbers keep changing)."""
+        if len(self.built) >= VARIANTS_PER_TEMPLATE:
             if not self.told:
                 self.told = True
                 log.info("template %s (tenant %s): its numbers keep changing (%d variants); it stays on the "
-                         "runner", getattr(template.step, "id", "?"), self.tenant, len(self.submitted))
+                         "runner", getattr(template.step, "id", "?"), self.tenant, len(self.built))
+            return None
+        self.built.add(key)
+        return COMPILER.graph(self.tenant, key, template, layouts, scalars, self.device, flops)
+
+    def _count(self, key: tuple, template, layouts: tuple, scalars: dict, variant) -> None:
+        """A run with ``key``: its variant's compile asked for after enough of them in a row."""
+        self.streak = self.streak + 1 if key == self.last else 1
+        self.last = key
+        if (self.mode == "off" or variant is None or variant.state != "graph" or key in self.submitted
+                or self.streak < (1 if self.mode == "on" else AUTO_RUNS)):
             return
         self.submitted.add(key)
         COMPILER.submit(self.tenant, key, template, layouts, scalars, self.device, budget=self.budget,
@@ -189,35 +210,41 @@ def _numbers(scalars: dict) -> tuple:
 RAN, REFUSED, CHECK_REFUSED = "ran", "refused", "check"
 
 
-def _run_compiled(run, variant: Variant, step, bound: list[CustomTensor]) -> str:
-    """Run ``variant``'s compiled graph for ``step``: ``RAN``, or where the plain way must run instead,
-    ``REFUSED`` (a limit, or kernels that failed before writing anything) or ``CHECK_REFUSED``."""
-    session, settings, graph = run.session, run.settings, variant.graph
-    if run.watch is not None:
-        run.watch.check()  # its own error, before anything ran: as the plain run's first step
-    values = [ct.value for ct in bound]
-    if len(session.tensors) + len(step.out) > settings.max_tensors_per_session:
+def _run_graph(run, variant: Variant, step, bound: list[CustomTensor]) -> str:
+    """Run ``variant``'s graph (``fn``: eager or compiled) for ``step``: ``RAN``, or where the plain way
+    must run instead, ``REFUSED`` (a limit, anomaly detection, or kernels that failed before writing
+    anything) or ``CHECK_REFUSED``."""
+    session, settings, graph, fn = run.session, run.settings, variant.graph, variant.fn
+    watch = run.watch
+    if watch is not None:
+        watch.check()  # its own error, before anything ran: as the plain run's first step
+        if variant.flops > run.untimed and variant.flops > watch.left() * settings.device_flops_per_second:
+            return REFUSED  # the plain run stops at the step the time left cannot hold (step_cost.hold)
+    if run.forward is not None or len(session.tensors) + len(step.out) > settings.max_tensors_per_session:
         return REFUSED
+    values = [ct.value for ct in bound]
     try:
         for check in graph.checks:
             check.run(values)
     except Exception:  # the plain run answers it at its step, with the steps before it done
         return CHECK_REFUSED
     try:
-        session.storages.reserve(graph.output_bytes, settings.max_session_bytes)
+        session.storages.reserve(graph.made_bytes, settings.max_session_bytes)
     except ProtocolError:
         return REFUSED
     try:
         args = values + [bound[k].grad for k in graph.effects.grads_read]
         try:
             with torch.enable_grad():
-                results = variant.fn(*args)
+                results = fn(*args)
         except Exception as exc:
             if not graph.mutates:
-                log.info("a compiled run failed before writing anything; it runs plainly: %s", exc)
+                log.info("a run as a graph failed before writing anything; it runs plainly: %s", exc)
                 return REFUSED
-            raise ProtocolError(ErrorCode.OP_ERROR, f"template {getattr(step, 'template', '?')!r} (compiled): "
+            way = "as a graph" if fn is graph.module else "compiled"
+            raise ProtocolError(ErrorCode.OP_ERROR, f"template {getattr(step, 'template', '?')!r} ({way}): "
                                 f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from None
+        run.flops += variant.flops
         variant.runs += 1
         outputs = results[:graph.outputs]
         store_made(session, settings, [(tid, CustomTensor(t)) for tid, t in zip(step.out, outputs)])

@@ -1,5 +1,10 @@
-"""Compiling templates in the background: inductor through ``compile_fx``, cached per tenant, within a
-budget of compile seconds per tenant (``REMOTE_AUTOGRAD_COMPILE``, ``compiled_templates``).
+"""A template's variants: its graph built at once (run eagerly), then compiled in the background by
+inductor through ``compile_fx``; cached per tenant, compiles within a budget of compile seconds per
+tenant (``compiled_templates``, ``REMOTE_AUTOGRAD_COMPILE``).
+
+``Compiler.graph`` builds a variant's graph (``template_graph.build``) in the caller's thread, right
+after the variant's first plain run: its steps on fake tensors, as long as that run's meta checks
+took. From then on the variant runs as that graph, eagerly (``fn`` is the graph's own module).
 
 ``compile_fx`` (``torch._inductor.compile_fx``) is what ``torch.compile`` calls with the graph dynamo
 captured: AOT autograd traces it (functionalized: writes into inputs become copies back at the
@@ -9,13 +14,13 @@ GPU) and, with ``REMOTE_AUTOGRAD_CUDA_GRAPHS=on`` on a CUDA device, launches the
 (``template_graph.example_inputs``), never a session's tensors.
 
 One thread per process compiles, one variant at a time (a compile takes seconds to a minute of
-CPU): ``Compiler.submit`` never waits, and a run never waits for a compile (the template runs the
-plain way until its variant is ``ready``). The thread touches no session: it reads the template's
-steps (fixed once defined) and the variant's layouts and numbers, and writes only the variant.
-A tenant's compiles stop once they have taken ``compile_budget_seconds`` in all (the compile that
-crosses it finishes); a tenant keeps at most ``VARIANTS_PER_TENANT`` variants (the least recently
-used goes), shared by its sessions: two sessions of one token with the same template and layouts
-run one compile.
+CPU): ``Compiler.submit`` never waits, and a run never waits for a compile (the variant runs its
+graph eagerly, or the plain way, until its compiled form is ``ready``). The thread touches no
+session: it reads the template's steps (fixed once defined) and the variant's layouts and numbers,
+and writes only the variant. A tenant's compiles stop once they have taken ``compile_budget_seconds``
+in all (the compile that crosses it finishes); a tenant keeps at most ``VARIANTS_PER_TENANT``
+variants (the least recently used goes), shared by its sessions: two sessions of one token with the
+same template and layouts run one compile.
 """
 
 from __future__ import annotations
@@ -65,18 +70,21 @@ def compile_graph(graph: TemplateGraph, examples: Sequence[torch.Tensor], *, cud
 
 
 class Variant:
-    """One template's compiled form for one set of layouts and numbers. ``state``: ``compiling``,
-    ``ready`` (``fn``, ``graph``), ``failed`` or ``unfit`` (``reason``): those two run plainly for good."""
+    """One template's graph and compiled form for one set of layouts and numbers. ``state``: ``graph``
+    (built; ``fn`` its module, run eagerly), ``compiling`` (``fn`` as it was), ``ready`` (``fn``
+    inductor's), ``failed`` (the compile, ``reason``: ``fn`` stays as it was) or ``unfit`` (it runs
+    plainly for good, ``reason``). A variant with an ``fn`` runs it; ``flops``: the work of its calls (its plain run's)."""
 
-    __slots__ = ("state", "fn", "graph", "reason", "seconds", "runs")
+    __slots__ = ("state", "fn", "graph", "reason", "seconds", "runs", "flops")
 
-    def __init__(self) -> None:
-        self.state = "compiling"
+    def __init__(self, state: str = "compiling") -> None:
+        self.state = state
         self.fn: Callable | None = None
         self.graph: TemplateGraph | None = None
         self.reason = ""
         self.seconds = 0.0
-        self.runs = 0  # compiled runs
+        self.runs = 0  # runs of its fn
+        self.flops = 0.0
 
 
 class _Tenant:
@@ -105,24 +113,40 @@ class Compiler:
                 found.variants.move_to_end(key)
             return variant
 
+    def graph(self, tenant: str, key: tuple, template: Any, layouts: Sequence[Layout], scalars: dict,
+              device: torch.device, flops: float) -> Variant:
+        """The variant's graph, built now in this thread (``graph``, or ``unfit``), kept for the tenant;
+        ``flops``: the work its plain run did."""
+        variant = Variant("graph")
+        try:
+            variant.graph = build(template, layouts, scalars, device)
+            variant.fn, variant.flops = variant.graph.module, flops
+        except Unfit as exc:
+            variant.reason, variant.state = str(exc), "unfit"
+            log.info("template %s (tenant %s) runs on the runner: %s", _name(template), tenant, exc)
+        with self._lock:
+            self._keep(self._tenants.setdefault(tenant, _Tenant()), key, variant)
+        return variant
+
     def submit(self, tenant: str, key: tuple, template: Any, layouts: Sequence[Layout], scalars: dict,
                device: torch.device, *, budget: float, cuda_graphs: bool) -> Variant | None:
-        """Compile this variant on the compile thread unless it is known or the tenant's budget is
-        spent; the variant (compiling, or as it was), or None when the budget refuses it."""
+        """Compile this variant on the compile thread unless it is compiled or under way already (a
+        variant that is only a ``graph`` compiles) or the tenant's budget is spent; the variant
+        (compiling, or as it was), or None when the budget refuses it."""
         with self._lock:
             found = self._tenants.setdefault(tenant, _Tenant())
             variant = found.variants.get(key)
-            if variant is not None:
+            if variant is not None and variant.state != "graph":
                 return variant
             if found.seconds >= budget:
                 if not found.told:
                     found.told = True
                     log.warning("tenant %s: its compile budget (compile_budget_seconds=%s) is spent; its new "
-                                "templates run on the runner", tenant, budget)
+                                "templates run uncompiled", tenant, budget)
                 return None
-            variant = found.variants[key] = Variant()
-            while len(found.variants) > VARIANTS_PER_TENANT:
-                found.variants.popitem(last=False)
+            if variant is None:
+                variant = self._keep(found, key, Variant())
+            variant.state = "compiling"
             if self._thread is None:
                 # a daemon: neither a compile under way nor those queued hold up the process's exit (each may
                 # take a minute; a pool's worker would run every queued one first, each failing at shutdown)
@@ -131,6 +155,14 @@ class Compiler:
         # in a copy of the caller's context: inductor's config overrides are context variables
         self._jobs.put(functools.partial(contextvars.copy_context().run, self._compile, found, variant, tenant,
                                          template, tuple(layouts), dict(scalars), device, cuda_graphs))
+        return variant
+
+    @staticmethod
+    def _keep(found: "_Tenant", key: tuple, variant: Variant) -> Variant:
+        found.variants[key] = variant
+        found.variants.move_to_end(key)
+        while len(found.variants) > VARIANTS_PER_TENANT:
+            found.variants.popitem(last=False)
         return variant
 
     def _work(self) -> None:
@@ -144,19 +176,21 @@ class Compiler:
     def _compile(self, found: _Tenant, variant: Variant, tenant: str, template: Any, layouts: tuple,
                  scalars: dict, device: torch.device, cuda_graphs: bool) -> None:
         began = time.perf_counter()
-        name = getattr(getattr(template, "step", None), "id", "?")
-        try:
-            graph = build(template, layouts, scalars, device)
-        except Unfit as exc:
-            variant.reason, variant.state = str(exc), "unfit"
-            log.info("template %s (tenant %s) runs on the runner: %s", name, tenant, exc)
-            return
+        name = _name(template)
+        graph = variant.graph
+        if graph is None:
+            try:
+                graph = build(template, layouts, scalars, device)
+            except Unfit as exc:
+                variant.reason, variant.state = str(exc), "unfit"
+                log.info("template %s (tenant %s) runs on the runner: %s", name, tenant, exc)
+                return
         try:
             fn = compile_graph(graph, example_inputs(layouts, graph.effects.grads_read, device),
                                cuda_graphs=cuda_graphs)
         except Exception as exc:  # inductor's own failure (a compiler missing, a lowering it lacks)
             variant.reason, variant.state = f"{type(exc).__name__}: {exc}", "failed"
-            log.warning("template %s (tenant %s): compiling it failed; it runs on the runner: %s", name, tenant,
+            log.warning("template %s (tenant %s): compiling it failed; it runs uncompiled: %s", name, tenant,
                         variant.reason[:2000])
             return
         finally:
@@ -164,12 +198,16 @@ class Compiler:
             with self._lock:
                 found.seconds += seconds
             variant.seconds = seconds
-        variant.fn, variant.graph = fn, graph
-        variant.state = "ready"  # last: a run that sees ready finds fn and graph set
+        if variant.state != "compiling":  # a run found it unfit meanwhile (compiled_templates)
+            return
+        variant.graph = graph
+        variant.fn = fn  # after graph: a run that finds an fn finds its graph
+        variant.state = "ready"
         log.info("template %s (tenant %s) compiled in %.1f s", name, tenant, seconds)
 
     def figures(self) -> dict:
-        """What this process's compiles came to: variants by state, their compiled runs, seconds spent."""
+        """What this process's variants came to: their number by state, the runs of their graphs (eager
+        or compiled), the compile seconds spent."""
         with self._lock:
             states: dict[str, int] = {}
             runs = 0
@@ -177,7 +215,7 @@ class Compiler:
                 for variant in found.variants.values():
                     states[variant.state] = states.get(variant.state, 0) + 1
                     runs += variant.runs
-            return {"variants": states, "compiled_runs": runs,
+            return {"variants": states, "runs": runs,
                     "seconds": round(sum(t.seconds for t in self._tenants.values()), 1)}
 
     def wait(self, timeout: float | None = None) -> None:
@@ -187,6 +225,10 @@ class Compiler:
             self._jobs.put(done.set)
             if not done.wait(timeout):
                 raise TimeoutError(f"the compiles submitted did not end in {timeout} s")
+
+
+def _name(template: Any) -> str:
+    return getattr(getattr(template, "step", None), "id", "?")
 
 
 COMPILER = Compiler()

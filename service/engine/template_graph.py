@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.fx as fx
@@ -57,11 +57,11 @@ class Unfit(Exception):
     """The variant cannot be one graph; the reason says why (it is logged)."""
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """What a compiled variant assumes of one bound input: its value's layout, whether it requires grad
     (and is a leaf), its grad's layout (None: it has none), and whether that grad is also bound as an
-    input's value (``grad_bound``: that input; an optimizer binds ``{grad_of: p}`` beside ``p``)."""
+    input's value (``grad_bound``: that input; an optimizer binds ``{grad_of: p}`` beside ``p``). A
+    tuple: every run makes one per input and looks its variant up by them."""
 
     shape: tuple
     stride: tuple
@@ -129,7 +129,9 @@ class TemplateGraph:
     effects: Effects
     checks: tuple[Check, ...]
     mutates: bool  # a step writes into an input (or into an input's grad)
-    output_bytes: int  # what the outputs and the grads given may take (a view of an input counts too)
+    # what every step makes, as if all of it lived at once (new storages: a view brings no bytes): a bound on
+    # the run's peak, which a run charges before the graph runs (its steps free what they no longer need)
+    made_bytes: int
 
 
 def example_inputs(layouts: Sequence[Layout], grads_read: Sequence[int], device: torch.device) -> list[torch.Tensor]:
@@ -222,11 +224,10 @@ class _Builder:
         found = {StorageWeakRef(self.fakes[n].untyped_storage()) for n in self.nodes.values() if n.op == "placeholder"}
         found |= {StorageWeakRef(self.fakes[n].untyped_storage()) for n in self.grad_args.values()}
         nbytes = 0
-        for node in set(results):  # new storages only: an output that views an input brings no bytes
-            storage = StorageWeakRef(self.fakes[node].untyped_storage())
-            if storage not in found:
-                found.add(storage)
-                nbytes += self.fakes[node].untyped_storage().nbytes()
+        for fake in _leaves(list(self.fakes.values())):  # new storages only: a view brings no bytes
+            if isinstance(fake, torch.Tensor) and StorageWeakRef(fake.untyped_storage()) not in found:
+                found.add(StorageWeakRef(fake.untyped_storage()))
+                nbytes += fake.untyped_storage().nbytes()
         return TemplateGraph(module, len(outputs), Effects(tuple(given), tuple(cleared), tuple(self.grad_args)),
                              tuple(self.checks), self.mutates, nbytes)
 

@@ -16,8 +16,9 @@ steps before the failing one stay done, as in a program). Its error names the te
 ``step 7 of template T: <op>: <torch's message>``.
 
 **How a template runs** is ``Template.runner``, one per template, chosen in one place when it is
-defined (``compiled_templates.runner_for``): ``run_plainly``, or with ``REMOTE_AUTOGRAD_COMPILE`` a
-runner that runs it compiled once inductor has compiled it, and plainly until then. It runs each
+defined (``compiled_templates.runner_for``): a runner that runs a variant's repeated runs as its graph
+(eagerly, or compiled with ``REMOTE_AUTOGRAD_COMPILE``) and its first run with ``run_plainly``, which
+is the whole runner for ``torch.func`` regions and with ``REMOTE_AUTOGRAD_REPLAY=off``. ``run_plainly`` runs each
 step through the runner's own handlers (the ``execute`` the runner passes in), so every check
 applies on every run: the meta check before each kernel (with its outputs' elements and its cost:
 ``step_cost``), value checks, the byte budgets (a run's outputs, and what its graph saves, are
