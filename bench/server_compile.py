@@ -160,8 +160,9 @@ def inductor_cache(path: str | None = None) -> Iterator[str]:
 
 def server_times(case: Case, repeat: int = 30, device: torch.device | None = None,
                  cuda_graphs: bool = False) -> dict:
-    """The plain and compiled server time of one run of ``case`` (medians, microseconds) and the compile's
-    seconds, cold (empty caches) and warm (the same graph again, inductor's caches filled)."""
+    """The server time of one run of ``case`` the plain way, as its graph run eagerly (a vouched run's
+    way) and compiled (medians, microseconds), and the compile's seconds, cold (empty caches) and warm
+    (the same graph again, inductor's caches filled)."""
     device = device or torch.device("cpu")
     settings = Settings.from_env({}, device=device.type)
     with inductor_cache() as cache:
@@ -176,10 +177,13 @@ def server_times(case: Case, repeat: int = 30, device: torch.device | None = Non
         return lambda: (once(), sync())
 
     plain_once = synced(plain_run(case, case.session(settings, device), settings))
+    graph_once = synced(compiled_run(case, eager_variant(case, device), case.session(settings, device), settings))
     compiled_once = synced(compiled_run(case, cold, case.session(settings, device), settings))
-    plain, compiled = measure(plain_once, repeat=repeat, warmup=3), measure(compiled_once, repeat=repeat, warmup=3)
-    return {"state": "ready", "plain": plain, "compiled": compiled, "cold_s": cold.seconds, "warm_s": warm.seconds,
-            "plain_cpu": _thread_seconds(plain_once, repeat), "compiled_cpu": _thread_seconds(compiled_once, repeat)}
+    plain, graph = measure(plain_once, repeat=repeat, warmup=3), measure(graph_once, repeat=repeat, warmup=3)
+    compiled = measure(compiled_once, repeat=repeat, warmup=3)
+    return {"state": "ready", "plain": plain, "graph": graph, "compiled": compiled, "cold_s": cold.seconds,
+            "warm_s": warm.seconds, "plain_cpu": _thread_seconds(plain_once, repeat),
+            "compiled_cpu": _thread_seconds(compiled_once, repeat)}
 
 
 def _thread_seconds(fn: Callable[[], object], repeat: int) -> list[float]:
@@ -200,6 +204,7 @@ def print_server_times(label: str, case: Case, repeat: int = 30, device: torch.d
         print(f"  {label}: not compiled ({times['state']}: {times['reason'][:200]})")
         return
     plain = row(f"{label}: server, plain (runner)", times["plain"])
+    row(f"{label}: server, as its graph (eagerly)", times["graph"], plain)
     row(f"{label}: server, compiled", times["compiled"], plain)
     plain_cpu = row(f"{label}: server CPU time, plain", times["plain_cpu"])
     row(f"{label}: server CPU time, compiled", times["compiled_cpu"], plain_cpu)
@@ -306,7 +311,8 @@ def gpt_loop(steps: int = 4) -> Callable[[Any], None]:
 
 def run(url: str | None = None, repeat: int = 30) -> None:
     """The compiled way against the plain one, on this machine's CPU."""
-    print("\n[server compile] a template's server time, the runner against inductor's compile (in process, CPU)")
+    print("\n[server compile] a template's server time: the runner, its graph run eagerly, inductor's compile "
+          "(in process, CPU)")
     missing = compiler_missing()
     if missing:
         print(f"  skipped: {missing}")
