@@ -232,15 +232,21 @@ def is_frames(content_type: str | None) -> bool:
 
 
 def _resolve(value: Any, slices: list[memoryview]) -> Any:
-    if isinstance(value, dict):
+    # In place: the message is the one just unpacked from this body, nobody else's. Only containers are
+    # walked into (most values of a program are names and numbers: a call for each would cost the most).
+    if type(value) is dict:
         if len(value) == 1 and "frame" in value:
             i = value["frame"]
             if type(i) is not int or not 0 <= i < len(slices):
                 raise bad_request(f"framed body: no frame {i!r}")
             return slices[i]
-        return {k: _resolve(v, slices) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_resolve(v, slices) for v in value]
+        for k, v in value.items():
+            if type(v) is dict or type(v) is list:
+                value[k] = _resolve(v, slices)  # (a key's value replaced: the dict keeps its size)
+    elif type(value) is list:
+        for i, v in enumerate(value):
+            if type(v) is dict or type(v) is list:
+                value[i] = _resolve(v, slices)
     return value
 
 
@@ -258,9 +264,9 @@ def _extract(value: Any, min_bytes: int, frames: list[memoryview]) -> Any:
         if "dtype" in value and isinstance(data, (bytes, bytearray, memoryview)) and len(data) >= min_bytes:
             frames.append(memoryview(data).cast("B"))
             return {**value, "data": {"frame": len(frames) - 1}}
-        return {k: _extract(v, min_bytes, frames) for k, v in value.items()}
+        return {k: _extract(v, min_bytes, frames) if isinstance(v, (dict, list)) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [_extract(v, min_bytes, frames) for v in value]
+        return [_extract(v, min_bytes, frames) if isinstance(v, (dict, list)) else v for v in value]
     return value
 
 

@@ -189,7 +189,9 @@ compiled = torch.compile(step, backend="remote")
 xr = x.to(sess.device)
 got = [compiled(model, xr).item() for _ in range(30)]
 assert set(got) == {want}, (got[:5], want)
-assert COMPILER.figures()["variants"] == {}, COMPILER.figures()
+# its repeated runs went as the template's graph (built on fake tensors in the server's thread, no tracer),
+# and nothing compiled
+assert set(COMPILER.figures()["variants"]) == {"graph"} and COMPILER.figures()["runs"] > 0, COMPILER.figures()
 """
 
 
