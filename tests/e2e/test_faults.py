@@ -121,6 +121,10 @@ def _in_background(fn) -> tuple[threading.Thread, list]:
 
 def test_the_server_answers_while_a_long_op_runs(server_url: str):
     with api(server_url) as c, _session(c) as busy, _session(c) as other:
+        # both sessions warm first (a session's first program takes the longest: under the suite's load the
+        # quick program, its session's first, once took the whole 4 s)
+        for sid in (busy, other):
+            assert program(c, sid, [put("warm", [0.0]), {"kind": "fetch", "id": "warm"}]).status_code == 200
         start = time.monotonic()
         t, out = _in_background(lambda: sleep_program(server_url, busy, 4.0))
         wait_in_flight(c)
