@@ -5,13 +5,22 @@ goes the plain way and answers exactly as it does."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor, encode_tensor
-from remote_autograd.service.engine import template_compile
+from remote_autograd.service.engine import compiled_templates, template_compile
 
 from .template_cases import template_step, train_step
 from .test_compiled_templates import _app, _program, _train
+
+
+@pytest.fixture(autouse=True)
+def variants_of_its_own(monkeypatch):
+    """Each test's variants only: a tenant's variants are the process's, and the tests before made some."""
+    fresh = template_compile.Compiler()
+    monkeypatch.setattr(template_compile, "COMPILER", fresh)
+    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
 
 
 def _runs_as_graph() -> int:
@@ -81,3 +90,38 @@ def test_a_program_sent_with_detect_anomaly_runs_its_templates_plainly():
             assert r.status_code == 200, r.text
             assert torch.isfinite(decode_tensor(r.json()["results"][1]["tensor"]["value"]))
     assert _runs_as_graph() == before
+
+
+_MM = {"kind": "template", "id": "T", "scalars": [], "outputs": ["c"],
+       "inputs": [{"id": "a", "dtype": "float32", "shape": [256, 256]}, {"id": "b", "dtype": "float32", "shape": [256, 256]}],
+       "steps": [{"kind": "call", "op": "mm", "args": [{"ref": "a"}, {"ref": "b"}], "out": ["c"]}]}
+_MM_FLOPS = 2 * 256 ** 3
+
+
+def _run_late(replay: str) -> list:
+    """The mm template (1.5 s of work at the rate set here) run at once twice, then after 1.8 s of a 3 s
+    program: each answer's status, and the last one's error. (A small mm first: a process's first meta
+    check of a call takes the longest.)"""
+    run = {"kind": "run_template", "template": "T", "inputs": [{"ref": "a"}, {"ref": "b"}], "scalars": []}
+    with _app(replay=replay, test_ops=True, device_flops_per_second=_MM_FLOPS / 1.5, max_program_seconds=3.0) as c:
+        sid = c.post("/v1/sessions").json()["session_id"]
+        puts = [{"kind": "put", "id": name, "value": encode_tensor(torch.ones(256, 256), as_json=True)} for name in "ab"]
+        warm = {"kind": "call", "op": "mm", "args": [{"ref": "w"}, {"ref": "w"}], "out": ["ww"]}
+        _program(c, sid, [*puts, {"kind": "put", "id": "w", "value": encode_tensor(torch.ones(2, 2), as_json=True)},
+                          warm, _MM])
+        answers = [c.post(f"/v1/sessions/{sid}/programs", json={"id": f"p{n}", "steps": [{**run, "out": [f"c{n}"]}]})
+                   for n in range(2)]
+        sleep = {"kind": "call", "op": "_test_sleep", "args": [1.8], "out": ["slept"]}
+        answers.append(c.post(f"/v1/sessions/{sid}/programs", json={"id": "late", "steps": [sleep, {**run, "out": ["c2"]}]}))
+    return [r.status_code for r in answers] + [answers[-1].json().get("error")]
+
+
+def test_a_run_whose_work_the_time_left_cannot_hold_answers_as_the_runner_does():
+    before = _runs_as_graph()
+    as_graph = _run_late("on")
+    assert _runs_as_graph() - before == 1  # the second run; the late one's graph was refused: it ran plainly
+    plain = _run_late("off")
+    assert as_graph[:3] == plain[:3] == [200, 200, 413]
+    for error in (as_graph[3], plain[3]):
+        assert error["code"] == "time_limit" and error["message"].startswith("step 0 of template 'T': mm:"), error
+        assert "FLOPs of work" in error["message"] and "left of max_program_seconds=3.0" in error["message"], error
