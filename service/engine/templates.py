@@ -366,7 +366,8 @@ def run_plainly(run: ProgramRun, template: Template, step: RunTemplateStep, boun
                     execute(inner, inner_step, index)
                 except ProtocolError as err:
                     op = inner_step.op if type(inner_step) is CallStep else inner_step.kind
-                    raise ProtocolError(err.code, f"step {index} of template {tid!r}: {op}: {err.message}") from None
+                    said = err.message if err.message.startswith(f"{op}: ") else f"{op}: {err.message}"  # (once)
+                    raise ProtocolError(err.code, f"step {index} of template {tid!r}: {said}") from None
                 index += len(inner_step.steps) if type(inner_step) is functorch_regions.Region else 1
         run.flops += inner.flops  # the run's work, counted where its program's is (a graph run holds it again)
         outputs = [tensors.pop(name) for name in template.outputs]

@@ -123,5 +123,5 @@ def test_a_run_whose_work_the_time_left_cannot_hold_answers_as_the_runner_does()
     plain = _run_late("off")
     assert as_graph[:3] == plain[:3] == [200, 200, 413]
     for error in (as_graph[3], plain[3]):
-        assert error["code"] == "time_limit" and error["message"].startswith("step 0 of template 'T': mm:"), error
+        assert error["code"] == "time_limit" and error["message"].startswith("step 0 of template 'T': mm: about "), error
         assert "FLOPs of work" in error["message"] and "left of max_program_seconds=3.0" in error["message"], error
