@@ -39,10 +39,15 @@ _DRAWS = _template({"kind": "call", "op": "nn.functional.dropout", "args": [{"re
 
 @pytest.fixture(autouse=True)
 def instant_compiles(monkeypatch):
+    """Compiles that take no time, and a compiler of each test's own (a tenant's variants are the process's:
+    the tests before made some, and their least recently used would make way for these)."""
+    fresh = template_compile.Compiler()
+    monkeypatch.setattr(template_compile, "COMPILER", fresh)
+    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
     monkeypatch.setattr(template_compile, "compile_graph", lambda graph, examples, cuda_graphs: graph.module)
     monkeypatch.setattr(compiled_templates, "compiler_missing", lambda: None)  # none is needed
     yield
-    template_compile.COMPILER.wait(timeout=60)
+    fresh.wait(timeout=60)
 
 
 def _figures() -> tuple[dict, int]:
@@ -54,7 +59,7 @@ def _figures() -> tuple[dict, int]:
 def _runs(compile_mode: str, numbers: list[float], template: dict = _FITS) -> dict:
     """The template run once per number on a new session: the variants that made, by their state, and
     how many runs went as a graph; each answer checked against torch's. A tenant's sessions share its
-    variants: each test takes numbers of its own."""
+    variants: each call takes numbers of its own."""
     (before, runs_before), x = _figures(), torch.linspace(-1, 1, 8)
     with httpx.Client(transport=client.InProcessTransport(service_app(compile=compile_mode)),
                       base_url="http://in-process", headers=PROTOCOL_HEADERS, timeout=60) as c:
@@ -78,7 +83,7 @@ def test_off_runs_a_variant_as_its_graph_from_its_second_run_and_never_compiles(
 
 
 def test_auto_compiles_after_three_runs_in_a_row_with_the_same_key():
-    # (new numbers each time: a tenant's sessions share its variants)
+    # (new numbers each call: a tenant's sessions share its variants)
     assert _runs("auto", [2.0, 2.0]) == {"made": {"graph": 1}, "as_graph": 1}
     assert _runs("auto", [2.5, 3.0, 3.0]) == {"made": {"graph": 2}, "as_graph": 1}
     assert _runs("auto", [3.5, 4.5, 4.5, 4.5]) == {"made": {"graph": 1, "ready": 1}, "as_graph": 2}

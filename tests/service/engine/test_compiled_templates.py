@@ -21,7 +21,7 @@ from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.proto import decode_tensor, encode_tensor
 
-from remote_autograd.service.engine import template_compile
+from remote_autograd.service.engine import compiled_templates, template_compile
 from remote_autograd.service.engine.template_compile import Compiler
 
 from ...conftest import PROTOCOL_HEADERS
@@ -39,6 +39,15 @@ def inductor_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "inductor"))
         yield
+
+
+@pytest.fixture(autouse=True)
+def variants_of_its_own(monkeypatch):
+    """The service's variants, each test's own: a tenant's variants are the process's, and the tests before
+    made some (the least recently used would make way for a test's, and take their runs from its figures)."""
+    fresh = Compiler()
+    monkeypatch.setattr(template_compile, "COMPILER", fresh)
+    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
 
 
 def _submit(compiler: Compiler, case: Case, tenant: str = "open", key=None, budget: float = 600.0):
