@@ -124,6 +124,10 @@ class Compiler:
         except Unfit as exc:
             variant.reason, variant.state = str(exc), "unfit"
             log.info("template %s (tenant %s) runs on the runner: %s", _name(template), tenant, exc)
+        except Exception as exc:  # a bug of ours: never the run's error (it succeeded), the runner's way for good
+            variant.reason, variant.state = f"{type(exc).__name__}: {exc}", "unfit"
+            log.exception("template %s (tenant %s): building its graph raised; it runs on the runner",
+                          _name(template), tenant)
         with self._lock:
             self._keep(self._tenants.setdefault(tenant, _Tenant()), key, variant)
         return variant
