@@ -58,6 +58,7 @@ from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, Put
 from remote_autograd.proto.codec import decode_tensor_data
 
 from ..sessions.store import CustomTensor, ProgramAnswer
+from . import step_cost
 from .graph_capture import CudaGraph, HostReads, RecordedGraph
 from .graph_signature import Unfit, signature
 from .program_plan import PLAIN
@@ -104,7 +105,7 @@ def run(graphs: OrderedDict, steps, mode: str) -> bool:
             return False  # the plain path stops at its first step, as it would have
     for slot in entry.slots:
         if slot.free():
-            if not _in_time(slot, steps):
+            if not step_cost.in_time(steps.run, slot.flops):
                 return False  # the plain path refuses the call that would not end in time, at its step
             _replay(slot, steps, inputs)
             return True
@@ -158,13 +159,6 @@ class _Slot:
         if self.keepers and not session.closed:
             session.storages.drop(self.keepers)
         self.keepers = []
-
-
-def _in_time(slot: _Slot, steps) -> bool:
-    """Whether the program's time left is worth the work of the capture's calls at the device's rate
-    (``step_cost.hold``, for all of them at once: a replay is one launch)."""
-    watch = steps.watch
-    return watch is None or slot.flops <= watch.left() * steps.run.settings.device_flops_per_second
 
 
 def _fits(steps) -> bool:

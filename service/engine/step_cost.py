@@ -61,6 +61,13 @@ def bounded(name: str, args: list, kwargs: dict, elements: int) -> float:
     return cost_formulas.bounded_work(name, tuple(args), kwargs, elements)
 
 
+def in_time(run: Any, flops: float) -> bool:
+    """Whether the time ``run``'s program has left is worth ``flops`` at the device's rate: ``hold``'s test,
+    for the work of many calls run at once (a CUDA graph's replay, a template run as its graph)."""
+    watch = run.watch
+    return watch is None or flops <= watch.left() * run.settings.device_flops_per_second
+
+
 def hold(run: Any, op: str, flops: float) -> None:
     """Refuse (413) call ``op`` of ``run`` (a ``ProgramRun``) when its ``flops`` are over the step's
     budget or more than its program's time left is worth at the device's rate. A call of less than
