@@ -54,7 +54,8 @@ from remote_autograd.proto import ErrorCode, ProtocolError
 
 from ..sessions.store import CustomTensor, tenant_tag
 from ..settings import Settings
-from .template_compile import COMPILER, Variant, compiler_missing
+from . import step_cost
+from .template_compile import COMPILER, Variant, compiler_missing, unfit
 from .template_graph import Layout
 from .values import store_made
 
@@ -122,10 +123,7 @@ class VariantRunner:
             flops = run.flops
             self.plain(run, template, step, bound, scalars, execute)  # raises when a step fails: nothing counts
             if ran == CHECK_REFUSED:  # yet the plain run passed: the contract read what the template computes
-                variant.fn, variant.state = None, "unfit"
-                variant.reason = "an argument contract reads a tensor the template computes"
-                log.info("template %s (tenant %s) runs on the runner: %s", getattr(template.step, "id", "?"),
-                         self.tenant, variant.reason)
+                unfit(variant, "an argument contract reads a tensor the template computes", self.tenant, template)
             if key is not None and variant is None:
                 variant = self._build(key, template, layouts, scalars, run.flops - flops)
         if key is not None:
@@ -218,7 +216,7 @@ def _run_graph(run, variant: Variant, step, bound: list[CustomTensor]) -> str:
     watch = run.watch
     if watch is not None:
         watch.check()  # its own error, before anything ran: as the plain run's first step
-        if variant.flops > run.untimed and variant.flops > watch.left() * settings.device_flops_per_second:
+        if variant.flops > run.untimed and not step_cost.in_time(run, variant.flops):
             return REFUSED  # the plain run stops at the step the time left cannot hold (step_cost.hold)
     if run.forward is not None or len(session.tensors) + len(step.out) > settings.max_tensors_per_session:
         return REFUSED

@@ -122,12 +122,10 @@ class Compiler:
             variant.graph = build(template, layouts, scalars, device)
             variant.fn, variant.flops = variant.graph.module, flops
         except Unfit as exc:
-            variant.reason, variant.state = str(exc), "unfit"
-            log.info("template %s (tenant %s) runs on the runner: %s", _name(template), tenant, exc)
+            unfit(variant, str(exc), tenant, template)
         except Exception as exc:  # a bug of ours: never the run's error (it succeeded), the runner's way for good
-            variant.reason, variant.state = f"{type(exc).__name__}: {exc}", "unfit"
-            log.exception("template %s (tenant %s): building its graph raised; it runs on the runner",
-                          _name(template), tenant)
+            log.exception("template %s (tenant %s): building its graph raised", _name(template), tenant)
+            unfit(variant, f"{type(exc).__name__}: {exc}", tenant, template)
         with self._lock:
             self._keep(self._tenants.setdefault(tenant, _Tenant()), key, variant)
         return variant
@@ -186,8 +184,7 @@ class Compiler:
             try:
                 graph = build(template, layouts, scalars, device)
             except Unfit as exc:
-                variant.reason, variant.state = str(exc), "unfit"
-                log.info("template %s (tenant %s) runs on the runner: %s", name, tenant, exc)
+                unfit(variant, str(exc), tenant, template)
                 return
         try:
             fn = compile_graph(graph, example_inputs(layouts, graph.effects.grads_read, device),
@@ -229,6 +226,12 @@ class Compiler:
             self._jobs.put(done.set)
             if not done.wait(timeout):
                 raise TimeoutError(f"the compiles submitted did not end in {timeout} s")
+
+
+def unfit(variant: Variant, reason: str, tenant: str, template: Any) -> None:
+    """``variant`` runs on the runner for good (its graph and compiled form let go), and the log says why."""
+    variant.fn, variant.reason, variant.state = None, reason, "unfit"
+    log.info("template %s (tenant %s) runs on the runner: %s", _name(template), tenant, reason)
 
 
 def _name(template: Any) -> str:
