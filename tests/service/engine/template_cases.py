@@ -2,20 +2,37 @@
 them, for ``test_template_graph.py`` and ``test_compiled_templates.py``: the runner (the steps as a
 program, the template's numbers written in) and the compiled way (``compiled_templates``'s run of a
 variant whose function is the graph's own module run eagerly, or inductor's compile of it). The
-``Case`` and the runs are the bench's (``bench/server_compile.py``), which times the same two ways."""
+``Case`` and the runs are the bench's (``bench/server_compile.py``), which times the same two ways. And
+``variants_of_its_own``: the service's variants of a test's own, for the tests that count them."""
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 
 from bench.server_compile import Case, _run, _written, compiled_run, eager_variant
 from remote_autograd.proto import dtype_name
-from remote_autograd.service.engine.template_compile import Variant
+from remote_autograd.service.engine import compiled_templates, template_compile
+from remote_autograd.service.engine.template_compile import Compiler, Variant
 from remote_autograd.service.settings import Settings
 
 CPU = torch.device("cpu")
+
+
+@contextlib.contextmanager
+def variants_of_its_own() -> Iterator[Compiler]:
+    """The service's templates find, inside, only the variants made inside (as in a server of their own):
+    a tenant's variants are the process's, and the tests before made some (the least recently used would
+    make way for new ones, and take their runs out of ``Compiler.figures``)."""
+    fresh, shared = Compiler(), template_compile.COMPILER
+    template_compile.COMPILER = compiled_templates.COMPILER = fresh
+    try:
+        yield fresh
+    finally:  # its compiles ended before what they were asked under is undone (a test's patches)
+        fresh.wait(timeout=600)
+        template_compile.COMPILER = compiled_templates.COMPILER = shared
 
 
 def ref(name: str) -> dict:

@@ -24,6 +24,7 @@ from remote_autograd.service.engine import compiled_templates, template_compile
 
 from ...conftest import PROTOCOL_HEADERS
 from ..wire import new_id
+from .template_cases import variants_of_its_own
 
 
 def _template(last: dict) -> dict:
@@ -41,13 +42,10 @@ _DRAWS = _template({"kind": "call", "op": "nn.functional.dropout", "args": [{"re
 def instant_compiles(monkeypatch):
     """Compiles that take no time, and a compiler of each test's own (a tenant's variants are the process's:
     the tests before made some, and their least recently used would make way for these)."""
-    fresh = template_compile.Compiler()
-    monkeypatch.setattr(template_compile, "COMPILER", fresh)
-    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
     monkeypatch.setattr(template_compile, "compile_graph", lambda graph, examples, cuda_graphs: graph.module)
     monkeypatch.setattr(compiled_templates, "compiler_missing", lambda: None)  # none is needed
-    yield
-    fresh.wait(timeout=60)
+    with variants_of_its_own():
+        yield
 
 
 def _figures() -> tuple[dict, int]:

@@ -21,12 +21,13 @@ from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
 from remote_autograd.proto import decode_tensor, encode_tensor
 
-from remote_autograd.service.engine import compiled_templates, template_compile
+from remote_autograd.service.engine import template_compile
 from remote_autograd.service.engine.template_compile import Compiler
 
 from ...conftest import PROTOCOL_HEADERS
 from ..wire import new_id
-from .template_cases import Case, by_compiled_way, by_runner, call, mlp_backward, ref, template_step, train_step
+from .template_cases import (Case, by_compiled_way, by_runner, call, mlp_backward, ref, template_step, train_step,
+                             variants_of_its_own)
 
 pytestmark = pytest.mark.inductor
 
@@ -42,12 +43,9 @@ def inductor_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def variants_of_its_own(monkeypatch):
-    """The service's variants, each test's own: a tenant's variants are the process's, and the tests before
-    made some (the least recently used would make way for a test's, and take their runs from its figures)."""
-    fresh = Compiler()
-    monkeypatch.setattr(template_compile, "COMPILER", fresh)
-    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
+def own_variants():
+    with variants_of_its_own():
+        yield
 
 
 def _submit(compiler: Compiler, case: Case, tenant: str = "open", key=None, budget: float = 600.0):

@@ -16,7 +16,7 @@ import torch
 from bench import _hot
 from remote_autograd import client
 from remote_autograd.proto import encode_body, encode_tensor
-from remote_autograd.service.engine import compiled_templates, meta_check, template_compile
+from remote_autograd.service.engine import meta_check
 from remote_autograd.service.engine.guards import decode_program
 from remote_autograd.service.settings import Settings
 from remote_autograd.service.engine.runner import run_program
@@ -26,6 +26,7 @@ from remote_autograd.proto.messages import validate_program
 from ...e2e.test_training import OPTIMIZERS, _data, _mlp, _train
 from ...models.gpt import GPT, GPTConfig, cosine_with_warmup, get_batch, train_step
 from ...servers import call, put, ref
+from .template_cases import variants_of_its_own
 
 
 class Counted:
@@ -76,8 +77,7 @@ def run_bodies(bodies: list, settings: Settings) -> tuple[list, object]:
     session = store.create()
     session.generator.manual_seed(0)
     answers = []
-    shared, compiled_templates.COMPILER = compiled_templates.COMPILER, template_compile.Compiler()
-    try:
+    with variants_of_its_own():
         for body in bodies:
             if isinstance(body, dict):
                 program, key = validate_program(body), encode_body(body, True)
@@ -85,8 +85,6 @@ def run_bodies(bodies: list, settings: Settings) -> tuple[list, object]:
                 program, key = decode_program(body[0], body[1], settings)
             outcome = run_program(session, program, key, False, store.settings)
             answers.append((outcome.status, encode_body(outcome.body, True)))
-    finally:
-        compiled_templates.COMPILER = shared
     return answers, session
 
 

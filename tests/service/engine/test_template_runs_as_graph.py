@@ -9,18 +9,16 @@ import pytest
 import torch
 
 from remote_autograd.proto import decode_tensor, encode_tensor
-from remote_autograd.service.engine import compiled_templates, template_compile
+from remote_autograd.service.engine import template_compile
 
-from .template_cases import template_step, train_step
+from .template_cases import template_step, train_step, variants_of_its_own
 from .test_compiled_templates import _app, _program, _train
 
 
 @pytest.fixture(autouse=True)
-def variants_of_its_own(monkeypatch):
-    """Each test's variants only: a tenant's variants are the process's, and the tests before made some."""
-    fresh = template_compile.Compiler()
-    monkeypatch.setattr(template_compile, "COMPILER", fresh)
-    monkeypatch.setattr(compiled_templates, "COMPILER", fresh)
+def own_variants():
+    with variants_of_its_own():
+        yield
 
 
 def _runs_as_graph() -> int:
