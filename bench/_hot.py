@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import httpx
 
-from remote_autograd.client.transport._http import TunedTransport
+from remote_autograd.client.transport._lean import LeanTransport
 from remote_autograd.proto import decode_body, encode_body
 from remote_autograd.proto.codec import is_frames, unpack_frames
 from remote_autograd.proto.messages import validate_program
@@ -35,7 +35,7 @@ class Tap(httpx.BaseTransport):
     hands the inner transport's answer on untouched (what a timed request pays is one call)."""
 
     def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
-        self._inner = inner if inner is not None else TunedTransport()
+        self._inner = inner if inner is not None else LeanTransport()
         self.recorded: list[tuple[bytes, str | None]] | None = None
         self.keeping = self.replaying = False
         self.spent = 0.0

@@ -35,10 +35,14 @@ class CompiledGraph:
         self.tid = plan.template["id"]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.arg_index = {n: k for k, n in enumerate(self.placeholders)}
+        # the remote inputs dynamo keeps as attributes of the graph (an optimizer's state): read once, as
+        # the graph holds them for good (a changed one is a new graph: dynamo guards the objects it lifted)
+        self.attrs = {r: getattr(gm, where) for r, (kind, where) in enumerate(plan.remote) if kind == "attr"}
+        self.args = [(r, where) for r, (kind, where) in enumerate(plan.remote) if kind == "arg"]
 
     def __call__(self, *args: Any) -> list:
-        plan, gm = self.plan, self.gm
-        handles = [args[where] if kind == "arg" else getattr(gm, where) for kind, where in plan.remote]
+        plan = self.plan
+        handles = self._handles(args)
         session = handles[0]._session if handles else session_for(self.device, "a compiled graph")
         env = self._run_locals(args) if plan.locals else {}
         bindings = plan.symbols.bind(args, env) if plan.dynamic else None
@@ -88,6 +92,18 @@ class CompiledGraph:
             for _ in range(times):
                 _views.after_inplace(handles[r], rg, leaves)
         return [self._result(result, args, handles, outs, env) for result in plan.results]
+
+    def _handles(self, args: tuple) -> list:
+        """The call's remote inputs in the plan's order: its arguments', and the graph's attributes."""
+        if not self.attrs:
+            return [args[where] for _, where in self.args]
+        handles = list(self.attrs.values()) if not self.args else [None] * len(self.plan.remote)
+        if self.args:
+            for r, h in self.attrs.items():
+                handles[r] = h
+            for r, where in self.args:
+                handles[r] = args[where]
+        return handles
 
     def _result(self, result: tuple, args: tuple, handles: list, outs: list, env: dict) -> Any:
         kind, what = result

@@ -26,7 +26,7 @@ from remote_autograd._fill_buffer import FillBuffer
 from . import _progress
 from ._backoff import BusyWait
 from ._errors import RemoteError, SessionLost
-from ._http import TunedTransport
+from ._lean import LeanTransport
 from ._progress import UploadStream
 
 
@@ -36,7 +36,7 @@ class Transport:
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 600.0, retries: int = 3,
                  busy_wait: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = checked_url(base_url).rstrip("/")
-        self._transport = transport if transport is not None else TunedTransport()
+        self._transport = transport if transport is not None else LeanTransport()
         self.own_socket_layer = transport is None  # else another transport reaches who-knows-what at this URL
         self._timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
         self._headers = [

@@ -1,8 +1,10 @@
-"""The SDK's tuned socket layer (``client._http``): one send per small request, reads that grow."""
+"""The SDK's tuned socket layer (``client._http``, the plain path for what ``_lean`` does not speak): one send
+per small request, reads that grow."""
 
 from __future__ import annotations
 
 import httpcore
+import httpx
 
 from remote_autograd.client.transport import _http
 from remote_autograd.client.transport._http import TunedTransport, _TunedStream
@@ -57,13 +59,15 @@ def test_reads_grow_while_full_and_shrink_after_a_short_one():
     assert inner.read_sizes == [size, 2 * size, 4 * size, size]
 
 
-def test_the_sdk_transport_uses_the_tuned_streams(server_url):
+def test_the_sdk_transports_plain_path_uses_the_tuned_streams(server_url):
+    """http:// goes the lean way (``test_lean``); the plain path it hands the rest to is the tuned one."""
     transport = Transport(server_url)
     try:
-        status, body = transport.request("GET", "/healthz", idempotent=True)
-        assert status == 200 and body["status"] == "ok"
-        pool = transport._transport._pool  # fails loudly if httpx stops keeping its pool there
-        assert isinstance(transport._transport, TunedTransport)
+        plain = transport._transport.plain
+        assert isinstance(plain, TunedTransport)
+        response = plain.handle_request(httpx.Request("GET", server_url + "/healthz"))
+        assert response.status_code == 200 and response.read()
+        pool = plain._pool  # fails loudly if httpx stops keeping its pool there
         assert isinstance(pool._network_backend, _http._TunedBackend)
         assert all(isinstance(c._connection._network_stream, _TunedStream) for c in pool.connections)
     finally:
@@ -113,7 +117,7 @@ def test_the_sdk_transport_speaks_tls(tmp_path, monkeypatch):
         for _ in range(3):  # the connection is kept and reused
             status, body = transport.request("GET", "/healthz")
             assert status == 200 and body == {"status": "ok"}
-        streams = [c._connection._network_stream for c in transport._transport._pool.connections]
+        streams = [c._connection._network_stream for c in transport._transport.plain._pool.connections]
         assert streams and all(isinstance(s, _TunedStream) for s in streams)
         monkeypatch.delenv("SSL_CERT_FILE")
         unverified = Transport(f"https://127.0.0.1:{server.server_address[1]}", retries=0)
