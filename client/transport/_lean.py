@@ -65,7 +65,7 @@ class LeanTransport(httpx.BaseTransport):
                 if not idle:
                     return None
                 sock = idle.pop()
-            if not select.select([sock], [], [], 0)[0]:
+            if not _readable(sock):
                 return sock
             sock.close()  # closed by the server (keep-alive timeout), or it sent what nothing asked for
 
@@ -80,6 +80,16 @@ class LeanTransport(httpx.BaseTransport):
             for sock in socks:
                 sock.close()
         self.plain.close()
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle socket has something to read (its end, most often): ``poll`` where there is one,
+    as ``select`` refuses descriptors past 1024 (a notebook with many files open)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _connect(where: tuple[str, int], timeout: float | None) -> socket.socket:
@@ -128,9 +138,8 @@ def _recv(sock: socket.socket, size: int) -> bytes:
         raise httpx.ReadError(str(exc)) from exc
 
 
-def _read_head(sock: socket.socket) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """(status, headers, the body's first bytes read with them)."""
-    data = b""
+def _read_head(sock: socket.socket, data: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, the body's first bytes read with them); an interim ``1xx`` answer is read past."""
     while True:
         end = data.find(b"\r\n\r\n")
         if end >= 0:
@@ -152,6 +161,8 @@ def _read_head(sock: socket.socket) -> tuple[int, list[tuple[bytes, bytes]], byt
         if not colon or not name or name != name.strip():
             raise httpx.RemoteProtocolError(f"not a header line: {line[:100]!r}")
         headers.append((name, value.strip()))
+    if code.startswith(b"1") and code != b"101":
+        return _read_head(sock, data[end + 4:])
     return int(code), headers, data[end + 4:]
 
 
@@ -165,7 +176,7 @@ class _Body(httpx.SyncByteStream):
         values = {name.lower(): value for name, value in headers}
         self._keep = values.get(b"connection", b"").lower() != b"close"
         self._chunked = False
-        if method == "HEAD" or status in _NO_BODY or 100 <= status < 200:
+        if method == "HEAD" or status in _NO_BODY or status == 101:
             self._length: int | None = 0
         elif b"chunked" in values.get(b"transfer-encoding", b"").lower():
             self._length, self._chunked = None, True

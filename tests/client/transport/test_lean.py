@@ -120,6 +120,7 @@ ENDINGS = {
     "chunked": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhe\r\n3;x=y\r\nllo\r\n0\r\ntrailer: 1\r\n\r\n",
     "no content": b"HTTP/1.1 204 No Content\r\n\r\n",
     "closing": _ok(b"hello", b"connection: close\r\n"),
+    "after an interim answer": b"HTTP/1.1 100 Continue\r\n\r\n" + _ok(b"hello"),
 }
 
 
