@@ -10,7 +10,8 @@ answer with ``Content-Length``, chunked, or read to the connection's end; the so
 next request unless the answer says ``connection: close`` or was not read whole. An idle socket the
 server closed (its keep-alive timeout) is seen before it is used, as httpcore sees it.
 
-Anything else goes to the plain path: https (TLS, certificates), a request body of unknown length.
+Anything else goes to the plain path: https (TLS, certificates); a body no ``Content-Length`` announces,
+and a request without a ``Host`` header, which httpx refuses there with its own errors.
 Errors are httpx's own types (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``...), which
 ``Transport.request`` retries or reports as before. ``tests/client/transport/test_lean.py`` checks both
 paths answer the same requests alike, bodies of every size and each way an answer can end.
@@ -40,10 +41,10 @@ class LeanTransport(httpx.BaseTransport):
         self._lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        if url.scheme != "http" or (request.method != "GET" and "content-length" not in request.headers
-                                    and "transfer-encoding" in request.headers):
-            return self.plain.handle_request(request)
+        url, headers = request.url, request.headers
+        if url.scheme != "http" or "host" not in headers or ("content-length" not in headers and (  # unknown length
+                "transfer-encoding" in headers or not isinstance(request.stream, httpx.ByteStream) or request.read())):
+            return self.plain.handle_request(request)  # (which refuses a request without a Host, as HTTP/1.1 does)
         timeouts = request.extensions.get("timeout") or {}
         where = (url.host, url.port or 80)
         sock = self._take(where) or _connect(where, timeouts.get("connect"))

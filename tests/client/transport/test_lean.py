@@ -50,6 +50,25 @@ def test_the_sdk_speaks_http_through_the_lean_path_and_https_through_the_plain_o
         transport.close()
 
 
+def test_a_body_of_unknown_length_and_a_request_without_a_host_go_as_on_the_plain_path(server_url):
+    """Both are httpx's own refusals on either path (nothing a session of the SDK sends)."""
+    class Pieces(httpx.SyncByteStream):  # a body no Content-Length announces
+        def __iter__(self):
+            yield b"not msgpack"
+
+    host = httpx.URL(server_url).netloc.decode()
+    refusals = []
+    for transport in (TunedTransport(), LeanTransport()):
+        with pytest.raises(Exception, match="Content-Length") as unannounced:  # h11's own, unmapped by httpx
+            transport.handle_request(httpx.Request("POST", server_url + "/v1/sessions", stream=Pieces(),
+                                                   headers={"host": host}))
+        with pytest.raises(httpx.LocalProtocolError, match="Host"):
+            transport.handle_request(httpx.Request("GET", server_url + "/healthz", stream=httpx.ByteStream(b"")))
+        refusals.append(type(unannounced.value))
+        transport.close()
+    assert refusals[0] is refusals[1]
+
+
 class _Scripted:
     """An HTTP server answering each request with ``answer(n)`` (raw bytes; None: close without
     answering), counting the connections it accepted; ``close_after`` answers end their connection."""
