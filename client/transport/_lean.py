@@ -52,10 +52,10 @@ class LeanTransport(httpx.BaseTransport):
             _send(sock, request, timeouts.get("write"))
             sock.settimeout(timeouts.get("read"))
             status, headers, start = _read_head(sock)
+            body = _Body(self, where, sock, request.method, status, headers, start)
         except BaseException:
             sock.close()
             raise
-        body = _Body(self, where, sock, request.method, status, headers, start)
         return httpx.Response(status, headers=headers, stream=body, request=request)
 
     def _take(self, where: tuple[str, int]) -> socket.socket | None:

@@ -192,6 +192,7 @@ def test_a_kept_socket_the_server_closed_is_not_used():
     (lambda n: None, httpx.RemoteProtocolError),  # closed without answering
     (lambda n: b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", httpx.RemoteProtocolError),
     (lambda n: b"SMTP ready\r\n\r\n", httpx.RemoteProtocolError),
+    (lambda n: b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n", httpx.RemoteProtocolError),
 ])
 def test_a_broken_answer_is_httpxs_error_on_both_paths(answer, error):
     server = _Scripted(answer, close_after=True)
