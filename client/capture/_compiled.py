@@ -37,7 +37,7 @@ class CompiledGraph:
         self.arg_index = {n: k for k, n in enumerate(self.placeholders)}
         # the remote inputs dynamo keeps as attributes of the graph (an optimizer's state): read once, as
         # the graph holds them for good (a changed one is a new graph: dynamo guards the objects it lifted)
-        self.attrs = {r: getattr(gm, where) for r, (kind, where) in enumerate(plan.remote) if kind == "attr"}
+        self.attrs = [getattr(gm, where) if kind == "attr" else None for kind, where in plan.remote]
         self.args = [(r, where) for r, (kind, where) in enumerate(plan.remote) if kind == "arg"]
 
     def __call__(self, *args: Any) -> list:
@@ -94,15 +94,10 @@ class CompiledGraph:
         return [self._result(result, args, handles, outs, env) for result in plan.results]
 
     def _handles(self, args: tuple) -> list:
-        """The call's remote inputs in the plan's order: its arguments', and the graph's attributes."""
-        if not self.attrs:
-            return [args[where] for _, where in self.args]
-        handles = list(self.attrs.values()) if not self.args else [None] * len(self.plan.remote)
-        if self.args:
-            for r, h in self.attrs.items():
-                handles[r] = h
-            for r, where in self.args:
-                handles[r] = args[where]
+        """The call's remote inputs in the plan's order: the graph's attributes, and its arguments in between."""
+        handles = self.attrs.copy()
+        for r, where in self.args:
+            handles[r] = args[where]
         return handles
 
     def _result(self, result: tuple, args: tuple, handles: list, outs: list, env: dict) -> Any:

@@ -41,10 +41,9 @@ class LeanTransport(httpx.BaseTransport):
         self._lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        url, headers = request.url, request.headers
-        if url.scheme != "http" or "host" not in headers or ("content-length" not in headers and (  # unknown length
-                "transfer-encoding" in headers or not isinstance(request.stream, httpx.ByteStream) or request.read())):
-            return self.plain.handle_request(request)  # (which refuses a request without a Host, as HTTP/1.1 does)
+        if _for_the_plain_path(request):
+            return self.plain.handle_request(request)
+        url = request.url
         timeouts = request.extensions.get("timeout") or {}
         where = (url.host, url.port or 80)
         sock = self._take(where) or _connect(where, timeouts.get("connect"))
@@ -81,6 +80,17 @@ class LeanTransport(httpx.BaseTransport):
             for sock in socks:
                 sock.close()
         self.plain.close()
+
+
+def _for_the_plain_path(request: httpx.Request) -> bool:
+    """https; a request without a ``Host``, or with a body no ``Content-Length`` announces (the plain path
+    refuses both with httpx's own errors, as HTTP/1.1 does)."""
+    headers = request.headers
+    if request.url.scheme != "http" or "host" not in headers:
+        return True
+    if "content-length" in headers:
+        return False
+    return "transfer-encoding" in headers or not isinstance(request.stream, httpx.ByteStream) or bool(request.read())
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -191,11 +201,7 @@ class _Body(httpx.SyncByteStream):
         self._done = False
 
     def __iter__(self) -> Iterator[bytes]:
-        if self._length == 0 and not self._start:
-            self._finish()
-            return
-        pieces = self._chunks() if self._chunked else self._plain()
-        yield from pieces
+        yield from self._chunks() if self._chunked else self._plain()
         self._finish()
 
     def _plain(self) -> Iterator[bytes]:
