@@ -6,6 +6,8 @@ int, then a template's scalar), and every result equals torch's.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -66,6 +68,17 @@ def test_a_learning_rate_set_by_hand(sess):
     def set_lr(k, m):
         m.opt.param_groups[0]["lr"] = [0.1, 0.05, 0.3, 0.01][k]
     _both(sess, _sgd_step, set_lr, module=_with_sgd(_linear))
+
+
+def test_an_optimizers_state_replaced_by_a_loaded_checkpoint(sess):
+    """The momentum buffers are attributes of the optimizer's graph, which the SDK reads once per graph
+    (``CompiledGraph.attrs``): new ones, from ``load_state_dict``, are a recompile, never the old tensors."""
+    def change(k, m):
+        if k == 1:
+            m.saved = copy.deepcopy(m.opt.state_dict())
+        if k == 3:
+            m.opt.load_state_dict(m.saved)
+    _both(sess, _sgd_step, change, calls=5, module=_with_sgd(_linear))
 
 
 def test_a_python_float_and_a_python_int_in_the_loss(sess):
