@@ -18,7 +18,8 @@ import torch
 from remote_autograd import client
 from remote_autograd.client.transport._transport import Transport
 
-from ..servers import _free_port, api, call, error_of, launch, program, put, ref, sleep_program, wait_in_flight
+from ..servers import (_free_port, api, call, error_of, launch, program, put, ref, running, sleep_program,
+                       wait_in_flight)
 
 # -- atomic steps under stress -------------------------------------------------------------
 
@@ -122,8 +123,13 @@ def _in_background(fn) -> tuple[threading.Thread, list]:
 LONG_OP_SECONDS = 10.0
 
 
-def test_the_server_answers_while_a_long_op_runs(server_url: str):
-    with api(server_url) as c, _session(c) as busy, _session(c) as other:
+def test_the_server_answers_while_a_long_op_runs():
+    # a server of its own: a session goes to the worker thread with the fewest live sessions, so on the shared
+    # server the sessions other tests left open could put both of these on one thread, where the quick program
+    # waits for the long op by design (one thread's programs run in turn); on a fresh one they run apart
+    with running(REMOTE_AUTOGRAD_TEST_OPS="1") as server, api(server.url) as c, _session(c) as busy, \
+            _session(c) as other:
+        server_url = server.url
         # both sessions warm first, and the op long: under the suite's load (an inductor compile in the other
         # worker takes both cores) the quick program once took the whole 4 s the op then slept
         for sid in (busy, other):
