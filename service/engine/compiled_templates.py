@@ -188,6 +188,7 @@ def _layouts(bound: list[CustomTensor]) -> tuple | None:
             values[where] = k
     grads: set[int] = set()
     out = []
+    of = Layout.of
     for ct in bound:
         grad, bound_as = ct.grad, None
         if grad is not None and grad.numel():
@@ -196,7 +197,7 @@ def _layouts(bound: list[CustomTensor]) -> tuple | None:
             if where in grads:
                 return None
             grads.add(where)
-        out.append(Layout.of(ct.value, grad, bound_as))
+        out.append(of(ct.value, grad, bound_as))
     return tuple(out)
 
 

@@ -74,9 +74,10 @@ class Layout(NamedTuple):
 
     @classmethod
     def of(cls, value: torch.Tensor, grad: torch.Tensor | None, grad_bound: int | None = None) -> "Layout":
-        return cls(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.requires_grad,
-                   value.is_leaf, None if grad is None else (tuple(grad.shape), grad.stride(), grad.storage_offset(),
-                                                             grad.dtype), grad_bound)
+        # made by tuple's own constructor (a named tuple's is a Python call): every run makes one per input
+        return tuple.__new__(cls, (value.shape, value.stride(), value.storage_offset(), value.dtype,
+                                   value.requires_grad, value.is_leaf, None if grad is None else
+                                   (grad.shape, grad.stride(), grad.storage_offset(), grad.dtype), grad_bound))
 
 
 @dataclass(frozen=True)

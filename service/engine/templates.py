@@ -36,9 +36,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
+import torch
+
+from remote_autograd.proto import DTYPES, ErrorCode, ProtocolError, dtype_name
 from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FunctionStep,
                                             FunctorchStep, GradStep, RunTemplateStep, SetGradStep,
                                             SetRequiresGradStep, TemplateStep)
@@ -78,10 +80,13 @@ class Template:
     runs: int = 0
     plans: OrderedDict = field(default_factory=OrderedDict)  # its runs' program_plan plans, as a session's
     loose: frozenset | None = None  # its numbers a pattern takes by type (program_plan.loose_scalars): at its first run
+    wanted: list = field(default_factory=list)  # per input, what a run must bind (``_Wanted``)
 
     def __post_init__(self) -> None:
         if self.runner is None:
             self.runner = run_plainly
+        if not self.wanted:
+            self.wanted = [_Wanted.of(declared) for declared in self.step.inputs]
 
     @classmethod
     def build(cls, step: TemplateStep) -> "Template":
@@ -280,7 +285,8 @@ def run_template(run: ProgramRun, step: RunTemplateStep, execute: Execute) -> di
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"template {spec.id!r} takes {len(wanted)} {what}, "
                                 f"the run gives {len(given)}")
     check_new_ids(session, step.out)
-    bound = [_bind(session, value, k, spec) for k, value in enumerate(step.inputs)]
+    wanted = template.wanted
+    bound = [_bind(session, value, k, spec, wanted[k]) for k, value in enumerate(step.inputs)]
     scalars = {s.id: _number(value, s.kind, k, spec) for k, (value, s) in enumerate(zip(step.scalars, spec.scalars))}
     template.runs += 1
     template.runner(run, template, step, bound, scalars, execute)
@@ -289,10 +295,9 @@ def run_template(run: ProgramRun, step: RunTemplateStep, execute: Execute) -> di
     return {"tensors": [meta_message(tid, session.tensors[tid].value) for tid in step.out]}
 
 
-def _bind(session, value: Any, k: int, spec: TemplateStep) -> CustomTensor:
+def _bind(session, value: Any, k: int, spec: TemplateStep, wanted: "_Wanted") -> CustomTensor:
     """Input ``k`` of a run: the session's tensor (``{ref}``) or a tensor's grad (``{grad_of}``, held by a
-    stand-in whose value is that grad), of the layout the template declares."""
-    declared = spec.inputs[k]
+    stand-in whose value is that grad), of the layout the template declares (``wanted``: its ``_Wanted``)."""
     if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("ref", "grad_of")):
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"input {k} of template {spec.id!r}: expected {{ref: id}} or "
                             f"{{grad_of: id}}")
@@ -304,17 +309,32 @@ def _bind(session, value: Any, k: int, spec: TemplateStep) -> CustomTensor:
                                 "(it is None)")
         ct = GradStandIn(ct.grad)
     t = ct.value
-    if (dtype_name(t.dtype) != declared.dtype or not _fits(t.shape, declared.shape)
-            or t.requires_grad != declared.requires_grad):
+    if t.dtype is not wanted.dtype or t.requires_grad is not wanted.requires_grad or not wanted.fits(t.shape):
+        declared = spec.inputs[k]
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"input {k} ({declared.id!r}) of template {spec.id!r}: the "
                             f"template takes {declared.dtype} {declared.shape} requires_grad={declared.requires_grad}, "
                             f"the run gives {dtype_name(t.dtype)} {list(t.shape)} requires_grad={t.requires_grad}")
     return ct
 
 
-def _fits(shape, declared: list) -> bool:
-    """A tensor's shape against a declared one, whose ``None`` dims take any size."""
-    return len(shape) == len(declared) and all(d is None or d == n for n, d in zip(shape, declared))
+class _Wanted(NamedTuple):
+    """What a template's input takes, read once from its declaration (a run binds every input each step):
+    its dtype, its shape where every dim is given (``exact``), else the declared dims (``None``: any size)."""
+
+    dtype: torch.dtype
+    requires_grad: bool
+    exact: tuple | None
+    dims: tuple
+
+    @classmethod
+    def of(cls, declared) -> "_Wanted":
+        dims = tuple(declared.shape)
+        return cls(DTYPES[declared.dtype], declared.requires_grad, None if None in dims else dims, dims)
+
+    def fits(self, shape) -> bool:
+        if self.exact is not None:
+            return shape == self.exact
+        return len(shape) == len(self.dims) and all(d is None or d == n for n, d in zip(shape, self.dims))
 
 
 class GradStandIn(CustomTensor):

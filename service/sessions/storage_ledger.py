@@ -155,10 +155,23 @@ class StorageLedger:
     def pin(self, t: torch.Tensor, limit: int) -> object:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
-        this runs for every tensor a graph saves, and the runner settles after every step.)"""
-        pieces = storage_of(t)
-        self._count(pieces, limit)  # an op that saves its own output (exp) pins what its step reserved
-        return pieces[0][0]
+        this runs for every tensor a graph saves, and the runner settles after every step; so it is
+        ``_count`` written for the one storage a tensor has.)"""
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no plain storage (sparse): ``storage_of``'s way
+            pieces = storage_of(t)
+            self._count(pieces, limit)
+            return pieces[0][0]
+        key = storage._cdata
+        entry = self._entries.get(key)
+        if entry is None:
+            nbytes = storage.nbytes()
+            self._take_new(nbytes, limit)  # an op that saves its own output (exp) pins what its step reserved
+            self._entries[key] = [storage, nbytes, 1]
+        else:
+            entry[2] += 1
+        return key
 
     def reserve(self, nbytes: int, limit: int) -> None:
         """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;
@@ -209,17 +222,21 @@ class StorageLedger:
         entries = self._entries
         new = {key: nbytes for key, _, nbytes in pieces if key not in entries}
         if new:
-            nbytes = sum(new.values())
-            from_pool = min(self.pool, nbytes)
-            if nbytes > from_pool:
-                self._commit(nbytes - from_pool, limit)
-            self.pool -= from_pool
+            self._take_new(sum(new.values()), limit)
         for key, keep, nbytes in pieces:
             entry = entries.get(key)
             if entry is None:
                 entries[key] = [keep, nbytes, 1]
             else:
                 entry[2] += 1
+
+    def _take_new(self, nbytes: int, limit: int) -> None:
+        """Charge ``nbytes`` of storages new to the session: out of the running step's reservation first
+        (``reserve``), the rest against ``limit`` (413 past it, nothing taken)."""
+        from_pool = min(self.pool, nbytes)
+        if nbytes > from_pool:
+            self._commit(nbytes - from_pool, limit)
+        self.pool -= from_pool
 
     def _commit(self, delta: int, limit: int | None = None) -> None:
         """``held`` and every budget moved by ``delta``, at once. A growth with a ``limit`` is refused
