@@ -155,8 +155,8 @@ class StorageLedger:
     def pin(self, t: torch.Tensor, limit: int) -> object:
         """Count one more reference to ``t``'s storage (a graph node saved it); its key, for ``unpin``.
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
-        this runs for every tensor a graph saves, and the runner settles after every step; so it is
-        ``_count`` written for the one storage a tensor has.)"""
+        this runs for every tensor a graph saves, and the runner settles after every step; a storage
+        counted already takes one more reference at once.)"""
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # no plain storage (sparse): ``storage_of``'s way
@@ -165,10 +165,8 @@ class StorageLedger:
             return pieces[0][0]
         key = storage._cdata
         entry = self._entries.get(key)
-        if entry is None:
-            nbytes = storage.nbytes()
-            self._take_new(nbytes, limit)  # an op that saves its own output (exp) pins what its step reserved
-            self._entries[key] = [storage, nbytes, 1]
+        if entry is None:  # an op that saves its own output (exp) pins what its step reserved
+            self._count([(key, storage, storage.nbytes())], limit)
         else:
             entry[2] += 1
         return key
@@ -222,21 +220,17 @@ class StorageLedger:
         entries = self._entries
         new = {key: nbytes for key, _, nbytes in pieces if key not in entries}
         if new:
-            self._take_new(sum(new.values()), limit)
+            nbytes = sum(new.values())
+            from_pool = min(self.pool, nbytes)
+            if nbytes > from_pool:
+                self._commit(nbytes - from_pool, limit)
+            self.pool -= from_pool
         for key, keep, nbytes in pieces:
             entry = entries.get(key)
             if entry is None:
                 entries[key] = [keep, nbytes, 1]
             else:
                 entry[2] += 1
-
-    def _take_new(self, nbytes: int, limit: int) -> None:
-        """Charge ``nbytes`` of storages new to the session: out of the running step's reservation first
-        (``reserve``), the rest against ``limit`` (413 past it, nothing taken)."""
-        from_pool = min(self.pool, nbytes)
-        if nbytes > from_pool:
-            self._commit(nbytes - from_pool, limit)
-        self.pool -= from_pool
 
     def _commit(self, delta: int, limit: int | None = None) -> None:
         """``held`` and every budget moved by ``delta``, at once. A growth with a ``limit`` is refused
