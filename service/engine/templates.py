@@ -80,13 +80,12 @@ class Template:
     runs: int = 0
     plans: OrderedDict = field(default_factory=OrderedDict)  # its runs' program_plan plans, as a session's
     loose: frozenset | None = None  # its numbers a pattern takes by type (program_plan.loose_scalars): at its first run
-    wanted: list = field(default_factory=list)  # per input, what a run must bind (``_Wanted``)
+    wanted: list = field(init=False)  # per input, what a run must bind (``_Wanted``), from ``step``
 
     def __post_init__(self) -> None:
         if self.runner is None:
             self.runner = run_plainly
-        if not self.wanted:
-            self.wanted = [_Wanted.of(declared) for declared in self.step.inputs]
+        self.wanted = [_Wanted.of(declared) for declared in self.step.inputs]
 
     @classmethod
     def build(cls, step: TemplateStep) -> "Template":

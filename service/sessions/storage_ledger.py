@@ -157,19 +157,13 @@ class StorageLedger:
         413 when the storage is new to the session and would pass ``limit``. (No ``settle`` first:
         this runs for every tensor a graph saves, and the runner settles after every step; a storage
         counted already takes one more reference at once.)"""
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # no plain storage (sparse): ``storage_of``'s way
-            pieces = storage_of(t)
-            self._count(pieces, limit)
-            return pieces[0][0]
-        key = storage._cdata
-        entry = self._entries.get(key)
+        piece, = storage_of(t)
+        entry = self._entries.get(piece[0])
         if entry is None:  # an op that saves its own output (exp) pins what its step reserved
-            self._count([(key, storage, storage.nbytes())], limit)
+            self._count([piece], limit)
         else:
             entry[2] += 1
-        return key
+        return piece[0]
 
     def reserve(self, nbytes: int, limit: int) -> None:
         """Charge what a step's kernel will allocate for its outputs (``meta_check``) before it runs;

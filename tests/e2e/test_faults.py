@@ -129,13 +129,12 @@ def test_the_server_answers_while_a_long_op_runs():
     # waits for the long op by design (one thread's programs run in turn); on a fresh one they run apart
     with running(REMOTE_AUTOGRAD_TEST_OPS="1") as server, api(server.url) as c, _session(c) as busy, \
             _session(c) as other:
-        server_url = server.url
         # both sessions warm first, and the op long: under the suite's load (an inductor compile in the other
         # worker takes both cores) the quick program once took the whole 4 s the op then slept
         for sid in (busy, other):
             assert program(c, sid, [put("warm", [0.0]), {"kind": "fetch", "id": "warm"}]).status_code == 200
         start = time.monotonic()
-        t, out = _in_background(lambda: sleep_program(server_url, busy, LONG_OP_SECONDS))
+        t, out = _in_background(lambda: sleep_program(server.url, busy, LONG_OP_SECONDS))
         wait_in_flight(c)
         assert c.get("/healthz").status_code == 200
         assert program(c, other, [put("q", [1.0]), {"kind": "fetch", "id": "q"}]).status_code == 200
