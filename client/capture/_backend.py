@@ -3,8 +3,11 @@ point ``torch_dynamo_backends``, so ``backend="remote"`` works once the SDK is i
 
 Dynamo hands it each graph it captured, once, with fake example inputs. A graph with remote tensors
 becomes a template (``_translate``) and each later call one ``run_template`` step (``CompiledGraph``).
-A graph without any runs as dynamo gave it (local torch). A graph that cannot be a template runs call
-by call through the SDK's eager path, exactly as without ``torch.compile``, and says so once.
+A graph without any runs as dynamo gave it (local torch). A graph of one call (``return loss.detach()``
+after a graph break) runs as that call, one eager step as without ``torch.compile``: as a template it
+would be the same one step, with a definition and a binding of its inputs around it. A graph that
+cannot be a template runs call by call through the SDK's eager path, exactly as without
+``torch.compile``, and says so once.
 
 ``mode`` (``torch.compile``'s) travels with the template as a hint to the server, which may compile it
 (``"default"`` is no hint); ``options`` are inductor's, which this backend has none of.
@@ -50,6 +53,8 @@ def remote_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str 
     if device is None:
         return gm.forward  # nothing remote: local torch, as dynamo traced it
     session = session_for(device, "torch.compile(backend=\"remote\")")
+    if _one_call(gm) and not _functorch.refuses_locally(gm):
+        return gm.forward  # its one step, queued as eager code queues it
     try:
         plan = translate(gm, session, None if mode == "default" else mode)
     except Untranslatable as why:
@@ -60,6 +65,11 @@ def remote_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str 
                       f"(one step per op, as without torch.compile): {why}", RuntimeWarning, stacklevel=2)
         return gm.forward
     return CompiledGraph(plan, gm, device)
+
+
+def _one_call(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` is a single call on its inputs."""
+    return sum(n.op not in ("placeholder", "output") for n in gm.graph.nodes) == 1
 
 
 def _refused(message: str) -> Any:
