@@ -47,6 +47,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 
 from .. import logs
+from ..engine import template_compile
 from ..engine.program_watch import ProgramWatch
 from ..gc_freeze import freeze_startup_objects
 from ..ops import load_configured_ops
@@ -166,13 +167,15 @@ class TenantWorker:
         await call.answer({"sessions": len(store), "bytes": store.budget.held})
 
     async def figures(self, call: Call) -> None:
-        """What the front's /metrics shows of this tenant: its sessions, tensors, bytes, device memory, step times."""
+        """What the front's /metrics shows of this tenant: its sessions, tensors, bytes, device memory, step times,
+        and its templates' variants (this process compiles them)."""
         store = self._ready().store
         sessions = store.sessions()
         device = store.device
         await call.answer({"sessions": len(sessions), "tensors": sum(len(s.tensors) for s in sessions),
                            "bytes": store.budget.held, "steps": self.steps.rows(),
-                           "device_memory": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0})
+                           "device_memory": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0,
+                           "compile": template_compile.COMPILER.figures()})
 
     async def readiness(self, call: Call) -> None:
         ready, body = await self._ready().readiness()

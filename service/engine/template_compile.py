@@ -69,6 +69,9 @@ def compile_graph(graph: TemplateGraph, examples: Sequence[torch.Tensor], *, cud
         return compile_fx(module, list(examples), config_patches=patches)
 
 
+STATES = ("graph", "compiling", "ready", "failed", "unfit")  # a variant's, in the order of its life
+
+
 class Variant:
     """One template's graph and compiled form for one set of layouts and numbers. ``state``: ``graph``
     (built; ``fn`` its module, run eagerly), ``compiling`` (``fn`` as it was), ``ready`` (``fn``

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..engine import template_compile
 from ..step_histogram import OP_BUCKETS, StepHistogram
 
 if TYPE_CHECKING:
@@ -78,13 +79,15 @@ class StoreFigures:
         pass  # read live at scrape time
 
     def totals(self) -> dict | None:
-        """Sessions, tensors, bytes held and device memory of the whole server, with ``max_total_bytes``."""
+        """Sessions, tensors, bytes held and device memory of the whole server, with ``max_total_bytes``,
+        and what its templates' variants came to (``compile``: ``Compiler.figures``)."""
         if self._store is None:
             return None
         sessions, device = self._store.sessions(), self._store.device
         return {"sessions": len(sessions), "tensors": sum(len(s.tensors) for s in sessions),
                 "bytes": self._store.budget.held, "limit": self._store.budget.limit,
-                "device_memory": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0}
+                "device_memory": torch.cuda.memory_allocated(device) if device.type == "cuda" else 0,
+                "compile": template_compile.COMPILER.figures()}
 
     def of(self, owner: str | None) -> dict | None:
         """The same for ``owner``'s sessions, with ``max_bytes_per_token``."""
@@ -117,6 +120,20 @@ class _StoreCollector(Collector):
         yield GaugeMetricFamily("remote_autograd_device_memory_allocated_bytes",
                                 "torch.cuda.memory_allocated on the server's device (0 on cpu)",
                                 value=totals["device_memory"])
+        yield from _compile_families(totals["compile"])
+
+
+def _compile_families(figures: dict) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The templates' variants by state (``template_compile.STATES``; REMOTE_AUTOGRAD_COMPILE) and the compile
+    time they took: whether a compiled step runs compiled yet, and what compiling cost."""
+    variants = GaugeMetricFamily("remote_autograd_template_variants", "variants of the sessions' templates by state: "
+                                 "graph (run as their graph), compiling, ready (compiled), failed, unfit (plain)",
+                                 labels=["state"])
+    for state in template_compile.STATES:
+        variants.add_metric([state], figures["variants"].get(state, 0))
+    yield variants
+    yield CounterMetricFamily("remote_autograd_template_compile_seconds", "time spent compiling templates (inductor)",
+                              value=figures["seconds"])
 
 
 class _TenantCollector(Collector):

@@ -1,7 +1,7 @@
 """``TenantFigures``: /metrics for a process per tenant, whose figures live in the tenants' worker processes.
 
 Before each scrape (``Metrics.refresh``) the front asks every live worker for its
-sessions, tensors, bytes held, device memory and step times (one small call each); the
+sessions, tensors, bytes held, device memory, step times and templates' variants (one small call each); the
 gauges are then its sums (the operator's view) or one tenant's own (a tenant's view).
 Step times are counters: the front adds what each worker observed since it last asked
 into its own histogram, so they only grow; what a worker observed after the last scrape
@@ -40,7 +40,18 @@ class TenantFigures(StoreFigures):
 
     def totals(self) -> dict:
         totals = {name: sum(f.get(name, 0) for f in self._by_owner.values()) for name in _FIELDS}
-        return {**totals, "limit": self._backend.settings.max_total_bytes}
+        return {**totals, "limit": self._backend.settings.max_total_bytes, "compile": self._compile()}
+
+    def _compile(self) -> dict:
+        """The workers' ``Compiler.figures``, summed (each worker compiles its tenant's templates)."""
+        variants: dict[str, int] = {}
+        seconds = 0.0
+        for figures in self._by_owner.values():
+            found = figures.get("compile", {})
+            for state, n in found.get("variants", {}).items():
+                variants[state] = variants.get(state, 0) + n
+            seconds += found.get("seconds", 0.0)
+        return {"variants": variants, "seconds": seconds}
 
     def of(self, owner: str | None) -> dict:
         mine = self._by_owner.get(owner, {})

@@ -16,6 +16,7 @@ import logging
 import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from remote_autograd import client
 from remote_autograd.client.transport._embedded import service_app
@@ -58,22 +59,31 @@ def _runs(compile_mode: str, numbers: list[float], template: dict = _FITS) -> di
     """The template run once per number on a new session: the variants that made, by their state, and
     how many runs went as a graph; each answer checked against torch's. A tenant's sessions share its
     variants: each call takes numbers of its own."""
-    (before, runs_before), x = _figures(), torch.linspace(-1, 1, 8)
-    with httpx.Client(transport=client.InProcessTransport(service_app(compile=compile_mode)),
-                      base_url="http://in-process", headers=PROTOCOL_HEADERS, timeout=60) as c:
-        sid = c.post("/v1/sessions").json()["session_id"]
-        put = {"kind": "put", "id": "x", "value": encode_tensor(x, as_json=True)}
-        assert c.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [put, template]}).is_success
-        for n, s in enumerate(numbers):
-            run = {"kind": "run_template", "template": "T", "inputs": [{"ref": "x"}], "scalars": [s], "out": [f"z{n}"]}
-            r = c.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [run, {"kind": "fetch", "id": f"z{n}"}]})
-            assert r.status_code == 200, r.text
-            if template is _FITS:
-                assert torch.equal(decode_tensor(r.json()["results"][1]["tensor"]["value"]), torch.relu(x * s))
-            template_compile.COMPILER.wait(timeout=60)  # a compile asked for is ready before the next run
+    before, runs_before = _figures()
+    with _app(compile_mode) as c:
+        _run(c, numbers, template)
     after, runs_after = _figures()
     made = {state: after.get(state, 0) - before.get(state, 0) for state in after}
     return {"made": {k: v for k, v in made.items() if v}, "as_graph": runs_after - runs_before}
+
+
+def _app(compile_mode: str) -> httpx.Client:
+    return httpx.Client(transport=client.InProcessTransport(service_app(compile=compile_mode)),
+                        base_url="http://in-process", headers=PROTOCOL_HEADERS, timeout=60)
+
+
+def _run(c: httpx.Client, numbers: list[float], template: dict) -> None:
+    x = torch.linspace(-1, 1, 8)
+    sid = c.post("/v1/sessions").json()["session_id"]
+    put = {"kind": "put", "id": "x", "value": encode_tensor(x, as_json=True)}
+    assert c.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [put, template]}).is_success
+    for n, s in enumerate(numbers):
+        run = {"kind": "run_template", "template": "T", "inputs": [{"ref": "x"}], "scalars": [s], "out": [f"z{n}"]}
+        r = c.post(f"/v1/sessions/{sid}/programs", json={"id": new_id(), "steps": [run, {"kind": "fetch", "id": f"z{n}"}]})
+        assert r.status_code == 200, r.text
+        if template is _FITS:
+            assert torch.equal(decode_tensor(r.json()["results"][1]["tensor"]["value"]), torch.relu(x * s))
+        template_compile.COMPILER.wait(timeout=60)  # a compile asked for is ready before the next run
 
 
 def test_off_runs_a_variant_as_its_graph_from_its_second_run_and_never_compiles():
@@ -104,6 +114,19 @@ def test_a_template_whose_numbers_keep_changing_stays_on_the_runner_and_says_so(
 
 def test_a_template_a_graph_cannot_hold_runs_plainly_and_never_compiles():
     assert _runs("on", [6.0] * 3, _DRAWS) == {"made": {"unfit": 1}, "as_graph": 0}
+
+
+def test_the_metrics_say_what_the_variants_came_to_and_the_compile_time():
+    """/metrics of a server in one process (``StoreFigures``); a process per tenant sums its workers'
+    (``tests/service/http/test_observability.py``)."""
+    with _app("on") as c:
+        _run(c, [7.0, 7.0], _FITS)
+        _run(c, [8.0] * 2, _DRAWS)
+        samples = {(s.name, s.labels.get("state")): s.value
+                   for family in text_string_to_metric_families(c.get("/metrics").text) for s in family.samples}
+    assert {state: samples[("remote_autograd_template_variants", state)] for state in template_compile.STATES} == {
+        "graph": 0, "compiling": 0, "ready": 1, "failed": 0, "unfit": 1}
+    assert samples[("remote_autograd_template_compile_seconds_total", None)] >= 0
 
 
 def test_a_misspelt_setting_stops_the_server_at_its_start():

@@ -64,6 +64,27 @@ def test_metrics(server: Server):
             m, "remote_autograd_tensors")
 
 
+def test_metrics_count_the_templates_variants_in_the_tenants_worker(server: Server):
+    """A template run twice has a variant run as its graph (``compiled_templates``), in the worker process of
+    its tenant: the front's /metrics sums the workers' (every state a series, compiling time with them)."""
+    template = {"kind": "template", "id": "T", "inputs": [{"id": "x", "dtype": "float32", "shape": [4]}],
+                "steps": [call("relu", ref("x"), out=["y"])], "outputs": ["y"]}
+    with api(server.url) as c:
+        before = _samples(c.get("/metrics").text)
+        sid = c.post("/v1/sessions").json()["session_id"]
+        assert program(c, sid, [put("x", [-1.0, 2.0, -3.0, 4.0]), template]).status_code == 200
+        for n in range(2):
+            run = {"kind": "run_template", "template": "T", "inputs": [ref("x")], "scalars": [], "out": [f"y{n}"]}
+            assert program(c, sid, [run]).status_code == 200
+        m = _samples(c.get("/metrics").text)
+        variants = "remote_autograd_template_variants"
+        assert _value(m, variants, state="graph") == _value(before, variants, state="graph") + 1
+        assert {dict(labels)["state"] for name, labels in m if name == variants} == {
+            "graph", "compiling", "ready", "failed", "unfit"}
+        assert ("remote_autograd_template_compile_seconds_total", frozenset()) in m  # 0 here: compiling is off
+        c.delete(f"/v1/sessions/{sid}")
+
+
 def test_request_ids_are_echoed_or_made(server: Server):
     with api(server.url) as c:
         assert c.get("/healthz", headers={"X-Request-ID": "req-7.a:b"}).headers["x-request-id"] == "req-7.a:b"
