@@ -17,8 +17,11 @@ import subprocess
 import sys
 from typing import Iterator
 
+from remote_autograd.service.engine.template_compile import compiler_missing
+
 from ._util import ROOT, free_port
 from .wan_link import Link, LinkUnavailable, delayed_link, loopback
+from .wan_measure import COMPILE_WAIT_S, COMPILED_FROM_REPEAT
 
 DELAY_MS = 10
 SERVER_PORT, STORE_PORT = 8000, 29500  # in namespaces of our own: nothing else listens there
@@ -30,9 +33,13 @@ MEASURE_TIMEOUT_S = 600
 CHILD_ENV = {"OMP_NUM_THREADS": "1", **os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
+def _server(link: Link, port: int) -> list[str]:
+    return [sys.executable, "-m", "remote_autograd.service", "--host", link.server_host, "--port", str(port)]
+
+
 @contextlib.contextmanager
-def _started(argv: list[str]) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(argv, cwd=ROOT, env=CHILD_ENV)
+def _started(argv: list[str], **env: str) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**CHILD_ENV, **env})
     try:
         yield proc
     finally:
@@ -44,22 +51,31 @@ def _started(argv: list[str]) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
-def _measure_over(link: Link, repeat: int, ports: tuple[int, int] = (SERVER_PORT, STORE_PORT)) -> str | None:
+def _measure_over(link: Link, repeat: int, ports: tuple[int, int] = (SERVER_PORT, STORE_PORT),
+                  compiling_port: int | None = None) -> str | None:
     """Run the server and torch's peer on the link's server side and the measuring client on its client
-    side (``ports``: the server's and torch's rendezvous store's); what went wrong, if anything."""
+    side (``ports``: the server's and torch's rendezvous store's); what went wrong, if anything. With
+    ``compiling_port``, a second server there compiles its templates (``REMOTE_AUTOGRAD_COMPILE=on``): the
+    compiled steps are timed against it too, once compiled."""
     server_port, store_port = ports
     master = f"{link.server_host}:{store_port}"
     url = f"http://{link.server_host}:{server_port}"
-    server = [sys.executable, "-m", "remote_autograd.service", "--host", link.server_host, "--port", str(server_port)]
     peer = [sys.executable, "-m", "bench.torch_peer", "--master", master, "--ifname", link.server_ifname]
     measuring = [sys.executable, "-m", "bench.wan_measure", "--url", url, "--master", master,
                  "--ifname", link.client_ifname, "--repeat", str(repeat)]
-    with _started(link.inside("server", server)), _started(link.inside("server", peer)):
+    with contextlib.ExitStack() as started:
+        started.enter_context(_started(link.inside("server", _server(link, server_port))))
+        started.enter_context(_started(link.inside("server", peer)))
+        if compiling_port is not None:
+            started.enter_context(_started(link.inside("server", _server(link, compiling_port)),
+                                           REMOTE_AUTOGRAD_COMPILE="on"))
+            measuring += ["--compiling-url", f"http://{link.server_host}:{compiling_port}"]
+        timeout = MEASURE_TIMEOUT_S + (2 * COMPILE_WAIT_S if compiling_port is not None else 0)  # two models compile
         try:
             status = subprocess.run(link.inside("client", measuring), cwd=ROOT, env=CHILD_ENV,
-                                    timeout=MEASURE_TIMEOUT_S).returncode
+                                    timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            return f"the measuring client was stopped after {MEASURE_TIMEOUT_S} s"
+            return f"the measuring client was stopped after {timeout} s"
         return f"the measuring client exited with status {status}" if status else None
 
 
@@ -74,7 +90,10 @@ def run(url: str | None = None, repeat: int = 20) -> None:
     try:
         same_machine = loopback()  # first on this machine alone: the issue's requirement holds there too
         print(f"  {same_machine.describe()}")
-        failed = _measure_over(same_machine, repeat, (free_port(), free_port()))
+        # the requirement's figures with the server compiling too, where it can (a C++ compiler) and the run is
+        # long enough to time compiled steps at all
+        compiling = free_port() if repeat >= COMPILED_FROM_REPEAT and compiler_missing() is None else None
+        failed = _measure_over(same_machine, repeat, (free_port(), free_port()), compiling)
         if failed:
             print(f"  {failed}")
         with delayed_link(DELAY_MS) as link:

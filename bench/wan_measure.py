@@ -6,7 +6,9 @@ delayed link. Both training steps are the same work on both sides (``torch_like_
 sent each step, as torch's ``rpc_sync`` sends it; torch's GPT step has no clipping and no LR
 schedule, its distributed optimizer has neither, and one AdamW group), timed in turns, one of each
 per round (``_pair``); the SDK's row gives its ratio to torch's, and so does the same step compiled
-(``torch.compile(..., backend="remote")``: one template run per graph). The model section's GPT step,
+(``torch.compile(..., backend="remote")``: one template run per graph), and with ``--compiling-url``
+that step once more on a server that compiles its templates (``REMOTE_AUTOGRAD_COMPILE=on``), timed once
+they run compiled. The model section's GPT step,
 which does more, follows for reference. The upload is timed torch first, then the SDK.
 """
 
@@ -20,6 +22,7 @@ from typing import Callable
 import httpx
 import torch
 import torch.distributed.rpc as rpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from remote_autograd import client
 
@@ -30,6 +33,7 @@ from .step_parts import print_breakdown, step_parts
 
 UPLOAD_BYTES = 64 << 20
 COMPILED_FROM_REPEAT = 5  # a compiled step takes seconds to compile: left out of the shortest runs (the tests')
+COMPILE_WAIT_S = 300  # how long the compiling server may take to compile a step's templates (inductor, one core)
 
 
 def wait_healthy(url: str, timeout: float = 120) -> None:
@@ -95,31 +99,67 @@ def compiled_like_step(sess, name: str, x: torch.Tensor, y: torch.Tensor) -> Cal
     return lambda: compiled(x.to(sess.device), y.to(sess.device)).item()
 
 
-def mlp_step(url: str, repeat: int) -> None:
+def _compiled_on(compiling_url: str, label: str, name: str, batch: tuple, theirs: Callable[[], object],
+                 repeat: int) -> None:
+    """The compiled step on the server at ``compiling_url`` (``REMOTE_AUTOGRAD_COMPILE=on``) beside torch's,
+    timed once the server says its templates run compiled (``compiled_templates``' variants, on /metrics):
+    until then a run goes as its graph (the default server's way), so timing earlier would mix the two."""
+    with client.connect(compiling_url) as sess:
+        compiled = compiled_like_step(sess, name, *batch)
+        start, ready_before = time.monotonic(), _variants(compiling_url).get("ready", 0)
+        while not _compiled(_variants(compiling_url), ready_before):
+            for _ in range(5):
+                compiled()
+            if time.monotonic() - start > COMPILE_WAIT_S:
+                print(f"  {label}: the compiling server had not compiled its templates after {COMPILE_WAIT_S} s")
+                return
+        _pair(label, theirs, compiled, "torch.compile, the server compiling too (REMOTE_AUTOGRAD_COMPILE=on, "
+              f"compiled in {time.monotonic() - start:.0f} s)", repeat)
+
+
+def _variants(url: str) -> dict[str, float]:
+    """The server's template variants by state (its /metrics)."""
+    return {s.labels["state"]: s.value for family in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for s in family.samples if s.name == "remote_autograd_template_variants"}
+
+
+def _compiled(states: dict[str, float], ready_before: float) -> bool:
+    """Whether this step's templates run compiled: more variants ``ready`` than before it, none ``compiling``
+    (under ``on`` each template's compile is asked for after its first run)."""
+    return states.get("ready", 0) > ready_before and states.get("compiling", 0) == 0
+
+
+def mlp_step(url: str, repeat: int, compiling_url: str | None = None) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+    label = "MLP 64x784 step, SGD"
     with client.connect(url) as sess:
         theirs = torch_peer.training_step("mlp", x, y)
         ours = torch_like_step(sess, "mlp", x, y)
-        _pair("MLP 64x784 step, SGD", theirs, ours, f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
+        _pair(label, theirs, ours, f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
         if repeat < COMPILED_FROM_REPEAT:
             return
         compiled = compiled_like_step(sess, "mlp", x, y)
-        _pair("MLP 64x784 step, SGD", theirs, compiled,
+        _pair(label, theirs, compiled,
               f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
+    if compiling_url is not None:
+        _compiled_on(compiling_url, label, "mlp", (x, y), theirs, repeat)
 
 
-def gpt_training_step(url: str, repeat: int) -> None:
+def gpt_training_step(url: str, repeat: int, compiling_url: str | None = None) -> None:
     batch = gpt_batch(gpt_data(), torch.Generator().manual_seed(0))
+    label = "GPT step, AdamW"
     tap = _hot.Tap()
     with client.connect(url, transport=tap) as sess:
         theirs = torch_peer.training_step("gpt", *batch)
         same = torch_like_step(sess, "gpt", *batch)
-        base = _pair("GPT step, AdamW", theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
+        base = _pair(label, theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
         if repeat >= COMPILED_FROM_REPEAT:
             compiled = compiled_like_step(sess, "gpt", *batch)
-            _pair("GPT step, AdamW", theirs, compiled,
+            _pair(label, theirs, compiled,
                   f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
+            if compiling_url is not None:
+                _compiled_on(compiling_url, label, "gpt", batch, theirs, repeat)
         step = gpt_step(build_gpt(), sess.device, gpt_data())
         full = measure(step, repeat=repeat, warmup=3)
         row("GPT step: SDK, the model section's", full, base, "of torch's (+ clipping, LR schedule, 2 groups)",
@@ -151,12 +191,15 @@ def main() -> None:
     parser.add_argument("--master", required=True)
     parser.add_argument("--ifname", required=True)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--compiling-url", help="a server with REMOTE_AUTOGRAD_COMPILE=on: the compiled steps on it too")
     args = parser.parse_args()
     wait_healthy(args.url)
+    if args.compiling_url:
+        wait_healthy(args.compiling_url)
     torch_peer.join(1, args.master, args.ifname)
     try:
-        mlp_step(args.url, args.repeat)
-        gpt_training_step(args.url, args.repeat)
+        mlp_step(args.url, args.repeat, args.compiling_url)
+        gpt_training_step(args.url, args.repeat, args.compiling_url)
         upload(args.url, max(3, args.repeat // 4))
     finally:
         rpc.shutdown()
