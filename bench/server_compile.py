@@ -232,7 +232,7 @@ def _template_of(name: str, program: dict, session) -> Case:
     inputs: dict[str, tuple] = {}
     made: set[str] = set()
     steps, outputs = [], []
-    for step in program["steps"]:
+    for step in _template_steps(program["steps"]):
         kind = step["kind"]
         if kind == "put":
             grad = step.get("grad")
@@ -255,6 +255,15 @@ def _template_of(name: str, program: dict, session) -> Case:
         steps.append(step)
         made.update(step.get("out", []))
     return Case(name, steps, inputs, outputs)
+
+
+def _template_steps(steps: list[dict]) -> Iterator[dict]:
+    """A program's steps as a template holds them: its ``clear_grads`` a ``set_grad`` with null for each id."""
+    for step in steps:
+        if step["kind"] == "clear_grads":
+            yield from ({"kind": "set_grad", "id": tid, "grad": None} for tid in step["ids"])
+        else:
+            yield step
 
 
 def _reads(step: dict) -> set[str]:

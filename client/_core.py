@@ -54,7 +54,7 @@ from torch.utils._pytree import tree_leaves
 
 from remote_autograd.proto import decode_tensor, dtype_name, encode_tensor, torch_globals
 from remote_autograd.proto.codec import FRAME_MIN_BYTES
-from remote_autograd.proto.messages import CallStep, FetchStep, FreeStep, PutStep
+from remote_autograd.proto.messages import CallStep, ClearGradsStep, FetchStep, FreeStep, PutStep
 from remote_autograd.proto.op_contract import FACTORIES, autocast_applies
 
 from .device import _autocast
@@ -461,6 +461,17 @@ class SessionCore:
         if not self.pipeline:
             self._pending_results = self.flush()
         return index
+
+    def clear_grad(self, tid: str, line: str | None) -> None:
+        """``.grad = None`` of tensor ``tid``, set at ``line``: one after another from one line (an optimizer's
+        ``zero_grad``), they are one ``clear_grads`` step whose ids grow (each a ``set_grad`` step, the server's
+        Python around each and its decoding, cost as much again as the clearing itself)."""
+        queue = self._queue
+        if (queue and queue[-1]["kind"] == "clear_grads" and self._origins[-1].where == line
+                and _TOP_HOOKS(False) is None and not self._regions.open):  # else enqueue's region bookkeeping
+            queue[-1]["ids"].append(tid)
+            return
+        self.enqueue(make_step(ClearGradsStep, ids=[tid]), Origin("clear_grads", line))
 
     def globals_changed(self, dtype: torch.dtype) -> None:
         """An op is queued under default dtype ``dtype``, not the queue's: the queue's first op, or a

@@ -188,6 +188,14 @@ class SetGradStep(_Model):
     grad: Value = None
 
 
+class ClearGradsStep(_Model):
+    """Clear the ``.grad`` of each tensor of ``ids`` (``set_grad`` with ``null`` for each, as one step: an
+    optimizer's ``zero_grad``)."""
+
+    kind: Literal["clear_grads"]
+    ids: list[TensorRef] = Field(min_length=1)
+
+
 class SetRequiresGradStep(_Model):
     kind: Literal["set_requires_grad"]
     id: TensorRef
@@ -386,8 +394,8 @@ class CheckpointEndStep(_Model):
 
 
 Step = Annotated[
-    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, SetRequiresGradStep, RetainGradStep, FreeStep, FetchStep,
-          LoadStep, TemplateStep, RunTemplateStep, FunctionStep, CheckpointStep, CheckpointEndStep],
+    Union[PutStep, CallStep, BackwardStep, GradStep, SetGradStep, ClearGradsStep, SetRequiresGradStep, RetainGradStep,
+          FreeStep, FetchStep, LoadStep, TemplateStep, RunTemplateStep, FunctionStep, CheckpointStep, CheckpointEndStep],
     Field(discriminator="kind"),
 ]
 

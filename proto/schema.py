@@ -34,6 +34,7 @@ MESSAGES: dict[str, Any] = {
     "TensorHook": m.TensorHook,
     "GradStep": m.GradStep,
     "SetGradStep": m.SetGradStep,
+    "ClearGradsStep": m.ClearGradsStep,
     "SetRequiresGradStep": m.SetRequiresGradStep,
     "RetainGradStep": m.RetainGradStep,
     "FreeStep": m.FreeStep,

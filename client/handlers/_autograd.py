@@ -115,8 +115,8 @@ def _check_accumulated(t) -> None:
 @_answers(T.grad.__set__, T._grad.__set__)
 def _grad_set(t, value):
     _check_accumulated(t)
-    if value is None:
-        ref = None
+    if value is None:  # the user's line remembered per calling frame: zero_grad clears every parameter's from one
+        t._session.clear_grad(t._id, op_where())
     else:
         if tuple(value.shape) != t._shape:
             raise RuntimeError("assigned grad has data of a different size")
@@ -125,8 +125,7 @@ def _grad_set(t, value):
         if not isinstance(value, RemoteTensor):  # torch's own rule and words (a CUDA tensor's grad on the CPU)
             raise RuntimeError("assigned grad has data located on a different device")
         ref = Encoder(t._session).value(value if isinstance(value, (RemoteTensor, torch.Tensor)) else value)
-    # the user's line remembered per calling frame: zero_grad sets every parameter's grad from one frame
-    t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", op_where()))
+        t._session.enqueue(make_step(SetGradStep, id=t._id, grad=ref), Origin("set_grad", op_where()))
     set_has_grad(t, value is not None)
     t._grad_cache = None
 

@@ -22,6 +22,9 @@ from typing import Any, Callable
 import torch
 
 from remote_autograd.proto import dtype_name
+from remote_autograd.proto.messages import SetGradStep
+
+from ._steps import make_step
 
 TEMPLATE_STEP_KINDS = frozenset({"call", "grad", "backward", "set_grad", "set_requires_grad", "functorch"})
 
@@ -83,6 +86,11 @@ class Recorder:
             raise Untranslatable(f"the graph needs {what}, which a template cannot hold")
         self.steps.append(step)
         return len(self.steps) - 1
+
+    def clear_grad(self, tid: str, line: str | None) -> None:
+        """``.grad = None`` in a graph: a ``set_grad`` step of the template (``SessionCore.clear_grad``'s merging
+        is the queue's)."""
+        self.enqueue(make_step(SetGradStep, id=tid, grad=None))
 
     def take_result(self, index: int) -> dict:
         """The result the server would give step ``index`` (a step eager code waits for), from the graph."""

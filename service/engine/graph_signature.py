@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from remote_autograd.proto.messages import BackwardStep, CallStep, FetchStep, FreeStep, PutStep, SetGradStep
+from remote_autograd.proto.messages import (BackwardStep, CallStep, ClearGradsStep, FetchStep, FreeStep, PutStep,
+                                            SetGradStep)
 
 from .. import ops as _ops
 from ..sessions.store import CustomTensor
@@ -47,6 +48,10 @@ def signature(session, steps: list, head: int, omit_known_meta: bool) -> tuple[t
             origin = walk.ref(step.id)
             walk.reset.add(origin)
             parts.append(("set_grad", origin))
+        elif kind is ClearGradsStep:
+            origins = tuple(walk.ref(tid) for tid in step.ids)
+            walk.reset.update(origins)
+            parts.append(("clear_grads", origins))
         elif kind is BackwardStep:
             parts.append(walk.backward(step))
         elif kind is FreeStep:

@@ -13,7 +13,7 @@ graph reads and writes those addresses). Only what a graph can replay exactly ta
 torch's own deterministic ops (no random draw, except calls that draw nothing: a dropout of
 probability 0, ``ops._native.draws_nothing``; no contract that reads values, no data-dependent
 shape, no autocast, no ``out=``, no in-place op that changes a layout), puts without a grad,
-``set_grad`` to None, one kind of ``backward`` (no ``gradient``, ``inputs``, retained or
+``set_grad`` to None (and ``clear_grads``), one kind of ``backward`` (no ``gradient``, ``inputs``, retained or
 higher-order graph, roots made by the program) and fetches only after the last step that
 computes. A session tensor that requires grad must be a leaf: a backward reaches no graph but
 the program's. Anything else runs the plain path, every time.
@@ -54,7 +54,7 @@ from collections import OrderedDict
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError
-from remote_autograd.proto.messages import BackwardStep, CallStep, FreeStep, PutStep, SetGradStep
+from remote_autograd.proto.messages import BackwardStep, CallStep, ClearGradsStep, FreeStep, PutStep, SetGradStep
 from remote_autograd.proto.codec import decode_tensor_data
 
 from ..sessions.store import CustomTensor, ProgramAnswer
@@ -169,7 +169,7 @@ def _fits(steps) -> bool:
     count, limit = len(live), settings.max_tensors_per_session
     for step in steps.program.steps[:steps.views_from]:
         kind = type(step)
-        if kind is SetGradStep and step.id not in live:
+        if (kind is SetGradStep and step.id not in live) or (kind is ClearGradsStep and not live.issuperset(step.ids)):
             return False  # the plain path answers the unknown id at that step
         new = _made_ids(step)
         for tid in new:
@@ -315,7 +315,7 @@ def _replay(slot: _Slot, steps, inputs: list[CustomTensor]) -> None:
             steps.results.append(None)
         elif kind is BackwardStep:
             steps.results.append(None)
-        elif not steps.execute(index, index + 1):  # set_grad, free: the runner's own handlers
+        elif not steps.execute(index, index + 1):  # set_grad, clear_grads, free: the runner's own handlers
             raise RuntimeError(f"graph replay: step {index} failed after its checks passed")
     slot.graph.replay()
     changed = []

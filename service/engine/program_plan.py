@@ -54,8 +54,9 @@ from typing import Any
 
 import torch
 
-from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, FetchStep,
-                                            FreeStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep)
+from remote_autograd.proto.messages import (BackwardStep, CallStep, CheckpointEndStep, CheckpointStep, ClearGradsStep,
+                                            FetchStep, FreeStep, PutStep, RetainGradStep, SetGradStep,
+                                            SetRequiresGradStep)
 
 from .. import ops as _ops
 from . import meta_check, speed_caches
@@ -68,7 +69,7 @@ PLAN_MIN_CALLS = 2
 SEEN_PER_SESSION = 16  # program keys sighted once, remembered to know their second sighting
 # change no layout, no grad (a checkpoint region's steps, open and close: nor do they)
 _KEEPS_TENSORS = (FetchStep, FreeStep, RetainGradStep, SetRequiresGradStep, CheckpointStep, CheckpointEndStep)
-_CHANGES_GRADS = (BackwardStep, SetGradStep)
+_CHANGES_GRADS = (BackwardStep, SetGradStep, ClearGradsStep)
 _relayouts: dict[str, bool] = {}  # a name the table resolved -> whether its calls take every layout afresh
 
 

@@ -49,6 +49,7 @@ from remote_autograd.proto.messages import (
     CallStep,
     CheckpointEndStep,
     CheckpointStep,
+    ClearGradsStep,
     FetchStep,
     FreeStep,
     FunctionStep,
@@ -81,7 +82,7 @@ from .meta_check import Needs
 from .program_plan import PLAIN
 from .program_watch import ProgramWatch
 from .step_cost import UNTIMED_SECONDS, hold
-from .step_kinds import (apply, grad_mode, put, remeasure, retain_grad, run_inplace, set_grad,
+from .step_kinds import (apply, clear_grads, grad_mode, put, remeasure, retain_grad, run_inplace, set_grad,
                          set_requires_grad)
 from .values import (ProgramRun, check_elements, check_new_ids, counting_saved, meta_message, resolve_args,
                      resolve_kwargs, store_made)
@@ -439,6 +440,7 @@ _HANDLERS: dict[type, Callable[..., Any]] = {
     BackwardStep: functools.partial(backward_step, execute=_execute),  # (a partial: no frame of ours between)
     GradStep: functools.partial(grad_step, execute=_execute),
     SetGradStep: set_grad,
+    ClearGradsStep: clear_grads,
     SetRequiresGradStep: set_requires_grad,
     RetainGradStep: retain_grad,
     FreeStep: _free,

@@ -1,6 +1,6 @@
 """The runner's handlers of the step kinds besides ``call``, ``fetch`` and ``free``, and a call's in-place run.
 
-Puts, a grad set, ``requires_grad`` set, ``retain_grad``: each a small function given the step and the
+Puts, a grad set, grads cleared, ``requires_grad`` set, ``retain_grad``: each a small function given the step and the
 program's ``ProgramRun`` (``runner._HANDLERS``). An in-place call (``x.add_(y)``, an optimizer's update)
 runs through ``run_inplace``, and the tensors it named are counted again after it (``remeasure``) unless
 its op keeps their storages (``kept_storages``). Apart from ``runner``: the walk of one op enters none of it.
@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from remote_autograd.proto import ErrorCode, ProtocolError, dtype_name
-from remote_autograd.proto.messages import CallStep, PutStep, RetainGradStep, SetGradStep, SetRequiresGradStep
+from remote_autograd.proto.messages import (CallStep, ClearGradsStep, PutStep, RetainGradStep, SetGradStep,
+                                            SetRequiresGradStep)
 from remote_autograd.proto.codec import decode_tensor_data
 
 from ..sessions.store import CustomTensor, Session
@@ -150,6 +151,17 @@ def set_grad(run: ProgramRun, step: SetGradStep) -> None:
             raise ProtocolError(ErrorCode.OP_ERROR, "assigned grad has data of a different type")
     ct.grad = grad  # aliasing, as `p.grad = g` does in torch: a session tensor's storage, counted already
     session.storages.remeasure([ct])
+    return None
+
+
+def clear_grads(run: ProgramRun, step: ClearGradsStep) -> None:
+    """Each tensor's ``.grad`` to None (``set_grad`` with null for each): all of them, or none where an id is
+    unknown (its 404 first)."""
+    session = run.session
+    cts = [session.tensor(tid) for tid in step.ids]
+    for ct in cts:
+        ct.grad = None
+    session.storages.remeasure(cts)
     return None
 
 
