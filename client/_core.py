@@ -219,9 +219,15 @@ class RemoteTensor(torch.Tensor):
         _views.set_layout(self, value._meta(), type(self))
 
     def _grad_handle(self) -> "RemoteTensor":
-        if self._grad_cache is None:
-            self._grad_cache = RemoteTensor._new(self._session, None, self._shape, self._dtype, grad_owner=self)
-        return self._grad_cache
+        # kept weakly: the grad's handle holds its owner (it names the grad by the owner's id), and a strong
+        # reference back would be a cycle that only the garbage collector breaks, the owner's server memory
+        # held until it ran (local torch frees a dropped parameter at once). ``p.grad is p.grad`` all the same.
+        cached = self._grad_cache
+        g = None if cached is None else cached()
+        if g is None:
+            g = RemoteTensor._new(self._session, None, self._shape, self._dtype, grad_owner=self)
+            self._grad_cache = weakref.ref(g)
+        return g
 
     def __del__(self) -> None:
         tid = getattr(self, "_id", None)

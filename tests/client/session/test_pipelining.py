@@ -112,6 +112,23 @@ def test_dropped_tensors_are_freed(sess):
     assert sess.stats()["tensors"] == baseline
 
 
+def test_a_tensor_whose_grad_was_read_is_freed_when_dropped_as_in_torch(sess):
+    """No cycle between a tensor's handle and its grad's: dropped, both go at once, garbage collector or not."""
+    baseline = sess.stats()["bytes"]
+    gc.disable()
+    try:
+        p = torch.ones(1000, device=sess.device, requires_grad=True)
+        (p * 2).sum().backward()
+        g = p.grad
+        assert g is p.grad and torch.equal(g.cpu(), torch.full((1000,), 2.0))
+        del g
+        assert p.grad is not None  # made again on reading
+        del p
+        assert sess.stats()["bytes"] == baseline
+    finally:
+        gc.enable()
+
+
 def test_queue_flushes_at_the_session_step_limit():
     with start_server(REMOTE_AUTOGRAD_MAX_STEPS_PER_PROGRAM="8") as url, client.connect(url) as sess:
         assert sess.limits["max_steps_per_program"] == 8
