@@ -10,6 +10,8 @@ changed in place; what is refused, loudly."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -194,6 +196,7 @@ def _held_after_forward(sess, checkpointed: bool) -> tuple[int, list]:
     blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)) for _ in range(3)])
     blocks = blocks.to(sess.device)
     h = x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)).to(sess.device).requires_grad_()
+    gc.collect()  # an earlier call's handles in cycles (a grad's handle and its owner) freed now, not mid-forward
     before = sess.stats()["bytes"]
     for block in blocks:
         h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
