@@ -4,7 +4,7 @@
 at ``URL`` and torch's dist_autograd against its peer (``bench.torch_peer``), both across the
 delayed link. Both training steps are the same work on both sides (``torch_like_step``: the batch
 sent each step, as torch's ``rpc_sync`` sends it; torch's GPT step has no clipping and no LR
-schedule, its distributed optimizer has neither, and one AdamW group), timed in turns, one of each
+schedule, its distributed optimizer has neither, and one AdamW group), timed in turns, a block of each
 per round (``_pair``); the SDK's row gives its ratio to torch's, and so does the same step compiled
 (``torch.compile(..., backend="remote")``: one template run per graph), and with ``--compiling-url``
 that step once more on a server that compiles its templates (``REMOTE_AUTOGRAD_COMPILE=on``), timed once
@@ -47,17 +47,29 @@ def wait_healthy(url: str, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def _pair(label: str, theirs: Callable[[], object], ours: Callable[[], object], sdk_note: str, repeat: int) -> float:
-    """torch's step and the SDK's, timed in turns (one of each per round, after a warm-up of each), so
-    that the machine's drift over the run weighs on both alike; torch's median (microseconds)."""
+BLOCK = 10  # steps timed together, in turns (the drain closing a block of the SDK's is one round trip more): see _pair
+
+
+def _pair(label: str, theirs: Callable[[], object], ours: Callable[[], object], sdk_note: str, repeat: int,
+          drain: Callable[[], object]) -> float:
+    """torch's step and the SDK's, timed in turns (a block of ``BLOCK`` steps of each per round, after a
+    warm-up of each), so that the machine's drift over the run weighs on both alike; torch's median time per
+    step (microseconds). A block of the SDK's ends with ``drain`` (its session's ``sync``): a compiled
+    step's answer may come before its backward and optimizer ran (SPEC §3, running ahead), which then run
+    during the next step's Python, as in a training loop; so the block counts them all, and none of them
+    runs during torch's block. One step at a time in turns would let them."""
     for _ in range(3):
         theirs(), ours()
+    drain()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeat):
-        for fn, kept in ((theirs, times[0]), (ours, times[1])):
+        for fn, end, kept in ((theirs, None, times[0]), (ours, drain, times[1])):
             t0 = time.perf_counter()
-            fn()
-            kept.append(time.perf_counter() - t0)
+            for _ in range(BLOCK):
+                fn()
+            if end is not None:
+                end()
+            kept.append((time.perf_counter() - t0) / BLOCK)
     base = row(f"{label}: torch dist_autograd", times[0], unit="ms")
     row(f"{label}: SDK, {sdk_note}", times[1], base, "of torch's", unit="ms")
     return base
@@ -114,7 +126,7 @@ def _compiled_on(compiling_url: str, label: str, name: str, batch: tuple, theirs
                 print(f"  {label}: the compiling server had not compiled its templates after {COMPILE_WAIT_S} s")
                 return
         _pair(label, theirs, compiled, "torch.compile, the server compiling too (REMOTE_AUTOGRAD_COMPILE=on, "
-              f"compiled in {time.monotonic() - start:.0f} s)", repeat)
+              f"compiled in {time.monotonic() - start:.0f} s)", repeat, sess.sync)
 
 
 def _variants(url: str) -> dict[str, float]:
@@ -136,12 +148,13 @@ def mlp_step(url: str, repeat: int, compiling_url: str | None = None) -> None:
     with client.connect(url) as sess:
         theirs = torch_peer.training_step("mlp", x, y)
         ours = torch_like_step(sess, "mlp", x, y)
-        _pair(label, theirs, ours, f"{requests_per_step(sess, ours):.1f} requests/step", repeat)
+        _pair(label, theirs, ours, f"{requests_per_step(sess, ours):.1f} requests/step", repeat, sess.sync)
         if repeat < COMPILED_FROM_REPEAT:
             return
         compiled = compiled_like_step(sess, "mlp", x, y)
         _pair(label, theirs, compiled,
-              f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
+              f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat,
+              sess.sync)
     if compiling_url is not None:
         _compiled_on(compiling_url, label, "mlp", (x, y), theirs, repeat)
 
@@ -153,11 +166,12 @@ def gpt_training_step(url: str, repeat: int, compiling_url: str | None = None) -
     with client.connect(url, transport=tap) as sess:
         theirs = torch_peer.training_step("gpt", *batch)
         same = torch_like_step(sess, "gpt", *batch)
-        base = _pair(label, theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat)
+        base = _pair(label, theirs, same, f"{requests_per_step(sess, same):.1f} requests/step", repeat, sess.sync)
         if repeat >= COMPILED_FROM_REPEAT:
             compiled = compiled_like_step(sess, "gpt", *batch)
             _pair(label, theirs, compiled,
-                  f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat)
+                  f"torch.compile(backend=\"remote\"), {requests_per_step(sess, compiled):.1f} requests/step", repeat,
+                  sess.sync)
             if compiling_url is not None:
                 _compiled_on(compiling_url, label, "gpt", batch, theirs, repeat)
         step = gpt_step(build_gpt(), sess.device, gpt_data())

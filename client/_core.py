@@ -397,6 +397,9 @@ class SessionCore:
         # hooks on the server nodes of module backward hooks (handlers/_node_hooks), by node id, while they live
         self._node_hooks: dict[str, Any] = {}
         self._templates: dict[str, dict] = {}  # template id -> its step: the templates this session has been sent
+        # the last program when it was answered before all its steps ran (SPEC §3, running ahead): its id and
+        # origins, for the error of one of them that the next answer may bring
+        self._ahead: tuple[str, list[Origin | None]] | None = None
         self._regions = _checkpoint_regions.Regions()  # torch.utils.checkpoint(use_reentrant=False)'s, open
         self._closed = False
         self._max_steps = max(2, int(self.limits["max_steps_per_program"]) - 1)  # room for a free step
@@ -512,8 +515,8 @@ class SessionCore:
         steps, origins = self._queue, self._origins
         if frees:
             steps, origins = steps + [make_step(FreeStep, ids=frees)], origins + [None]
-        if not steps:
-            return []
+        if not steps and self._ahead is None:
+            return []  # (else an empty program: the server answers once the last one's steps all ran)
         big = self._queued_bytes >= FRAME_MIN_BYTES
         self._queue, self._origins, self._queued_bytes = [], [], 0
         program_id = f"{self._program_prefix}-{next(self._programs)}"
@@ -526,13 +529,26 @@ class SessionCore:
                 self._frees = frees + self._frees
                 self._fail_all(error, origins, 0)
         sent_origins = origins
+        # A compiled step's program may be answered once the fetches at its end are known, before the steps they
+        # do not wait for (its backward and optimizer) have run: the next step's Python runs meanwhile (SPEC §3,
+        # running ahead). Only then: a backward run after the answer that would have told the client a grad
+        # stayed None fails the next program instead, which a compiled step's optimizer would do anyway (it reads
+        # every grad the client expects), where an eager program's next line could ask ``p.grad is None``.
+        ahead = any(step["kind"] == "run_template" for step in steps)
         done: list = []
         for _ in range(len(self._templates) + 1):
             # The SDK names every output and infers its metadata: the server need not send it back
             # (it still answers what only it knows: fetches, out_many calls, allow_unused grads, no_grad).
             # ``fields``: the torch settings the steps were queued under (session/_steps' QueueGlobals).
             program = {"id": program_id, "steps": steps, "omit_known_meta": True, **fields}
+            if ahead:
+                program["answer_early"] = True
             status, body = self._transport.request("POST", self._path + "/programs", program, big=big)
+            if status >= 400 and self._ahead is not None and _earlier(body) == self._ahead[0]:
+                self._frees = frees + self._frees  # none of this program ran: its frees go with the next
+                self._fail_ahead(status, body, origins)
+            self._ahead = None
+            sent = program_id, origins  # (the steps ``pending`` counts in: a template sent again comes first)
             lost = lost_template(body, steps) if status == 404 else None
             if lost not in self._templates:
                 break
@@ -550,6 +566,8 @@ class SessionCore:
         for origin, result in zip(origins, results):
             if origin is not None and origin.on_result is not None:
                 origin.on_result(result)
+        if body.get("pending"):
+            self._ahead = sent
         return results
 
     def _fail(self, status: int, body: Any, origins: list[Origin | None]) -> None:
@@ -563,6 +581,15 @@ class SessionCore:
         if isinstance(err.get("forward"), dict):  # a backward under anomaly detection: the call that made the node
             self._globals.name_forward(error, err["forward"])
         self._fail_all(error, origins, k)
+
+    def _fail_ahead(self, status: int, body: Any, origins: list[Origin | None]) -> None:
+        """The last program's step that ran after its answer failed: raised as that step's error, at its line,
+        with the steps after it failed, and this program's too (none of them ran)."""
+        ahead, self._ahead = self._ahead[1], None
+        try:
+            self._fail(status, body, ahead)
+        except RemoteError as error:
+            self._fail_all(error, origins, 0)
 
     def _fail_all(self, error: RemoteError, origins: list[Origin | None], k: int) -> None:
         """Raise ``error``, the steps from ``k`` on marked failed: their outputs raise it where used."""
@@ -603,6 +630,12 @@ class SessionCore:
 
 _RESENT = Origin("template", None)  # a template sent again after a restart: its result is no step's of the queue
 _FETCH = Origin("fetch", None)  # every fetch step's (one Origin for all: nothing of it is per step)
+
+
+def _earlier(body: Any) -> str | None:
+    """The earlier program an error answer says its failing step belongs to (SPEC §3, running ahead)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("program") if isinstance(error, dict) else None
 
 
 def _kept(results: list, origins: list) -> list:

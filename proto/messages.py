@@ -419,6 +419,8 @@ class Program(_Model):
 
     ``omit_known_meta``: the client names every output and infers its metadata itself, so the
     steps whose result would only repeat that answer ``null`` (SPEC §6 lists which).
+    ``answer_early``: the server may answer once the fetches at the program's end are known and run the
+    steps they do not wait for after the answer (SPEC §3, running ahead).
     ``torch_globals``: run under these (null: torch's defaults). ``detect_anomaly``: the call steps
     record which step made each autograd node, for a backward under anomaly detection to name.
     """
@@ -428,6 +430,7 @@ class Program(_Model):
     omit_known_meta: bool = False
     torch_globals: TorchGlobals | None = None
     detect_anomaly: bool = False
+    answer_early: bool = False
 
 
 class TensorMeta(_Model):
@@ -479,14 +482,17 @@ class ErrorBody(_Model):
     step: int | None = None
     op: str | None = None
     forward: ForwardStep | None = None
+    program: str | None = None  # the earlier program whose step this is (one run after its answer)
 
 
 class ProgramResult(_Model):
-    """The answer to a program: one result per completed step, and the error if one failed."""
+    """The answer to a program: one result per completed step, and the error if one failed;
+    ``pending``: the steps of an ``answer_early`` program still to run when it was answered."""
 
     id: str | None = None
     results: list[StepResult | None] = []
     error: ErrorBody | None = None
+    pending: list[int] | None = None
 
 
 class ErrorResponse(_Model):

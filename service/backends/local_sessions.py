@@ -30,7 +30,7 @@ from ..engine import compiled_templates
 from ..engine.answers import encode_answer
 from ..engine.guards import ProgramSlots, admit_program
 from ..engine.program_watch import ProgramWatch
-from ..engine.runner import read_tensor, run_program
+from ..engine.runner import read_tensor, run_pending, run_program
 from ..sessions.store import Session, SessionStore
 from ..settings import Settings
 from ..step_histogram import StepHistogram
@@ -154,7 +154,11 @@ class LocalSessions:
             media_type, parts, total = encode_answer(outcome.body, as_msgpack, accept)
             yield EncodedAnswer(outcome.status, media_type, parts, total, outcome.seconds, worker)
         finally:
-            session.gate.release()
+            try:
+                if session.pending is not None:  # answered early: the rest runs now, before any other program
+                    await self.workers.run(session.worker, run_pending, session)
+            finally:
+                session.gate.release()
 
     async def read_tensor(self, sid: str, owner: str | None, tid: str, *, value: bool, grad: bool,
                           as_json: bool) -> dict:

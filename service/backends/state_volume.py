@@ -40,6 +40,7 @@ import torch
 from remote_autograd.proto import ErrorCode, ProtocolError
 from remote_autograd.proto.codec import pack_frames, unpack_frames
 
+from ..engine import run_ahead
 from ..engine.values import store_tensors
 from ..logs import LIFECYCLE
 from ..sessions.store import ProgramAnswer, tenant_tag
@@ -73,6 +74,7 @@ def save(local: "LocalSessions", directory: Path, owner: str | None) -> int:
             if session.owner == owner:
                 held.enter_context(session.lock)
                 if not session.closed:
+                    run_ahead.settle(session)  # a program answered early: its last steps are part of the state
                     sessions.append(session)
         if not sessions:
             return 0
@@ -81,6 +83,7 @@ def save(local: "LocalSessions", directory: Path, owner: str | None) -> int:
             layout, storages = snapshot(session.tensors)
             messages.append({"id": session.id, "generator": session.generator.get_state().numpy().tobytes(),
                              "programs": [[pid, entry[0]] for pid, entry in session.programs.items()],
+                             "late_failure": session.late_failure,
                              "storages": [{"frame": len(frames) + i} for i in range(len(storages))], **layout})
             frames += storages
         # uint8 tensors stand in for the frames: pack_frames reads only their sizes, and each is
@@ -171,6 +174,7 @@ def _restore_session(local: "LocalSessions", saved: dict, owner: str | None) -> 
             session.generator.set_state(torch.frombuffer(bytearray(saved["generator"]), dtype=torch.uint8))
             for pid, digest in saved["programs"]:
                 session.programs[pid] = (digest, _ran_before_restart(pid), False)
+            session.late_failure = saved.get("late_failure")  # the next program still hears of it
     if refused is not None:
         log.error("session %s not restored: %s", saved["id"], refused)
         store.delete(session.id, owner)

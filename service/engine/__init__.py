@@ -15,6 +15,9 @@ Its modules (ARCHITECTURE.md maps the packages; what each module holds is told h
   the steps, under the session's lock (``read_tensor`` too); ``run_steps``: a program's frame (its turn of the
   process-global torch settings, ``TURNS``; the context its ops read; its checker) and ``StepLoop``, its steps
   in order from any step to any other, each atomic, with the handlers of ``call``, ``fetch`` and ``free``
+- ``run_ahead.py``: a program sent with ``answer_early`` (a compiled step's) answered once the fetches at its
+  end are known, its backward and optimizer run after the answer (``settle``), a failure of theirs told to
+  the next program (a speed path; the plain path runs every step before answering)
 - ``step_kinds.py``: the handlers of the other simple step kinds (put, set_grad, set_requires_grad,
   retain_grad) and a call's in-place run
 - ``templates.py``: the ``template`` and ``run_template`` steps: a graph ``torch.compile`` captured, validated

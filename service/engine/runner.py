@@ -69,7 +69,8 @@ from ..ops._context import CURRENT
 from ..sessions.store import CustomTensor, ProgramAnswer, Session, check_open
 from ..settings import Settings
 from ..step_histogram import FOLD_AT, StepHistogram
-from . import checkpoint_regions, functorch_regions, graph_steps, meta_check, program_plan, speed_caches, templates
+from . import checkpoint_regions, functorch_regions, graph_steps, meta_check, program_plan, run_ahead, speed_caches
+from . import templates
 from . import user_functions
 from .anomaly import Forwards
 from .answers import keepable, reencode, tensor_message
@@ -113,7 +114,18 @@ def run_program(session: Session, program: Program, body: bytes, as_json: bool, 
                     ErrorCode.CONFLICT, f"program id {program.id!r} was already used for a different program"
                 )
             return cached[1] if cached[2] == as_json else reencode(cached[1], as_json)
-        outcome = run_steps(session, program, settings, as_json=as_json, observe=observe, watch=watch)
+        if session.pending is not None:  # what a program answered early left, if the backend has not run it yet
+            run_ahead.settle(session)
+        outcome = None if session.late_failure is None else run_ahead.failed_before(session, program.id)
+        if outcome is None:
+            part = run_ahead.split(program, session) if program.answer_early and _may_run_ahead(session, settings) \
+                else None
+            if part is None:
+                outcome = run_steps(session, program, settings, as_json=as_json, observe=observe, watch=watch)
+            else:
+                outcome = run_ahead.run(session, program, part, functools.partial(
+                    run_steps, session, settings=settings, as_json=as_json, observe=observe), watch,
+                    settings.max_program_seconds)
         session.programs[program.id] = (digest, keepable(outcome, program.id), as_json)
         while len(session.programs) > settings.program_cache_size:
             session.programs.popitem(last=False)
@@ -121,10 +133,25 @@ def run_program(session: Session, program: Program, body: bytes, as_json: bool, 
         return outcome
 
 
+def run_pending(session: Session) -> None:
+    """The steps a program answered early left (``run_ahead``), under the session's lock: a backend runs
+    them once the answer is out; a program or read that comes first runs them itself."""
+    with session.lock:
+        if not session.closed:
+            run_ahead.settle(session)
+
+
+def _may_run_ahead(session: Session, settings: Settings) -> bool:
+    # (a checkpoint region open, or CUDA-graph capture: each keeps its own order of steps, and runs in order)
+    return not session.checkpoints and settings.cuda_graphs == "off"
+
+
 def read_tensor(session: Session, tid: str, *, value: bool, grad: bool, as_json: bool) -> dict:
     """One tensor's message, read under the session's lock."""
     with session.lock:
         check_open(session)
+        if session.pending is not None:
+            run_ahead.settle(session)
         # copies, never views: the answer is sent after the lock is released, while programs may run
         return tensor_message(tid, session.tensor(tid), value=value, grad=grad, as_json=as_json, views=False)
 

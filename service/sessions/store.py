@@ -132,6 +132,10 @@ class Session:
     nodes: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     # the torch.utils.checkpoint(use_reentrant=False) regions open, outermost first (service.engine.checkpoint_regions)
     checkpoints: list = field(default_factory=list)
+    # a program answered early (service.engine.run_ahead): its steps still to run, and the error one of them
+    # left for the next program
+    pending: Any = None
+    late_failure: dict | None = None
 
     def tensor(self, tid: str) -> CustomTensor:
         try:
@@ -154,6 +158,7 @@ class Session:
         self.caches = None  # plans, and captures: a capture's memory goes with its last tensor
         self.templates.clear()
         self.checkpoints.clear()
+        self.pending = self.late_failure = None
         self.storages.close()  # every byte given back
 
 
