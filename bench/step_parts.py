@@ -4,7 +4,10 @@ The client's part of a step is its wall time less the time its requests wait for
 heads (``_hot.Tap.spent``): building and queueing the steps, encoding the program, reading the
 answer. Divided by the number of steps the training step queued (counted in the programs it sent),
 that is the client's cost per queued step. The server's part comes from each answer's
-``Server-Timing`` (the worker's time, and the steps' time within it).
+``Server-Timing`` (the worker's time, and the steps' time within it). The steps are timed with
+``sess.run_ahead`` off: a compiled step's answer would otherwise come before its backward and
+optimizer ran, which no answer's timing holds then (the next request waits for them, and its wait
+would read as HTTP time).
 """
 
 from __future__ import annotations
@@ -45,10 +48,15 @@ def step_parts(sess, tap: _hot.Tap, step: Callable[[], object], repeat: int = 20
     """Time ``repeat`` calls of ``step`` on a session whose transport is ``tap``."""
     queued = queued_steps(tap, step)  # counted on steps of their own: recording costs the client time
     timed = []
-    for _ in range(repeat):
-        t0, spent_before = time.perf_counter(), tap.spent
-        step()
-        timed.append((time.perf_counter() - t0, tap.spent - spent_before, sess._transport.last_server_timing))
+    ahead, sess.run_ahead = sess.run_ahead, False
+    try:
+        step()  # (the last step run ahead is waited for here, not in the first timed one)
+        for _ in range(repeat):
+            t0, spent_before = time.perf_counter(), tap.spent
+            step()
+            timed.append((time.perf_counter() - t0, tap.spent - spent_before, sess._transport.last_server_timing))
+    finally:
+        sess.run_ahead = ahead
     per_queued = [(total - request) / queued for total, request, _ in timed]
     timed.sort(key=lambda t: t[0])
     total, request, timing = timed[len(timed) // 2]  # the server's timing of that same step

@@ -76,12 +76,15 @@ from .transport._transport import Transport
 __all__ = ["InProcessTransport", "RemoteError", "RemoteTensor", "Session", "SessionLost", "connect", "grad"]
 
 
-def connect(url: str | None = None, *, token: str | None = None, pipeline: bool = True,
+def connect(url: str | None = None, *, token: str | None = None, pipeline: bool = True, run_ahead: bool = True,
             timeout: float = 600.0, busy_wait: float = 60.0, transport: httpx.BaseTransport | None = None) -> Session:
     """A new session on ``url`` (or ``REMOTE_AUTOGRAD_URL``, or the embedded server when neither is set).
 
     ``token`` (or ``REMOTE_AUTOGRAD_TOKEN``) is sent as a bearer token. ``pipeline=False``
-    sends every step at once and waits (strict eager mode, for debugging). A request the server
+    sends every step at once and waits (strict eager mode, for debugging). ``run_ahead=False`` (or
+    ``Session.run_ahead`` set later): a compiled step's request is answered only once its backward and
+    optimizer ran, so their error raises at the ``.item()`` that sent them rather than at the next
+    request, as ``CUDA_LAUNCH_BLOCKING=1`` does for CUDA's (``docs/compile.md``, running ahead). A request the server
     answers ``429`` (busy: too many programs or sessions at once) is resent with growing, jittered
     waits for up to ``busy_wait`` seconds before it raises.
     ``transport`` is the ``httpx.BaseTransport`` requests go through (closed with the
@@ -93,7 +96,7 @@ def connect(url: str | None = None, *, token: str | None = None, pipeline: bool 
         url = embedded_url()
     # A transport of your own with no URL: only the Host header and messages show it.
     return Session(Transport(url or IN_PROCESS_URL, token, timeout=timeout, busy_wait=busy_wait, transport=transport),
-                   pipeline=pipeline)
+                   pipeline=pipeline, run_ahead=run_ahead)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None):

@@ -363,7 +363,7 @@ _TOP_HOOKS = _checkpoint_regions.TOP_HOOKS
 class SessionCore:
     """A session on a remote-autograd server: its queue of steps, flushed as programs."""
 
-    def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
+    def __init__(self, transport: Transport, *, pipeline: bool = True, run_ahead: bool = True) -> None:
         self._transport = transport
         try:
             info = transport.call("POST", "/v1/sessions", {})
@@ -376,6 +376,7 @@ class SessionCore:
         self.server_version: str = info["server_version"]
         self.limits: dict[str, Any] = info["limits"]
         self.pipeline = pipeline
+        self.run_ahead = run_ahead  # a compiled step's request may be answered before its backward ran (flush)
         self._routes = route_table(transport)
         self._path = f"/v1/sessions/{self.id}"
         self._program_prefix = secrets.token_hex(4)
@@ -534,7 +535,7 @@ class SessionCore:
         # running ahead). Only then: a backward run after the answer that would have told the client a grad
         # stayed None fails the next program instead, which a compiled step's optimizer would do anyway (it reads
         # every grad the client expects), where an eager program's next line could ask ``p.grad is None``.
-        ahead = any(step["kind"] == "run_template" for step in steps)
+        ahead = self.run_ahead and any(step["kind"] == "run_template" for step in steps)
         done: list = []
         for _ in range(len(self._templates) + 1):
             # The SDK names every output and infers its metadata: the server need not send it back

@@ -25,8 +25,8 @@ from .transport._transport import Transport
 class Session(SessionCore):
     """A session on a remote-autograd server. Use as a context manager, or call ``close()``."""
 
-    def __init__(self, transport: Transport, *, pipeline: bool = True) -> None:
-        super().__init__(transport, pipeline=pipeline)
+    def __init__(self, transport: Transport, *, pipeline: bool = True, run_ahead: bool = True) -> None:
+        super().__init__(transport, pipeline=pipeline, run_ahead=run_ahead)
         self.ops = OpsNamespace(self)
 
     # -- tensors --------------------------------------------------------------------------------

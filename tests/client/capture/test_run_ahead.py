@@ -69,3 +69,13 @@ def test_a_step_that_fails_after_its_answer_raises_at_the_next_sync_at_its_line(
     for got, want in zip(model.parameters(), want_opt_params):
         assert torch.equal(got.detach().cpu(), want)
     sess.sync()  # told once: the session goes on
+
+
+def test_without_running_ahead_the_error_raises_at_the_item_that_sent_it(sess):
+    """``run_ahead = False`` (``CUDA_LAUNCH_BLOCKING=1``'s counterpart): every step ran before the answer."""
+    sess.run_ahead = False
+    with pytest.raises(RemoteError, match="second time") as raised:
+        _train(sess.device, compile=True, fail_at=2)
+    assert raised.value.where == f"{__file__}:{_line('# the line the error names')}"
+    sess.sync()  # nothing was left to tell
+
