@@ -51,6 +51,7 @@ from remote_autograd.proto.messages import (
     SetGradStep,
 )
 
+from ..sessions.storage_ledger import storage_of
 from ..sessions.store import ProgramAnswer, Session
 from .program_watch import ProgramWatch
 
@@ -58,17 +59,25 @@ from .program_watch import ProgramWatch
 @dataclass(frozen=True)
 class Split:
     """A program in two: ``early`` (the steps before the middle, then the fetches) and ``late`` (the
-    middle, then the frees), each step's index in the whole program, and the ids the fetches read.
-    ``middle``, ``fetches`` and ``frees``: where each of those begins in the program."""
+    middle, then the frees), and the ids the fetches read. ``middle``, ``fetches`` and ``frees``: where
+    each of those begins in the program, ``size`` its length; ``early_at`` and ``late_at``: each part's
+    steps' indexes in it."""
 
     early: Program
     late: Program
-    early_at: tuple[int, ...]
-    late_at: tuple[int, ...]
     reads: frozenset[str]
     middle: int
     fetches: int
     frees: int
+    size: int
+
+    @property
+    def early_at(self) -> tuple[int, ...]:
+        return (*range(self.middle), *range(self.fetches, self.frees))
+
+    @property
+    def late_at(self) -> tuple[int, ...]:
+        return (*range(self.middle, self.fetches), *range(self.frees, self.size))
 
 
 @dataclass
@@ -101,13 +110,10 @@ def split(program: Program, session: Session) -> Split | None:
         middle -= 1
     if middle == fetches:
         return None
-    early_at = (*range(middle), *range(fetches, end))
-    late_at = (*range(middle, fetches), *range(end, len(steps)))
     return Split(
-        early=program.model_copy(update={"steps": [steps[k] for k in early_at]}),
-        late=program.model_copy(update={"id": program.id + "/later", "steps": [steps[k] for k in late_at]}),
-        early_at=early_at, late_at=late_at, reads=frozenset(reads | made_here), middle=middle, fetches=fetches,
-        frees=end)
+        early=program.model_copy(update={"steps": steps[:middle] + steps[fetches:end]}),
+        late=program.model_copy(update={"id": program.id + "/later", "steps": steps[middle:fetches] + steps[end:]}),
+        reads=frozenset(reads | made_here), middle=middle, fetches=fetches, frees=end, size=len(steps))
 
 
 def _fetching(step) -> bool:
@@ -140,23 +146,14 @@ def _passable(step, session: Session) -> bool:
 def runs_into(session: Session, part: Split) -> bool:
     """Whether a template of the middle takes a tensor sharing a storage with one the fetches read (it may
     write into it): then the fetches must wait for the middle. Asked once the early part has run."""
-    read = set()
-    for tid in part.reads:
-        ct = session.tensors.get(tid)
-        if ct is not None:
-            read.add(_storage(ct.value))
+    read = {key for key, _, _ in storage_of(*(ct.value for ct in map(session.tensors.get, part.reads) if ct))}
     for step in part.late.steps:
         if type(step) is RunTemplateStep:
             for value in step.inputs:
                 ct = session.tensors.get(value.get("ref")) if isinstance(value, dict) else None
-                if ct is not None and _storage(ct.value) in read:
+                if ct is not None and storage_of(ct.value)[0][0] in read:
                     return True
     return False
-
-
-def _storage(t) -> int:
-    ptr = t.untyped_storage().data_ptr()
-    return ptr if ptr else id(t)  # (an empty storage has no address: itself, then)
 
 
 Run = Callable[..., ProgramAnswer]  # the runner's ``run_steps(program, watch=...)``, the session and settings bound
@@ -177,7 +174,7 @@ def run(session: Session, program: Program, part: Split, steps: Run, watch: Prog
         return _failed(early, 0, program.id, early.body["results"])
     if failed_at is None and not runs_into(session, part):
         session.pending = Pending(part, late)
-        whole: list = [None] * len(program.steps)
+        whole: list = [None] * part.size
         for k, r in zip(part.early_at, early.body["results"]):
             whole[k] = r
         return ProgramAnswer(200, {"id": program.id, "results": whole, "pending": list(part.late_at)}, early.seconds)
